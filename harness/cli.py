@@ -1,0 +1,141 @@
+"""``gradfuzz``: fuzz, replay, repro, paths.
+
+Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+# torch warns at import when NumPy is absent; gradfuzz does not need NumPy.
+warnings.filterwarnings("ignore", message=".*NumPy.*")
+
+from harness import corpus, repro
+from harness.corpus import CorpusError
+from harness.paths import Options, UsageError, resolve
+from harness.spec import SpecError
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options(split_impl=getattr(args, "split_impl", None), extra=tuple(getattr(args, "path", None) or ()))
+
+
+def _add_path_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--paths", help="comma-separated path names or families (default: all)")
+    p.add_argument("--split-impl", metavar="MODULE[:ATTR]", help="split implementation tested as split.stock")
+    p.add_argument("--path", action="append", metavar="MODULE:ATTR", help="add a third-party path (repeatable)")
+    p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from harness import report, runner
+
+    paths = resolve(args.paths, _options(args))
+    if args.examples is not None and args.minutes is not None:
+        raise UsageError("give --examples or --minutes, not both")
+    exact = {"exact": True, "tolerance": False, "both": None}[args.mode]
+    try:
+        result = runner.fuzz(paths, examples=args.examples, minutes=args.minutes, seed=args.seed,
+                             save_dir=args.save, exact=exact)
+    except KeyboardInterrupt:
+        print("gradfuzz: interrupted", file=sys.stderr)
+        return 130
+    print(report.summary(result))
+    if args.json:
+        report.write_json(result, args.json)
+    return 1 if result.divergences else 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness import report, runner
+
+    paths = resolve(args.paths, _options(args))
+    files = corpus.discover(args.targets or ["cases"])
+    if not files:
+        raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets or ['cases'])}")
+    result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None)
+    print(report.summary(result, verb=f"replayed {len(files)} case(s),"))
+    if args.json:
+        report.write_json(result, args.json)
+    return 1 if result.divergences else 0
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    from harness import runner
+
+    entry = corpus.load(args.case)
+    paths = resolve(args.paths or entry.meta.get("found_with", {}).get("path") or None, _options(args))
+    status = 0
+    for p in paths:
+        a = p.availability()
+        if not a.ok:
+            print(f"{p.name}: not run, unavailable here: {a.reason}")
+            continue
+        reason = p.supports(entry.case)
+        if reason:
+            print(f"{p.name}: not run, case outside its contract: {reason}")
+            continue
+        divs = runner.check(entry.case, p)
+        print(f"{p.name}: {'DIVERGES' if divs else 'agrees with the oracle'}")
+        for d in divs:
+            print(f"  {d.kind} [{d.signature}] {d.detail}")
+        if divs:
+            status = 1
+        if args.script:
+            print(repro.script(entry.case, p.name, runner._machinery(p)))
+    return status
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    for p in resolve(args.paths, _options(args)):
+        a = p.availability()
+        state = "available" if a.ok else "UNAVAILABLE"
+        print(f"{p.name:<22} {state:<12} {a.reason}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fuzz", help="generate cases and compare every path with eager autograd")
+    _add_path_args(f)
+    f.add_argument("--examples", type=int, help="examples per path (default 100)")
+    f.add_argument("--minutes", type=float, help="total time budget, split over the paths")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--save", metavar="DIR", default="cases/found", help="where shrunk failures go (default cases/found)")
+    f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
+                   help="exact: small-integer data, any difference is a bug; tolerance: float data, nonlinear ops")
+    f.set_defaults(func=cmd_fuzz)
+
+    r = sub.add_parser("replay", help="replay corpus cases on every available path")
+    _add_path_args(r)
+    r.add_argument("targets", nargs="*", help="corpus files or directories (default: cases)")
+    r.add_argument("-v", "--verbose", action="store_true")
+    r.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("repro", help="re-run one corpus case and show the divergence")
+    _add_path_args(p)
+    p.add_argument("case")
+    p.add_argument("--script", action="store_true", help="also print the standalone repro script")
+    p.set_defaults(func=cmd_repro)
+
+    ps = sub.add_parser("paths", help="list the paths and whether each is available here")
+    _add_path_args(ps)
+    ps.set_defaults(func=cmd_paths)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, CorpusError, SpecError) as e:
+        print(f"gradfuzz: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

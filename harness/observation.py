@@ -1,0 +1,85 @@
+"""What a path saw, and how a path disagreed with the oracle.
+
+Every path returns the same ``Observation``; one ``compare`` turns a pair
+into ``Divergence``s. Tensors are float64 CPU copies taken at the moment of
+observation, so later writes by the machinery under test cannot change them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+Grads = dict[str, "torch.Tensor | None"]
+
+
+def snap(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().to("cpu", torch.float64, copy=True)
+
+
+@dataclass
+class Step:
+    """Everything observed right after backward number ``k``."""
+
+    k: int
+    grads: Grads  # each parameter's .grad (accumulated), or the oracle's running sum
+    input_grads: Grads
+    outputs: list[torch.Tensor]
+    retained: Grads = field(default_factory=dict)
+
+
+@dataclass
+class Mutation:
+    k: int
+    what: str  # "input x0", "grad output 1", "input grad x0 of backward 0", ...
+    max_abs: float
+
+
+@dataclass
+class Failure:
+    """The path raised; ``k`` is the backward it was in (-1: before any)."""
+
+    k: int
+    type: str
+    message: str
+
+
+@dataclass
+class Observation:
+    path: str
+    steps: list[Step] = field(default_factory=list)
+    mutations: list[Mutation] = field(default_factory=list)
+    failure: Failure | None = None
+    # Oracle only: each backward's own parameter grads, before accumulation.
+    contributions: list[Grads] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Divergence:
+    path: str
+    kind: str  # "value", "error" or "mutation"
+    param: str | None
+    microbatch: int | None  # backward number k over the whole schedule
+    max_abs: float | None
+    max_rel: float | None
+    ratio: float | None
+    detail: str
+    signature: str = ""
+    case: dict[str, Any] | None = None
+    flaky: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def signature(path: str, kind: str, what: str) -> str:
+    """A de-duplication key that ignores generated names and exact numbers."""
+    norm = re.sub(r"\b[wxnpb]\d+\b", "#", what)
+    norm = re.sub(r"\d+(\.\d+)?", "N", norm)
+    digest = hashlib.sha1(f"{path}|{kind}|{norm}".encode()).hexdigest()[:10]
+    return f"{path}-{kind}-{digest}"

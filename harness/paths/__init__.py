@@ -1,0 +1,117 @@
+"""The path registry: names to paths, with families and third-party paths.
+
+``split`` names the family (``split.stock`` and ``split.fixed``); a full
+name picks one. Third parties add paths through the ``gradfuzz.paths``
+entry-point group or ``--path MODULE:ATTR``; the object found is a path, or
+a callable taking the options and returning a path or a list of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterable
+
+from harness.paths.base import Availability, Contract, Path, run_schedule
+from harness.paths.eager import EagerAccumulate
+from harness.paths.split import STOCK, SplitPath
+
+__all__ = ["Availability", "Contract", "Options", "Path", "UsageError", "all_paths", "register_path", "resolve", "run_schedule"]
+
+
+class UsageError(ValueError):
+    """Bad path names or path options: the CLI exits 2 with this message."""
+
+
+@dataclass(frozen=True)
+class Options:
+    split_impl: str | None = None
+    extra: tuple[str, ...] = ()  # --path MODULE:ATTR
+
+
+Factory = Callable[[Options], "Path | list[Path]"]
+_registered: list[Factory] = []
+
+
+def register_path(factory: "Factory | Path") -> None:
+    """Add a path (or a factory of paths) to every later ``resolve``."""
+    _registered.append(factory if callable(factory) and not isinstance(factory, Path) else (lambda _o, p=factory: p))
+
+
+def _builtin(options: Options) -> list[Path]:
+    paths: list[Path] = [
+        EagerAccumulate(),
+        SplitPath("split.stock", options.split_impl or STOCK, stock_contract=True),
+        SplitPath("split.fixed", "oracles.split_fixed", stock_contract=False),
+    ]
+    for factory in _optional_builtins():
+        made = factory(options)
+        paths.extend(made if isinstance(made, list) else [made])
+    return paths
+
+
+def _optional_builtins() -> list[Factory]:
+    """Path modules added by later work; each is one module under harness.paths."""
+    found = []
+    for mod in ("harness.paths.dtensor", "harness.paths.graphed"):
+        try:
+            found.append(importlib.import_module(mod).paths)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+    return found
+
+
+def _load(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise UsageError(f"--path {spec!r}: expected MODULE:ATTR")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"--path {spec!r}: {e}") from None
+    return obj
+
+
+def _expand(obj: Any, options: Options) -> list[Path]:
+    made = obj if isinstance(obj, Path) else obj(options) if callable(obj) else obj
+    made = made if isinstance(made, list) else [made]
+    for p in made:
+        if not isinstance(p, Path):
+            raise UsageError(f"{p!r} is not a gradfuzz path (needs name, contract, availability, supports, run)")
+    return made
+
+
+def all_paths(options: Options = Options()) -> list[Path]:
+    paths = _builtin(options)
+    for ep in entry_points(group="gradfuzz.paths"):
+        paths.extend(_expand(ep.load(), options))
+    for factory in _registered:
+        paths.extend(_expand(factory, options))
+    for spec in options.extra:
+        paths.extend(_expand(_load(spec), options))
+    names = [p.name for p in paths]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise UsageError(f"two paths share the name(s) {sorted(dup)}")
+    return paths
+
+
+def resolve(selection: Iterable[str] | str | None, options: Options = Options()) -> list[Path]:
+    """Path names or family prefixes -> paths, in registry order."""
+    paths = all_paths(options)
+    if selection is None:
+        return paths
+    if isinstance(selection, str):
+        selection = [s for s in selection.split(",") if s.strip()]
+    chosen: list[Path] = []
+    for want in (s.strip() for s in selection):
+        hits = [p for p in paths if p.name == want or p.name.startswith(want + ".")]
+        if not hits:
+            known = ", ".join(p.name for p in paths)
+            raise UsageError(f"unknown path {want!r}; known paths: {known} (a family name such as 'split' picks all of it)")
+        chosen.extend(p for p in hits if p not in chosen)
+    return chosen

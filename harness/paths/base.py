@@ -1,0 +1,194 @@
+"""The path protocol and the schedule loop most paths share.
+
+A path is anything with a name, an availability (with the reason when it is
+not available here), a contract (which cases it may be given) and
+``run(case) -> Observation``. Paths that train by microbatches reuse
+``run_schedule`` and only supply their backward (and, if they wrap the
+module, their forward); the loop does the snapshots and stability checks,
+so every path is held to the same rules.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+
+from harness.build import Built
+from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
+from harness.spec import Case
+
+
+@dataclass(frozen=True)
+class Availability:
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a path promises, as data.
+
+    ``retained_grads``: intermediate ``.grad`` from ``retain_grad`` is part
+    of the promise. A split backward legitimately runs the shared part of
+    the graph twice, so split paths do not promise it.
+    """
+
+    retained_grads: bool = True
+
+
+@runtime_checkable
+class Path(Protocol):
+    name: str
+    contract: Contract
+
+    def availability(self) -> Availability: ...
+
+    def supports(self, case: Case) -> str | None:
+        """None if the case is inside the contract, else why not."""
+        ...
+
+    def run(self, case: Case) -> Observation: ...
+
+
+# backward(outputs, grad_outputs, inputs, params) -> input grads it returned
+Backward = Callable[
+    [list[torch.Tensor], list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.nn.Parameter]],
+    Grads,
+]
+Forward = Callable[[Built, dict[str, torch.Tensor]], list[torch.Tensor]]
+
+
+def _default_forward(built: Built, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return built.forward(values)
+
+
+def make_params(built: Built, device: str = "cpu") -> dict[str, torch.nn.Parameter]:
+    params = {}
+    values = built.params()
+    for p in built.case.params:
+        params[p.name] = torch.nn.Parameter(
+            values[p.name].to(device, built.dtype), requires_grad=p.requires_grad
+        )
+    init = built.case.schedule.grad_init
+    prefill = built.prefill()
+    for p in built.case.params:
+        if not p.requires_grad or init == "none":
+            continue
+        t = params[p.name]
+        t.grad = torch.zeros_like(t) if init == "zero" else prefill[p.name].to(device, built.dtype)
+    return params
+
+
+def zero_grad(params: dict[str, torch.nn.Parameter], how: str) -> None:
+    for p in params.values():
+        if how == "set_to_none":
+            p.grad = None
+        elif how == "zeros" and p.grad is not None:
+            p.grad.zero_()
+
+
+class _Held:
+    """Tensors the user holds; they must not change unless the user changes them.
+
+    A held ``.grad`` may change only by being the very tensor that later
+    accumulation writes into (AccumulateGrad's documented in-place sum);
+    anything else that changes under the user's feet is a mutation.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, torch.Tensor, torch.Tensor, Callable[[], torch.Tensor | None]]] = []
+
+    def hold(self, what: str, t: torch.Tensor | None, owner: Callable[[], torch.Tensor | None] = lambda: None) -> None:
+        if t is not None:
+            self.items.append((what, t, t.detach().clone(), owner))
+
+    def refresh(self) -> None:
+        """The user wrote (zero_grad): what they hold now is the new baseline."""
+        self.items = [(w, t, t.detach().clone(), o) for w, t, _, o in self.items]
+
+    def check(self, k: int) -> list[Mutation]:
+        found = []
+        for what, t, before, owner in self.items:
+            if owner() is t:
+                continue
+            now = t.detach()
+            if now.shape != before.shape or not torch.equal(now, before):
+                diff = float((now.double() - before.double()).abs().max()) if now.shape == before.shape else float("inf")
+                found.append(Mutation(k, what, diff))
+        return found
+
+
+def run_schedule(
+    case: Case,
+    name: str,
+    backward: Backward,
+    forward: Forward = _default_forward,
+    device: str = "cpu",
+) -> Observation:
+    built = Built(case)
+    obs = Observation(path=name)
+    k = -1
+    try:
+        params = make_params(built, device)
+        held = _Held()
+        reported: set[str] = set()
+        for p_name, p in params.items():
+            held.hold(f"parameter {p_name}", p)
+            held.hold(f"{p_name}.grad before backward 0", p.grad, owner=lambda p=p: p.grad)
+        sched = case.schedule
+        for k in range(sched.backwards):
+            if k and k % sched.microbatches == 0:
+                zero_grad(params, sched.zero_grad)
+                held.refresh()
+            inputs = {
+                x.name: built.inputs(k)[x.name].to(device, built.dtype).requires_grad_(x.requires_grad)
+                for x in case.inputs
+            }
+            cots = [c.to(device, built.dtype) for c in built.cotangents(k)]
+            for n, t in inputs.items():
+                held.hold(f"input {n} of backward {k}", t)
+            for i, c in enumerate(cots):
+                held.hold(f"grad output {i} of backward {k}", c)
+            outs = forward(built, {**params, **inputs})
+            out_snaps = [snap(o) for o in outs]
+            input_grads = backward(outs, cots, inputs, params)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            for m in held.check(k):
+                if m.what not in reported:
+                    reported.add(m.what)
+                    obs.mutations.append(m)
+            grads = {n: snap(p.grad) for n, p in params.items()}
+            obs.steps.append(
+                Step(
+                    k=k,
+                    grads=grads,
+                    input_grads={n: snap(g) for n, g in input_grads.items()},
+                    outputs=out_snaps,
+                    retained={n: snap(t.grad) for n, t in built.retained.items()},
+                )
+            )
+            for n, p in params.items():
+                held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
+            for n, g in input_grads.items():
+                held.hold(f"grad of input {n} from backward {k}", g)
+    except Exception as e:  # a path that raises is a finding, not a crash
+        obs.failure = Failure(k, type(e).__name__, _first_line(e))
+    return obs
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    cause = e.__cause__
+    if cause is not None:
+        line = f"{line} (caused by {type(cause).__name__}: {_first_line(cause)})" if line else f"{type(cause).__name__}: {_first_line(cause)}"
+    return line[:300]
+
+
+def format_exception(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()

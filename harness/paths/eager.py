@@ -1,0 +1,41 @@
+"""``eager.accumulate``: plain ``.backward()`` accumulating into ``.grad``.
+
+Eager autograd is machinery too: AccumulateGrad steals incoming buffers,
+fixes up layouts and sums in place. This path holds it to the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.observation import Grads, Observation
+from harness.paths.base import Availability, Contract, run_schedule
+from harness.spec import Case
+
+
+def _backward(outs, cots, inputs, params) -> Grads:
+    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+    if live:
+        torch.autograd.backward([o for o, _ in live], [c for _, c in live])
+    return {n: t.grad for n, t in inputs.items()}
+
+
+class EagerAccumulate:
+    name = "eager.accumulate"
+    contract = Contract(retained_grads=True)
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def supports(self, case: Case) -> str | None:
+        return None
+
+    def run(self, case: Case) -> Observation:
+        return run_schedule(case, self.name, _backward)
+
+    def repro_source(self) -> tuple[str, str]:
+        return "", (
+            "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
+            "    if live:\n"
+            "        torch.autograd.backward([o for o, _ in live], [c for _, c in live])\n"
+        )

@@ -1,0 +1,114 @@
+"""``split.*``: each microbatch through ``stage_backward_input`` then ``stage_backward_weight``.
+
+The implementation is any object with those two functions and torch's
+signatures: ``split.stock`` is ``torch.distributed.pipelining._backward``,
+``split.fixed`` is ``oracles.split_fixed``, and ``--split-impl MODULE[:ATTR]``
+puts a team's own fork behind the same checks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from harness.observation import Grads, Observation
+from harness.paths.base import Availability, Contract, run_schedule
+from harness.spec import Case
+
+STOCK = "torch.distributed.pipelining._backward"
+
+
+class ImplError(ValueError):
+    pass
+
+
+def load_impl(spec: str) -> Any:
+    """``MODULE`` or ``MODULE:ATTR`` -> an object with the two split functions."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImplError(f"split implementation {spec!r}: cannot import {module_name!r} ({e})") from None
+    for part in filter(None, attr.split(".")):
+        if not hasattr(obj, part):
+            raise ImplError(f"split implementation {spec!r}: {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    missing = [f for f in ("stage_backward_input", "stage_backward_weight") if not callable(getattr(obj, f, None))]
+    if missing:
+        raise ImplError(f"split implementation {spec!r} lacks {', '.join(missing)}")
+    return obj
+
+
+class SplitPath:
+    """A split implementation behind the common schedule loop.
+
+    ``stock_contract``: the stock functions need an input that requires
+    grad (PipelineStage runs a full backward for the first stage instead,
+    because without one the weight groups are never found) and detach the
+    stage outputs in place, which autograd refuses for views. Cases outside
+    that are not run on it; the fixed implementation takes every case.
+    """
+
+    contract = Contract(retained_grads=False)
+
+    def __init__(self, name: str, impl: str, stock_contract: bool) -> None:
+        self.name = name
+        self.impl_spec = impl
+        self.stock_contract = stock_contract
+        self._impl: Any = None
+
+    def impl(self) -> Any:
+        if self._impl is None:
+            self._impl = load_impl(self.impl_spec)
+        return self._impl
+
+    def availability(self) -> Availability:
+        try:
+            self.impl()
+        except ImplError as e:
+            return Availability(False, str(e))
+        return Availability(True, self.impl_spec)
+
+    def supports(self, case: Case) -> str | None:
+        if not self.stock_contract:
+            return None
+        if not any(x.requires_grad for x in case.inputs):
+            return "no stage input requires grad (stock expects a full backward for the first stage)"
+        if any(_output_is_view(case, i) for i in range(len(case.outputs))):
+            return "a stage output is a view (stock detaches outputs in place)"
+        return None
+
+    def run(self, case: Case) -> Observation:
+        impl = self.impl()
+
+        def backward(outs, cots, inputs, params) -> Grads:
+            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+            values = list(inputs.values())
+            dinputs, groups = impl.stage_backward_input(
+                [o for o, _ in live], [c for _, c in live], values, iter(params.values())
+            )
+            impl.stage_backward_weight(iter(params.values()), groups)
+            return dict(zip(inputs, dinputs))
+
+        return run_schedule(case, self.name, backward)
+
+    def repro_source(self) -> tuple[str, str]:
+        module, _, attr = self.impl_spec.partition(":")
+        imports = f"import {module} as split_impl" if not attr else f"from {module} import {attr} as split_impl"
+        return imports, (
+            "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
+            "    dinputs, groups = split_impl.stage_backward_input(\n"
+            "        [o for o, _ in live], [c for _, c in live], list(inputs.values()), iter(params.values()))\n"
+            "    split_impl.stage_backward_weight(iter(params.values()), groups)\n"
+        )
+
+
+VIEW_OPS = {"transpose", "reshape", "chunk"}
+
+
+def _output_is_view(case: Case, i: int) -> bool:
+    use = case.outputs[i]
+    if use.transpose:
+        return True
+    node = next((n for n in case.nodes if n.name == use.ref), None)
+    return node is not None and node.op in VIEW_OPS

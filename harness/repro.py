@@ -1,0 +1,178 @@
+"""Standalone repro scripts: the thing a person pastes into an upstream report.
+
+The script imports only torch (plus the machinery under test), spells the
+module out as plain torch code, embeds the data, runs the eager oracle and
+the machinery side by side and prints expected against actual. Paths
+contribute their machinery as source text (``repro_source``), so the script
+shows exactly the calls the harness made.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from harness import functions
+from harness.build import Built
+from harness.ops import OPS
+from harness.spec import Case, Use
+
+
+def _ref(use: Use, nodes: set[str]) -> str:
+    s = use.ref if use.ref in nodes else f"v[{use.ref!r}]"
+    if use.index is not None:
+        s = f"{s}[{use.index}]"
+    return f"{s}.mT" if use.transpose else s
+
+
+def forward_source(case: Case) -> str:
+    nodes = {n.name for n in case.nodes}
+    hooks = {h.node: h for h in case.hooks}
+    lines = ["def forward(v):"]
+    for n in case.nodes:
+        args = [_ref(u, nodes) for u in n.args]
+        lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")
+        h = hooks.get(n.name)
+        if h is not None:
+            body = f"lambda g: g * {h.factor}" if h.kind == "scale" else "lambda g: None"
+            lines.append(f"    if {n.name}.requires_grad:")
+            lines.append(f"        {n.name}.register_hook({body})  # a {h.kind} hook")
+        if n.name in case.retain_grad:
+            lines.append(f"    if {n.name}.requires_grad:")
+            lines.append(f"        {n.name}.retain_grad()")
+    outs = ", ".join(_ref(u, nodes) for u in case.outputs)
+    lines.append(f"    return [{outs}]")
+    return "\n".join(lines)
+
+
+def _lit(t: Any) -> str:
+    return repr(t.tolist())
+
+
+def script(case: Case, path_name: str, machinery: tuple[str, str] | None, title: str = "") -> str:
+    """The full text of a standalone repro for ``case`` on ``path_name``."""
+    b = Built(case)
+    sched = case.schedule
+    used = {n.op for n in case.nodes}
+    helpers = []
+    if "layout_matmul" in used:
+        helpers.append(inspect.getsource(functions.LayoutMatmul))
+    if "pair" in used:
+        helpers.append(inspect.getsource(functions.Pair))
+    imports, body = machinery or ("", "    raise SystemExit('this path has no standalone repro; replay the case with gradfuzz')\n")
+    params = b.params()
+    data = [
+        f"DTYPE = torch.{case.dtype}",
+        "PARAMS = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in params.items()) + "}",
+        "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
+        f"GRAD_INIT = {sched.grad_init!r}  # state of every .grad before the first backward",
+        "PREFILL = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.prefill().items()) + "}",
+        f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
+        "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
+        "INPUTS = [  # one dict per backward",
+        *[
+            "    {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.inputs(k).items()) + "},"
+            for k in range(sched.backwards)
+        ],
+        "]",
+        "GRAD_OUTPUTS = [  # the grad of each output, one list per backward",
+        *["    [" + ", ".join(_lit(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
+        "]",
+    ]
+    header = f'''#!/usr/bin/env python
+"""gradfuzz repro: {title or path_name}
+
+Expected: eager autograd in float64 (torch.autograd.grad per backward,
+summed out of place). Actual: {path_name}, in {case.dtype}.
+Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
+{sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
+Run with plain python; exit status 1 when they differ.
+"""
+import sys
+
+import torch
+{imports}
+'''
+    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", _RUNNER.replace("%BODY%", body), ""])
+
+
+_RUNNER = '''def leaves(dtype, k):
+    inputs = {n: torch.tensor(t, dtype=dtype).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
+    cots = [torch.tensor(c, dtype=dtype) for c in GRAD_OUTPUTS[k]]
+    return inputs, cots
+
+
+def expected():
+    params = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(n not in FROZEN) for n, t in PARAMS.items()}
+    acc = {n: None for n in params}
+    if GRAD_INIT != "none":
+        for n in params:
+            if n not in FROZEN:
+                acc[n] = torch.zeros_like(params[n]) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=torch.float64)
+    seen = []
+    for k in range(MICROBATCHES * STEPS):
+        if k and k % MICROBATCHES == 0 and ZERO_GRAD != "keep":
+            acc = {n: None if ZERO_GRAD == "set_to_none" or g is None else torch.zeros_like(g) for n, g in acc.items()}
+        inputs, cots = leaves(torch.float64, k)
+        live = [(o, c) for o, c in zip(forward({**params, **inputs}), cots) if o.requires_grad]
+        names = [n for n in params if n not in FROZEN]
+        if live and names:
+            grads = torch.autograd.grad([o for o, _ in live], [params[n] for n in names], [c for _, c in live], allow_unused=True)
+            for n, g in zip(names, grads):
+                if g is not None:
+                    acc[n] = g if acc[n] is None else acc[n] + g
+        seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
+    return seen
+
+
+def backward(outs, cots, inputs, params):
+    """The machinery under test: one backward of one microbatch."""
+%BODY%
+
+def actual():
+    params = {n: torch.nn.Parameter(torch.tensor(t, dtype=DTYPE), requires_grad=n not in FROZEN) for n, t in PARAMS.items()}
+    if GRAD_INIT != "none":
+        for n, p in params.items():
+            if n not in FROZEN:
+                p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE)
+    seen = []
+    for k in range(MICROBATCHES * STEPS):
+        if k and k % MICROBATCHES == 0:
+            for p in params.values():
+                if ZERO_GRAD == "set_to_none":
+                    p.grad = None
+                elif ZERO_GRAD == "zeros" and p.grad is not None:
+                    p.grad.zero_()
+        inputs, cots = leaves(DTYPE, k)
+        backward(forward({**params, **inputs}), cots, inputs, params)
+        seen.append({n: None if p.grad is None else p.grad.detach().double().clone() for n, p in params.items()})
+    return seen
+
+
+def main():
+    want = expected()
+    try:
+        got = actual()
+    except Exception as e:  # the machinery raised where eager autograd ran fine
+        import traceback
+        traceback.print_exc()
+        print(f"torch {torch.__version__}: DIVERGES: the machinery raised {type(e).__name__}; eager autograd ran this fine")
+        return 1
+    bad = 0
+    for k, (w, g) in enumerate(zip(want, got)):
+        for n in w:
+            e, a = w[n], g[n]
+            same = (e is None and a is None) or (e is not None and a is not None and torch.allclose(a, e, rtol=1e-5, atol=1e-5))
+            if not same:
+                bad += 1
+                print(f"backward {k}: {n}.grad differs")
+                print(f"  expected {None if e is None else e.tolist()}")
+                print(f"  actual   {None if a is None else a.tolist()}")
+                if e is not None and a is not None and float((e * e).sum()) > 0:
+                    print(f"  ratio actual/expected {float((a * e).sum() / (e * e).sum()):.4g}")
+    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad} differing grads)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())'''

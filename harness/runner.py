@@ -1,0 +1,244 @@
+"""Fuzzing and replay: cases through paths, divergences out.
+
+Each path is fuzzed by its own Hypothesis run, so a failure shrinks against
+the path that showed it. A fuzz run is a series of rounds; a round stops at
+its first new failure, which Hypothesis shrinks; the shrunk case is re-run
+to confirm it, saved, and its signatures join the known set so the next
+round looks for something else.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings
+
+from harness import corpus, repro
+from harness.compare import Tolerance, compare
+from harness.observation import Divergence
+from harness.paths import Path
+from harness.spec import Case
+from harness.strategies import cases
+from oracles.eager import observe
+
+
+@dataclass
+class Tally:
+    examples: int = 0
+    run: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class Result:
+    paths: dict[str, Tally] = field(default_factory=dict)
+    divergences: list[Divergence] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    saved: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    expected: list[Divergence] = field(default_factory=list)  # known bugs on this torch
+
+    @property
+    def examples(self) -> int:
+        return sum(t.examples for t in self.paths.values())
+
+
+def check(case: Case, path: Path, oracle=None, tol: Tolerance | None = None) -> list[Divergence]:
+    """Run one case on one path; the case must be inside the path's contract."""
+    oracle = oracle or observe(case)
+    obs = path.run(case)
+    return compare(case, oracle, obs, path.contract, tol)
+
+
+class _Found(AssertionError):
+    pass
+
+
+def _machinery(path: Path) -> tuple[str, str] | None:
+    source = getattr(path, "repro_source", None)
+    return source() if callable(source) else None
+
+
+def save_finding(save_dir: str, path: Path, case: Case, divs: list[Divergence], source: str) -> str:
+    import torch
+
+    first = divs[0]
+    meta = {
+        "title": f"{path.name}: {first.detail.split(';')[0]}",
+        "source": source,
+        "found_with": {"torch": torch.__version__, "path": path.name},
+        "signature": first.signature,
+        "divergences": [{k: v for k, v in d.to_json().items() if k != "case"} for d in divs],
+    }
+    entry = corpus.Entry(case, meta)
+    text = repro.script(case, path.name, _machinery(path), title=meta["title"])
+    return corpus.save(save_dir, first.signature, entry, text)
+
+
+def fuzz_path(
+    path: Path,
+    *,
+    examples: int | None,
+    deadline: float | None,
+    seed: int,
+    result: Result,
+    save_dir: str | None,
+    exact: bool | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    chunk: int = 200,
+) -> None:
+    tally = result.paths.setdefault(path.name, Tally())
+    known: set[str] = set()
+    start = time.monotonic()
+    round_no = 0
+    while True:
+        left = None if examples is None else examples - tally.examples
+        if left is not None and left <= 0:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        budget = min(chunk, left) if left is not None else chunk
+        last: dict[str, object] = {}
+
+        @settings(
+            max_examples=budget,
+            database=None,
+            deadline=None,
+            verbosity=Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+            phases=(Phase.generate, Phase.target, Phase.shrink),
+            report_multiple_bugs=False,
+        )
+        @hseed(seed * 100_003 + round_no)
+        @given(cases(exact=exact))
+        def target(case: Case) -> None:
+            reason = path.supports(case)
+            if reason is not None:
+                tally.skipped[reason] = tally.skipped.get(reason, 0) + 1
+                return
+            divs = [d for d in check(case, path) if d.signature not in known]
+            if divs:
+                last["case"], last["divs"] = case, divs
+                raise _Found(divs[0].detail)
+
+        counted = _Counting(target, tally)
+        try:
+            counted()
+        except _Found:
+            case, divs = last["case"], last["divs"]  # the last failing call is the shrunk one
+            again = [d for d in check(case, path) if d.signature not in known]  # type: ignore[arg-type]
+            flaky = not again
+            for d in divs:  # type: ignore[union-attr]
+                d.case = case.to_json()  # type: ignore[union-attr]
+                d.flaky = flaky
+                known.add(d.signature)
+            result.divergences.extend(divs)  # type: ignore[arg-type]
+            if save_dir and not flaky:
+                result.saved.append(save_finding(save_dir, path, case, divs, f"gradfuzz fuzz --paths {path.name} --seed {seed}"))  # type: ignore[arg-type]
+            progress(f"[{path.name}] divergence {divs[0].signature}: {divs[0].detail}{' (FLAKY: did not reproduce)' if flaky else ''}")  # type: ignore[index]
+        round_no += 1
+        tally.seconds = time.monotonic() - start
+        found = sum(1 for d in result.divergences if d.path == path.name)
+        progress(
+            f"[{path.name}] {tally.examples} examples ({tally.run} run, {sum(tally.skipped.values())} outside contract), "
+            f"{tally.seconds:.1f}s, {found} divergence(s)"
+        )
+
+
+class _Counting:
+    """Counts examples through a wrapper, since Hypothesis does not report them."""
+
+    def __init__(self, test, tally: Tally) -> None:
+        self.test, self.tally = test, tally
+        inner = test.hypothesis.inner_test
+
+        def counting(case: Case) -> None:
+            tally.examples += 1
+            before = sum(tally.skipped.values())
+            try:
+                inner(case)
+            finally:
+                if sum(tally.skipped.values()) == before:
+                    tally.run += 1
+
+        test.hypothesis.inner_test = counting
+
+    def __call__(self) -> None:
+        self.test()
+
+
+def fuzz(
+    paths: list[Path],
+    *,
+    examples: int | None = None,
+    minutes: float | None = None,
+    seed: int = 0,
+    save_dir: str | None = None,
+    exact: bool | None = None,
+    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> Result:
+    result = Result()
+    live = []
+    for p in paths:
+        a = p.availability()
+        if a.ok:
+            live.append(p)
+        else:
+            result.unavailable[p.name] = a.reason
+            progress(f"[{p.name}] not run: unavailable ({a.reason})")
+    if examples is None and minutes is None:
+        examples = 100
+    start = time.monotonic()
+    for i, p in enumerate(live):
+        deadline = None
+        if minutes is not None:
+            # Split what is left of the budget evenly over the paths still to run.
+            share = (minutes * 60 - (time.monotonic() - start)) / (len(live) - i)
+            deadline = time.monotonic() + max(share, 0.0)
+        fuzz_path(p, examples=examples, deadline=deadline, seed=seed, result=result, save_dir=save_dir,
+                  exact=exact, progress=progress)
+    return result
+
+
+def replay(
+    files: Iterable[str],
+    paths: list[Path],
+    progress: Callable[[str], None] = lambda s: None,
+) -> Result:
+    """Every corpus case on every available path whose contract takes it."""
+    import torch
+
+    result = Result()
+    entries = [corpus.load(f) for f in files]  # all parse errors surface before any run
+    live = []
+    for p in paths:
+        a = p.availability()
+        if a.ok:
+            live.append(p)
+        else:
+            result.unavailable[p.name] = a.reason
+    for entry in entries:
+        oracle = observe(entry.case)
+        tol = Tolerance.for_case(entry.case)
+        for p in live:
+            tally = result.paths.setdefault(p.name, Tally())
+            tally.examples += 1
+            reason = p.supports(entry.case)
+            if reason is not None:
+                tally.skipped[reason] = tally.skipped.get(reason, 0) + 1
+                continue
+            tally.run += 1
+            divs = check(entry.case, p, oracle, tol)
+            for d in divs:
+                d.case = entry.case.to_json()
+                d.detail = f"{entry.file}: {d.detail}"
+            if divs and entry.expected_on(p.name, torch.__version__):
+                result.expected.extend(divs)
+            else:
+                result.divergences.extend(divs)
+            progress(f"[{p.name}] {entry.file}: {'ok' if not divs else f'{len(divs)} divergence(s)'}")
+    return result

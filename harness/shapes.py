@@ -1,0 +1,83 @@
+"""Validation of a Case: every error names the field it is about."""
+
+from __future__ import annotations
+
+from harness.ops import OPS, Result, Shape, ShapeError
+from harness.spec import DTYPES, GRAD_INITS, HOOK_KINDS, ZERO_GRADS, Case, SpecError, Use
+
+
+def _use_shape(use: Use, known: dict[str, Result], where: str) -> Shape:
+    if use.ref not in known:
+        raise SpecError(f"{where}.ref", f"{use.ref!r} names no parameter, input or earlier node")
+    shape = known[use.ref]
+    multi = bool(shape) and isinstance(shape[0], tuple)
+    if multi:
+        if use.index is None:
+            raise SpecError(f"{where}.index", f"{use.ref!r} has {len(shape)} results; pick one with index")
+        if not 0 <= use.index < len(shape):
+            raise SpecError(f"{where}.index", f"{use.ref!r} has no result {use.index} (it has {len(shape)})")
+        shape = shape[use.index]
+    elif use.index is not None:
+        raise SpecError(f"{where}.index", f"{use.ref!r} has a single result; index must be null")
+    if use.transpose:
+        if len(shape) < 2:
+            raise SpecError(f"{where}.transpose", f"{use.ref!r} has shape {shape}: nothing to transpose")
+        shape = shape[:-2] + (shape[-1], shape[-2])
+    return shape  # type: ignore[return-value]
+
+
+def infer_shapes(case: Case) -> dict[str, Result]:
+    """Shapes of every named value; raises SpecError on the first problem."""
+    if case.dtype not in DTYPES:
+        raise SpecError("dtype", f"unknown dtype {case.dtype!r}; one of {DTYPES}")
+    s = case.schedule
+    if not (isinstance(s.microbatches, int) and 1 <= s.microbatches <= 16):
+        raise SpecError("schedule.microbatches", f"expected 1..16, got {s.microbatches!r}")
+    if not (isinstance(s.steps, int) and 1 <= s.steps <= 8):
+        raise SpecError("schedule.steps", f"expected 1..8, got {s.steps!r}")
+    if s.grad_init not in GRAD_INITS:
+        raise SpecError("schedule.grad_init", f"unknown {s.grad_init!r}; one of {GRAD_INITS}")
+    if s.zero_grad not in ZERO_GRADS:
+        raise SpecError("schedule.zero_grad", f"unknown {s.zero_grad!r}; one of {ZERO_GRADS}")
+    known: dict[str, Result] = {}
+
+    def declare(name: str, shape: Result, where: str) -> None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SpecError(f"{where}.name", f"{name!r} is not a valid identifier")
+        if name in known:
+            raise SpecError(f"{where}.name", f"{name!r} is defined twice")
+        known[name] = shape
+
+    for i, p in enumerate(case.params):
+        declare(p.name, p.shape, f"params[{i}]")
+    for i, x in enumerate(case.inputs):
+        declare(x.name, x.shape, f"inputs[{i}]")
+    for i, node in enumerate(case.nodes):
+        where = f"nodes[{i}]"
+        op = OPS.get(node.op)
+        if op is None:
+            raise SpecError(f"{where}.op", f"unknown op {node.op!r}; known ops: {', '.join(sorted(OPS))}")
+        if not op.min_args <= len(node.args) <= op.max_args:
+            raise SpecError(f"{where}.args", f"{node.op} takes {op.min_args}..{op.max_args} operands, got {len(node.args)}")
+        shapes = [_use_shape(u, known, f"{where}.args[{j}]") for j, u in enumerate(node.args)]
+        try:
+            result = op.shape(shapes, dict(node.attrs))
+        except ShapeError as e:
+            raise SpecError(where, f"{node.op}: {e}") from None
+        if case.exact and not op.exact:
+            raise SpecError(f"{where}.op", f"{node.op} is not exact; use it only with exact=false")
+        declare(node.name, result, where)
+    if not case.outputs:
+        raise SpecError("outputs", "a case needs at least one output")
+    for i, u in enumerate(case.outputs):
+        _use_shape(u, known, f"outputs[{i}]")
+    nodes = {n.name for n in case.nodes}
+    for i, h in enumerate(case.hooks):
+        if h.node not in nodes or isinstance(known[h.node][0] if known[h.node] else None, tuple):
+            raise SpecError(f"hooks[{i}].node", f"{h.node!r} is not a single-result node")
+        if h.kind not in HOOK_KINDS:
+            raise SpecError(f"hooks[{i}].kind", f"unknown {h.kind!r}; one of {HOOK_KINDS}")
+    for i, name in enumerate(case.retain_grad):
+        if name not in nodes or isinstance(known[name][0] if known[name] else None, tuple):
+            raise SpecError(f"retain_grad[{i}]", f"{name!r} is not a single-result node")
+    return known

@@ -1,0 +1,228 @@
+"""Hypothesis strategies for cases that favour the founding patterns.
+
+Drawing is cheap by design: a case is a short list of small tuples
+("block", weight slot, variant) interpreted by plain Python into SSA nodes.
+Hypothesis shrinks the list (fewer blocks, lower slots: more tying), so a
+failure shrinks towards ``x @ w0 @ w0``-sized modules.
+
+The blocks are the patterns the seeds share: one weight at several sites
+(nested and in parallel branches), transposed uses, tied input/output
+projections, gains and biases that are parameters between tied uses,
+multi-output nodes, custom backwards with odd grad layouts, parameters
+combined before use, parameters shaped like the activations they meet,
+inputs without grad, view outputs, hooks and ``retain_grad``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from harness.ops import LAYOUTS
+from harness.spec import Case, Hook, Input, Node, Param, Schedule, Use
+
+BLOCKS = (
+    "linear",  # h @ w
+    "linear_t",  # h @ w.T
+    "gain",  # h * g, g shaped (D,) or like h
+    "bias",  # h + b
+    "branch",  # h @ w + h @ w' (w' may be w, or w.T)
+    "layout",  # LayoutMatmul(h, w) with a non-contiguous or offset grad
+    "pair",  # Pair(h, h * g) -> pick or combine results
+    "chunk",  # split h on the feature dim, recombine
+    "combined",  # h @ (w1 * w2) or h @ stack([w1, w2]).sum(0)
+    "reshape",  # h through a reshape round trip (views)
+    "nonlin",  # relu (exact) or tanh (tolerance mode)
+    "mix_input",  # h + x2 or h * x2, x2 an input without grad
+    "project",  # out projection tied to an in projection: h @ P, ..., h @ P.T
+    "hook",  # a tensor hook (scale or observe) on h
+    "retain",  # retain_grad on h
+)
+EXACT_BUDGET = 2.0**16  # forward magnitude estimate; grads add batch, microbatch and cotangent factors
+
+
+@dataclass
+class _Builder:
+    dim: int
+    batch: int
+    exact: bool
+    params: list[Param] = field(default_factory=list)
+    inputs: list[Input] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
+    retain: list[str] = field(default_factory=list)
+    bound: float = 3.0
+
+    def param(self, shape: tuple[int, ...], slot: int, prefix: str = "w") -> str:
+        """Slot picks an existing parameter of this shape (tying) or makes one."""
+        same = [p.name for p in self.params if p.shape == shape]
+        if slot < len(same):
+            return same[slot]
+        name = f"{prefix}{len(self.params)}"
+        self.params.append(Param(name, shape))
+        return name
+
+    def node(self, op: str, *args: Use, **attrs) -> str:
+        name = f"n{len(self.nodes)}"
+        self.nodes.append(Node(name, op, tuple(args), tuple(sorted(attrs.items()))))
+        return name
+
+    def grows(self, factor: float) -> bool:
+        """In exact mode, refuse a block that could leave the exact range."""
+        if self.exact and self.bound * factor > EXACT_BUDGET:
+            return False
+        self.bound *= factor
+        return True
+
+
+def _apply(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    D, B = b.dim, b.batch
+    mm = 3.0 * D
+    if block in ("linear", "linear_t") and b.grows(mm):
+        w = b.param((D, D), slot)
+        return b.node("matmul", Use(h), Use(w, transpose=block == "linear_t"))
+    if block == "gain" and b.grows(3.0):
+        g = b.param((D,) if variant % 2 == 0 else (B, D), slot, prefix="g")
+        return b.node("mul", Use(h), Use(g)) if variant < 2 else b.node("mul", Use(g), Use(h))
+    if block == "bias" and b.grows(1.0):
+        bias = b.param((D,) if variant % 2 == 0 else (B, D), slot, prefix="b")
+        b.bound += 3.0
+        return b.node("add", Use(h), Use(bias))
+    if block == "branch" and b.grows(2 * mm):
+        w = b.param((D, D), slot)
+        other = w if variant % 3 != 2 else b.param((D, D), slot + 1)
+        left = b.node("matmul", Use(h), Use(w))
+        right = b.node("matmul", Use(h), Use(other, transpose=variant % 3 == 1))
+        return b.node("add", Use(left), Use(right))
+    if block == "layout" and b.grows(mm):
+        w = b.param((D, D), slot)
+        return b.node("layout_matmul", Use(h), Use(w), layout=LAYOUTS[variant % len(LAYOUTS)])
+    if block == "pair" and b.grows(9.0 * b.bound):
+        g = b.param((B, D), slot, prefix="g")
+        other = b.node("mul", Use(h), Use(g)) if variant % 2 else g
+        pair = b.node("pair", Use(h), Use(other))
+        if variant < 2:
+            return b.node("add", Use(pair, index=0), Use(pair, index=1))
+        return b.node("mul", Use(pair, index=variant % 2), Use(h))
+    if block == "chunk" and D % 2 == 0 and b.grows(b.bound):
+        c = b.node("chunk", Use(h), chunks=2, dim=1)
+        if variant % 2:
+            return b.node("cat", Use(c, index=1), Use(c, index=0), dim=1)
+        s = b.node("mul", Use(c, index=0), Use(c, index=1))
+        return b.node("cat", Use(s), Use(c, index=1), dim=1)
+    if block == "combined" and b.grows(mm * 3.0):
+        w1 = b.param((D, D), slot)
+        w2 = b.param((D, D), slot + 1)
+        if variant % 2:
+            comb = b.node("mul", Use(w1), Use(w2, transpose=variant % 4 == 3))
+        else:
+            st_ = b.node("stack", Use(w1), Use(w2), dim=0)
+            comb = b.node("sum", Use(st_), dim=0)
+        return b.node("matmul", Use(h), Use(comb))
+    if block == "reshape" and b.grows(1.0):
+        r = b.node("reshape", Use(h), shape=(D, B) if variant % 2 else (B * D,))
+        return b.node("reshape", Use(r), shape=(B, D))
+    if block == "nonlin" and b.grows(1.0):
+        return b.node("relu" if b.exact or variant % 2 else "tanh", Use(h))
+    if block == "mix_input" and b.grows(3.0):
+        x2 = next((x.name for x in b.inputs if not x.requires_grad), None)
+        if x2 is None:
+            x2 = f"x{len(b.inputs)}"
+            b.inputs.append(Input(x2, (B, D), requires_grad=False))
+        b.bound += 3.0
+        return b.node("add" if variant % 2 else "mul", Use(h), Use(x2))
+    if block == "project" and D != B and b.grows(mm * mm):
+        # Tied in/out projection between two widths: h @ P (D->B), h @ P.T back.
+        p = b.param((D, B), slot, prefix="p")
+        mid = b.node("matmul", Use(h), Use(p))
+        if variant % 2:
+            mid = b.node("relu", Use(mid))
+        return b.node("matmul", Use(mid), Use(p, transpose=True))
+    if block == "hook" and h.startswith("n") and all(k.node != h for k in b.hooks):
+        if b.exact or variant < 2:
+            factor = (2, -1, 1)[variant % 3]
+            b.hooks.append(Hook(h, "scale" if factor != 1 else "observe", factor))
+            b.grows(2.0)
+        else:
+            b.hooks.append(Hook(h, "observe", 1))
+        return h
+    if block == "retain" and h.startswith("n") and h not in b.retain:
+        b.retain.append(h)
+    return h
+
+
+@st.composite
+def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4) -> Case:
+    """Valid cases; ``exact`` None draws the mode too."""
+    if exact is None:
+        exact = draw(st.booleans().map(lambda b: not b))  # shrinks towards exact mode
+    dim = draw(st.sampled_from((3, 2, 4)))
+    batch = draw(st.sampled_from((2, 3)))
+    x_grad = draw(st.sampled_from((True, False)))
+    blocks = draw(
+        st.lists(
+            st.tuples(st.sampled_from(BLOCKS), st.integers(0, 2), st.integers(0, 3)),
+            min_size=1,
+            max_size=max_blocks,
+        )
+    )
+    out_kind = draw(st.integers(0, 4))
+    schedule = Schedule(
+        microbatches=draw(st.integers(1, max_microbatches)),
+        steps=draw(st.integers(1, 2)),
+        grad_init=draw(st.sampled_from(("none", "zero", "prefilled"))),
+        zero_grad=draw(st.sampled_from(("set_to_none", "zeros", "keep"))),
+    )
+    seed = draw(st.integers(0, 2**16))
+    return interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
+                     out_kind=out_kind, schedule=schedule, seed=seed)
+
+
+def interpret(
+    blocks: list[tuple[str, int, int]],
+    *,
+    dim: int,
+    batch: int,
+    x_grad: bool,
+    exact: bool,
+    out_kind: int,
+    schedule: Schedule,
+    seed: int,
+) -> Case:
+    b = _Builder(dim=dim, batch=batch, exact=exact)
+    b.inputs.append(Input("x0", (batch, dim), requires_grad=x_grad))
+    h = "x0"
+    history = []
+    for block, slot, variant in blocks:
+        h = _apply(b, h, block, slot, variant)
+        history.append(h)
+    if not b.params:
+        w = b.param((dim, dim), 0)
+        h = b.node("matmul", Use(h), Use(w))
+        history.append(h)
+    if h == "x0":
+        h = b.node("mul", Use(h), Use(b.params[0].name)) if b.params[0].shape in ((dim,), (batch, dim)) else b.node(
+            "matmul", Use(h), Use(b.param((dim, dim), 0)))
+    outputs = [Use(h)]
+    earlier = [n for n in history if n.startswith("n") and n != h and n not in {c.name for c in b.nodes if c.op in ("chunk", "pair")}]
+    if out_kind == 1:
+        outputs = [Use(h, transpose=True)]  # a view as output
+    elif out_kind == 2 and earlier:
+        outputs.append(Use(earlier[len(earlier) // 2]))  # one output computed from another
+    elif out_kind == 3:
+        outputs = [Use(b.node("sum", Use(h), dim=0))]
+    elif out_kind == 4 and not exact:
+        outputs = [Use(b.node("mean", Use(h), dim=None))]
+    return Case(
+        params=tuple(b.params),
+        inputs=tuple(b.inputs),
+        nodes=tuple(b.nodes),
+        outputs=tuple(outputs),
+        schedule=schedule,
+        hooks=tuple(b.hooks),
+        retain_grad=tuple(b.retain),
+        dtype="float32",
+        exact=exact,
+        seed=seed,
+    )

@@ -1,0 +1,70 @@
+"""The eager autograd oracle.
+
+Float64, one ``torch.autograd.grad`` per backward, and accumulation done
+here, out of place: the oracle does not trust ``AccumulateGrad``'s reuse of
+incoming buffers as ``.grad`` (that reuse is exactly where graphed callables
+went wrong). Plain ``.backward()`` accumulation is a path of its own,
+``eager.accumulate``, held to this oracle like any other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.build import Built
+from harness.observation import Grads, Observation, Step, snap
+from harness.spec import Case
+
+
+class OracleError(RuntimeError):
+    """The oracle itself could not run the case: a generator or spec bug."""
+
+
+def observe(case: Case) -> Observation:
+    built = Built(case)
+    obs = Observation(path="oracle")
+    params = {n: t.requires_grad_(p.requires_grad) for (n, t), p in zip(built.params().items(), case.params)}
+    grad_params = [n for n, t in params.items() if t.requires_grad]
+    init = case.schedule.grad_init
+    acc: Grads = {n: None for n in params}
+    if init != "none":
+        prefill = built.prefill()
+        for n in grad_params:
+            acc[n] = torch.zeros_like(params[n]) if init == "zero" else prefill[n]
+    sched = case.schedule
+    try:
+        for k in range(sched.backwards):
+            if k and k % sched.microbatches == 0:
+                if sched.zero_grad == "set_to_none":
+                    acc = {n: None for n in params}
+                elif sched.zero_grad == "zeros":
+                    acc = {n: None if g is None else torch.zeros_like(g) for n, g in acc.items()}
+            inputs = {x.name: built.inputs(k)[x.name].requires_grad_(x.requires_grad) for x in case.inputs}
+            outs = built.forward({**params, **inputs})
+            cots = built.cotangents(k)
+            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+            wrt_names = grad_params + [n for n, t in inputs.items() if t.requires_grad]
+            wrt = [params[n] if n in params else inputs[n] for n in wrt_names]
+            got: dict[str, torch.Tensor | None] = {n: None for n in wrt_names}
+            if live and wrt:
+                grads = torch.autograd.grad(
+                    [o for o, _ in live], wrt, [c for _, c in live], allow_unused=True
+                )
+                got = dict(zip(wrt_names, grads))
+            contribution = {n: snap(got.get(n)) for n in params}
+            for n, g in contribution.items():
+                if g is not None:
+                    acc[n] = g if acc[n] is None else acc[n] + g
+            obs.contributions.append(contribution)
+            obs.steps.append(
+                Step(
+                    k=k,
+                    grads={n: snap(g) for n, g in acc.items()},
+                    input_grads={n: snap(got.get(n)) for n in inputs},
+                    outputs=[snap(o) for o in outs],
+                    retained={n: snap(t.grad) for n, t in built.retained.items()},
+                )
+            )
+    except Exception as e:
+        raise OracleError(f"eager oracle failed on backward {k}: {type(e).__name__}: {e}") from e
+    return obs
