@@ -66,6 +66,11 @@ def compare(case: Case, oracle: Observation, obs: Observation, contract: Contrac
                        f"{m.what} changed by up to {m.max_abs:g} during backward {m.k}, but nobody wrote to it",
                        signature(obs.path, "mutation", m.what.split(" ")[0]))
         )
+    for v in obs.violations:
+        found.append(
+            Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
+                       signature(obs.path, v.kind, v.key or v.what))
+        )
     done: set[str] = set()
     for o_step, p_step in zip(oracle.steps, obs.steps):
         k = o_step.k

@@ -49,11 +49,28 @@ class Failure:
 
 
 @dataclass
+class Violation:
+    """A broken invariant that is not a grad value: a wrong DTensor placement,
+    an unexpected collective, a grad that changed under the user, a crash.
+
+    ``kind`` becomes the Divergence kind; ``key`` (names and numbers left
+    out) is what de-duplicates it.
+    """
+
+    kind: str
+    k: int
+    what: str
+    detail: str
+    key: str = ""
+
+
+@dataclass
 class Observation:
     path: str
     steps: list[Step] = field(default_factory=list)
     mutations: list[Mutation] = field(default_factory=list)
     failure: Failure | None = None
+    violations: list[Violation] = field(default_factory=list)
     # Oracle only: each backward's own parameter grads, before accumulation.
     contributions: list[Grads] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -62,7 +79,7 @@ class Observation:
 @dataclass
 class Divergence:
     path: str
-    kind: str  # "value", "error" or "mutation"
+    kind: str  # "value", "error", "mutation", or a Violation's kind (e.g. "placement", "collective", "timeout", "crash")
     param: str | None
     microbatch: int | None  # backward number k over the whole schedule
     max_abs: float | None

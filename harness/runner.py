@@ -193,15 +193,26 @@ def fuzz(
     if examples is None and minutes is None:
         examples = 100
     start = time.monotonic()
-    for i, p in enumerate(live):
-        deadline = None
-        if minutes is not None:
-            # Split what is left of the budget evenly over the paths still to run.
-            share = (minutes * 60 - (time.monotonic() - start)) / (len(live) - i)
-            deadline = time.monotonic() + max(share, 0.0)
-        fuzz_path(p, examples=examples, deadline=deadline, seed=seed, result=result, save_dir=save_dir,
-                  exact=exact, progress=progress)
+    try:
+        for i, p in enumerate(live):
+            deadline = None
+            if minutes is not None:
+                # Split what is left of the budget evenly over the paths still to run.
+                share = (minutes * 60 - (time.monotonic() - start)) / (len(live) - i)
+                deadline = time.monotonic() + max(share, 0.0)
+            fuzz_path(p, examples=examples, deadline=deadline, seed=seed, result=result, save_dir=save_dir,
+                      exact=exact, progress=progress)
+    finally:
+        close_paths(paths)
     return result
+
+
+def close_paths(paths: list[Path]) -> None:
+    """Paths that own processes or devices release them here (optional ``close``)."""
+    for p in paths:
+        close = getattr(p, "close", None)
+        if callable(close):
+            close()
 
 
 def replay(
@@ -221,6 +232,16 @@ def replay(
             live.append(p)
         else:
             result.unavailable[p.name] = a.reason
+    try:
+        _replay_entries(entries, live, result, progress)
+    finally:
+        close_paths(live)
+    return result
+
+
+def _replay_entries(entries, live, result: Result, progress) -> None:
+    import torch
+
     for entry in entries:
         oracle = observe(entry.case)
         tol = Tolerance.for_case(entry.case)
@@ -241,4 +262,3 @@ def replay(
             else:
                 result.divergences.extend(divs)
             progress(f"[{p.name}] {entry.file}: {'ok' if not divs else f'{len(divs)} divergence(s)'}")
-    return result

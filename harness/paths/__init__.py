@@ -26,7 +26,12 @@ class UsageError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
-    split_impl: str | None = None
+    """Everything a path factory may read; the CLI fills it from its flags."""
+
+    split_impl: str | None = None  # --split-impl MODULE[:ATTR]
+    graphed_impl: str | None = None  # --graphed-impl MODULE:ATTR
+    world_size: int = 2  # --world-size, for process-group paths
+    timeout: float = 10.0  # --timeout seconds, per case on multi-process paths
     extra: tuple[str, ...] = ()  # --path MODULE:ATTR
 
 
