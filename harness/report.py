@@ -35,7 +35,8 @@ def summary(result: Result, verb: str = "fuzzed") -> str:
     for name, t in result.paths.items():
         skipped = sum(t.skipped.values())
         found = [d for d in result.divergences if d.path == name]
-        status = "DIVERGES" if found else "clean"
+        known = [d for d in result.expected if d.path == name]
+        status = "DIVERGES" if found else "known bug" if known else "clean"
         extra = f", {skipped} outside its contract" if skipped else ""
         lines.append(f"  {name:<22} {status:<9} {t.run} run{extra}" + (f", {t.seconds:.1f}s" if t.seconds else ""))
         for reason, n in sorted(t.skipped.items(), key=lambda kv: -kv[1]):

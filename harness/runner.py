@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings
+from hypothesis.errors import Flaky
 
 from harness import corpus, repro
 from harness.compare import Tolerance, compare
@@ -31,6 +32,10 @@ class Tally:
     run: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    # Time to detection: examples and seconds until the first failing example
+    # (before shrinking), from this path's cold start.
+    first_hit_examples: int | None = None
+    first_hit_seconds: float | None = None
 
 
 @dataclass
@@ -72,6 +77,7 @@ def save_finding(save_dir: str, path: Path, case: Case, divs: list[Divergence], 
         "source": source,
         "found_with": {"torch": torch.__version__, "path": path.name},
         "signature": first.signature,
+        "flaky": any(d.flaky for d in divs),
         "divergences": [{k: v for k, v in d.to_json().items() if k != "case"} for d in divs],
     }
     entry = corpus.Entry(case, meta)
@@ -90,7 +96,10 @@ def fuzz_path(
     exact: bool | None = None,
     progress: Callable[[str], None] = lambda s: None,
     chunk: int = 200,
+    relative_to: Path | None = None,
 ) -> None:
+    """Fuzz one path; ``relative_to`` counts only cases where that path agrees
+    with the oracle (a fork judged against the implementation it forked)."""
     tally = result.paths.setdefault(path.name, Tally())
     known: set[str] = set()
     start = time.monotonic()
@@ -121,23 +130,28 @@ def fuzz_path(
                 tally.skipped[reason] = tally.skipped.get(reason, 0) + 1
                 return
             divs = [d for d in check(case, path) if d.signature not in known]
+            if divs and relative_to is not None and relative_to.supports(case) is None and check(case, relative_to):
+                return
             if divs:
+                if tally.first_hit_examples is None:
+                    tally.first_hit_examples = tally.examples
+                    tally.first_hit_seconds = time.monotonic() - start
                 last["case"], last["divs"] = case, divs
                 raise _Found(divs[0].detail)
 
         counted = _Counting(target, tally)
         try:
             counted()
-        except _Found:
+        except (_Found, Flaky) as e:
             case, divs = last["case"], last["divs"]  # the last failing call is the shrunk one
             again = [d for d in check(case, path) if d.signature not in known]  # type: ignore[arg-type]
-            flaky = not again
+            flaky = isinstance(e, Flaky) or not again
             for d in divs:  # type: ignore[union-attr]
                 d.case = case.to_json()  # type: ignore[union-attr]
                 d.flaky = flaky
                 known.add(d.signature)
             result.divergences.extend(divs)  # type: ignore[arg-type]
-            if save_dir and not flaky:
+            if save_dir:
                 result.saved.append(save_finding(save_dir, path, case, divs, f"gradfuzz fuzz --paths {path.name} --seed {seed}"))  # type: ignore[arg-type]
             progress(f"[{path.name}] divergence {divs[0].signature}: {divs[0].detail}{' (FLAKY: did not reproduce)' if flaky else ''}")  # type: ignore[index]
         round_no += 1

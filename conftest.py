@@ -1,0 +1,1 @@
+# The repository root is on sys.path for the tests (tests.canaries, tests.helpers).

@@ -1,0 +1,79 @@
+"""The command line, run as a user runs it: a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import nested
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def gradfuzz(*args, cwd=ROOT, timeout=300):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_paths_lists_every_path_with_availability():
+    r = gradfuzz("paths")
+    assert r.returncode == 0
+    for name in ("eager.accumulate", "split.stock", "split.fixed"):
+        assert name in r.stdout
+
+
+def test_unknown_path_is_a_usage_error():
+    r = gradfuzz("fuzz", "--paths", "nope", "--examples", "1")
+    assert r.returncode == 2 and "unknown path 'nope'" in r.stderr
+
+
+def _case_file(tmp_path, data) -> str:
+    f = tmp_path / "case.json"
+    f.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(f)
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: "{oops", "not valid JSON"),
+        (lambda: {"gradfuzz_corpus": 1, "case": {**nested().to_json(), "version": 2}}, "field case.version: unknown case schema version 2"),
+        (lambda: {"gradfuzz_corpus": 1, "case": {**nested().to_json(), "nodes": [{"name": "n0", "op": "fft", "args": [], "attrs": []}]}},
+         "field case.nodes[0].op: unknown op 'fft'"),
+    ],
+)
+def test_replay_of_a_malformed_case_exits_2_naming_file_and_field(tmp_path, make, words):
+    f = _case_file(tmp_path, make())
+    r = gradfuzz("replay", f)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f in r.stderr and words in r.stderr
+
+
+def test_fuzz_finds_saves_and_the_repro_script_shows_it(tmp_path):
+    out = tmp_path / "found"
+    report = tmp_path / "r.json"
+    r = gradfuzz("fuzz", "--paths", "split.stock", "--split-impl", "tests.canaries:drops_accumulated",
+                 "--examples", "60", "--seed", "1", "--save", str(out), "--json", str(report), "--mode", "exact")
+    assert r.returncode == 1, r.stdout + r.stderr
+    data = json.loads(report.read_text())
+    d = data["divergences"][0]
+    assert d["path"] == "split.stock" and d["kind"] == "value" and d["case"]["version"] == 1
+    assert set(d) >= {"path", "kind", "param", "microbatch", "max_abs", "max_rel", "ratio", "signature", "case"}
+    scripts = sorted(out.glob("*.py"))
+    assert scripts and sorted(out.glob("*.json"))
+    # The standalone script: plain python, prints expected against actual, exits 1.
+    run = subprocess.run([sys.executable, str(scripts[0])], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "expected" in run.stdout and "DIVERGES" in run.stdout
+    # repro re-runs the saved case on the path it was found on
+    again = gradfuzz("repro", str(sorted(out.glob("*.json"))[0]), "--split-impl", "tests.canaries:drops_accumulated")
+    assert again.returncode == 1 and "DIVERGES" in again.stdout
+
+
+def test_replay_of_the_shipped_corpus_passes_on_every_available_path():
+    r = gradfuzz("replay", "cases")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "split.fixed" in r.stdout and "clean" in r.stdout

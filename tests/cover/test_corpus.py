@@ -1,0 +1,66 @@
+"""Corpus replay: every saved case on every available path.
+
+A divergence listed in the case's ``meta.expect`` for this torch version is
+a known bug and is reported as xfail; anything else must agree with the
+oracle. Unavailable paths are reported as skipped with the reason.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from harness import corpus
+from harness.paths import resolve
+from harness.runner import check
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "cases")
+FILES = corpus.discover([ROOT])
+PATHS = resolve(None)
+
+
+def test_corpus_is_not_empty():
+    assert any(f.endswith("nested_weight_double_count.json") for f in FILES)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+@pytest.mark.parametrize("file", FILES, ids=lambda f: os.path.relpath(f, ROOT))
+def test_replay(file, path):
+    available = path.availability()
+    if not available.ok:
+        pytest.skip(f"{path.name} unavailable here: {available.reason}")
+    entry = corpus.load(file)
+    reason = path.supports(entry.case)
+    if reason is not None:
+        pytest.skip(f"outside {path.name}'s contract: {reason}")
+    divs = check(entry.case, path)
+    if entry.expected_on(path.name, torch.__version__):
+        if divs:
+            pytest.xfail(f"known bug on torch {torch.__version__}: {divs[0].detail}")
+        return  # fixed on this version: the gate reports it as good news
+    assert not divs, divs[0].detail
+
+
+def test_corpus_write_is_atomic_and_round_trips(tmp_path):
+    entry = corpus.load(FILES[0])
+    target = corpus.save(tmp_path, "copy", entry, repro="print('hi')\n")
+    again = corpus.load(target)
+    assert again.case == entry.case and again.meta == entry.meta
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{not json", "not valid JSON (line 1"),
+        (json.dumps({"case": {}}), "field gradfuzz_corpus: missing"),
+        (json.dumps({"gradfuzz_corpus": 7, "case": {}}), "field gradfuzz_corpus: unknown corpus version 7"),
+    ],
+)
+def test_malformed_corpus_files_name_file_and_field(tmp_path, text, words):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    with pytest.raises(corpus.CorpusError) as info:
+        corpus.load(bad)
+    assert str(bad) in str(info.value) and words in str(info.value)

@@ -1,0 +1,82 @@
+import pytest
+
+from harness.paths import Options, UsageError, resolve
+from harness.runner import check, fuzz
+from harness.spec import Case, Hook, Input, Node, Param, Use
+from tests.helpers import nested
+
+
+def test_family_names_expand_and_unknown_names_are_usage_errors():
+    assert [p.name for p in resolve("split")] == ["split.stock", "split.fixed"]
+    with pytest.raises(UsageError, match=r"unknown path 'splitt'.*known paths: .*split\.fixed"):
+        resolve("splitt")
+
+
+def test_split_impl_option_points_split_stock_at_a_fork():
+    (path,) = resolve("split.stock", Options(split_impl="tests.canaries:double_count_nested"))
+    assert path.availability().ok
+    assert check(nested(), path), "the fork double counts x @ w @ w"
+    (bad,) = resolve("split.stock", Options(split_impl="no_such_module_xyz"))
+    assert not bad.availability().ok and "cannot import" in bad.availability().reason
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_split_fixed_agrees_with_the_oracle(exact):
+    result = fuzz(resolve("split.fixed"), examples=250, seed=3, exact=exact, progress=lambda s: None)
+    assert result.paths["split.fixed"].run == 250
+    assert not result.divergences, result.divergences[0].detail
+
+
+def test_stock_contract_is_declared_and_counted():
+    (stock,) = resolve("split.stock")
+    no_grad_input = Case(
+        params=(Param("w0", (2, 2)),), inputs=(Input("x0", (2, 2), requires_grad=False),),
+        nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+    )
+    assert "first stage" in stock.supports(no_grad_input)
+    view_out = Case(
+        params=(Param("w0", (2, 2)),), inputs=(Input("x0", (2, 2), requires_grad=True),),
+        nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0", transpose=True),),
+    )
+    assert "view" in stock.supports(view_out)
+    assert resolve("split.fixed")[0].supports(view_out) is None
+    assert not check(view_out, resolve("split.fixed")[0])
+
+
+def test_mutation_of_a_held_grad_is_reported():
+    """A path that writes into a grad the user already holds, without that
+    grad being the .grad it accumulates into, is a mutation finding."""
+    import torch
+
+    from harness.paths.base import Contract, run_schedule
+
+    class Scribbler:
+        name, contract = "scribbler", Contract()
+
+        def run(self, case):
+            def backward(outs, cots, inputs, params):
+                grads = torch.autograd.grad(outs, list(params.values()) + [inputs["x0"]], cots)
+                for p, g in zip(params.values(), grads):
+                    p.grad = g if p.grad is None else p.grad + g
+                cots[0].mul_(0)  # writes into the caller's grad output
+                return {"x0": grads[-1]}
+
+            return run_schedule(case, self.name, backward)
+
+    from harness.compare import compare
+    from oracles.eager import observe
+
+    case = nested(microbatches=2)
+    divs = compare(case, observe(case), Scribbler().run(case), Scribbler.contract)
+    assert [d.kind for d in divs] == ["mutation", "mutation"]
+    assert "grad output 0 of backward 0" in divs[0].detail
+
+
+def test_hooks_scale_the_oracle_and_eager_alike():
+    case = Case(
+        params=(Param("w0", (2, 2)),), inputs=(Input("x0", (2, 2), requires_grad=True),),
+        nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+        hooks=(Hook("n0", "scale", 2),),
+    )
+    assert not check(case, resolve("eager.accumulate")[0])
+    assert not check(case, resolve("split.fixed")[0])

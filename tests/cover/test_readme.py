@@ -1,0 +1,19 @@
+"""The README's two commands are what CI runs: keep them in step."""
+
+import os
+import re
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def _readme_commands() -> list[str]:
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```\n(.+?)\n```", section)
+
+
+def test_ci_runs_the_readme_install_and_test_commands():
+    install, test = _readme_commands()
+    ci = open(os.path.join(ROOT, ".ci", "run")).read().splitlines()
+    assert install.split(" && ")[0] in ci
+    assert ci[-1] == test
