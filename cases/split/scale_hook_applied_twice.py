@@ -35,9 +35,13 @@ def forward(v):
     return [n0]
 
 
-def leaves(dtype, k):
-    inputs = {n: torch.tensor(t, dtype=dtype).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
-    cots = [torch.tensor(c, dtype=dtype) for c in GRAD_OUTPUTS[k]]
+DEVICE = "cpu"
+machinery_forward = forward
+
+
+def leaves(dtype, k, device="cpu"):
+    inputs = {n: torch.tensor(t, dtype=dtype, device=device).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
+    cots = [torch.tensor(c, dtype=dtype, device=device) for c in GRAD_OUTPUTS[k]]
     return inputs, cots
 
 
@@ -73,12 +77,12 @@ def backward(outs, cots, inputs, params):
 
 
 def actual():
-    params = {n: torch.nn.Parameter(torch.tensor(t, dtype=DTYPE), requires_grad=n not in FROZEN) for n, t in PARAMS.items()}
+    params = {n: torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=DEVICE), requires_grad=n not in FROZEN) for n, t in PARAMS.items()}
     if GRAD_INIT != "none":
         for n, p in params.items():
             if n not in FROZEN:
-                p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE)
-    seen = []
+                p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE, device=DEVICE)
+    seen, held, changed = [], [], []
     for k in range(MICROBATCHES * STEPS):
         if k and k % MICROBATCHES == 0:
             for p in params.values():
@@ -86,22 +90,29 @@ def actual():
                     p.grad = None
                 elif ZERO_GRAD == "zeros" and p.grad is not None:
                     p.grad.zero_()
-        inputs, cots = leaves(DTYPE, k)
-        backward(forward({**params, **inputs}), cots, inputs, params)
-        seen.append({n: None if p.grad is None else p.grad.detach().double().clone() for n, p in params.items()})
-    return seen
+        inputs, cots = leaves(DTYPE, k, DEVICE)
+        # The caller's tensors: nothing may write into them behind its back.
+        held += [(f"grad output {i} of backward {k}", c, c.clone()) for i, c in enumerate(cots)]
+        held += [(f"input {n} of backward {k}", t, t.detach().clone()) for n, t in inputs.items()]
+        backward(machinery_forward({**params, **inputs}), cots, inputs, params)
+        for what, t, before in held:
+            if what not in changed and not torch.equal(t.detach(), before):
+                changed.append(what)
+                print(f"backward {k}: {what} was changed by the machinery: {before.tolist()} -> {t.detach().tolist()}")
+        seen.append({n: None if p.grad is None else p.grad.detach().to("cpu", torch.float64, copy=True) for n, p in params.items()})
+    return seen, changed
 
 
 def main():
     want = expected()
     try:
-        got = actual()
+        got, changed = actual()
     except Exception as e:  # the machinery raised where eager autograd ran fine
         import traceback
         traceback.print_exc()
         print(f"torch {torch.__version__}: DIVERGES: the machinery raised {type(e).__name__}; eager autograd ran this fine")
         return 1
-    bad = 0
+    bad = len(changed)
     for k, (w, g) in enumerate(zip(want, got)):
         for n in w:
             e, a = w[n], g[n]
@@ -113,7 +124,7 @@ def main():
                 print(f"  actual   {None if a is None else a.tolist()}")
                 if e is not None and a is not None and float((e * e).sum()) > 0:
                     print(f"  ratio actual/expected {float((a * e).sum() / (e * e).sum()):.4g}")
-    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad} differing grads)")
+    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad - len(changed)} differing grads, {len(changed)} caller tensors changed)")
     return 1 if bad else 0
 
 

@@ -7,7 +7,9 @@ from packaging.version import Version
 
 from harness.paths import resolve
 from harness.paths.split import SplitPath
+from harness.repro import forward_source
 from harness.runner import Result, fuzz_path
+from harness.spec import Case
 from tests.canaries import CANARIES
 
 STOCK_HAS_CLAMP = Version(torch.__version__.split("+")[0]) >= Version("2.13")
@@ -28,4 +30,4 @@ def test_canary_is_caught_from_cold_start(name, capsys):
     assert d.kind == "value" and d.case is not None
     with capsys.disabled():
         print(f"\n{name}: caught after {tally.first_hit_examples} examples "
-              f"({tally.first_hit_seconds:.2f}s); shrunk: {d.detail}\n  case: {d.case['nodes']}")
+              f"({tally.first_hit_seconds:.2f}s); shrunk: {d.detail}\n{forward_source(Case.from_json(d.case))}")
