@@ -1,0 +1,52 @@
+"""Grad-layout handling for DTensor parameters that keeps the placement.
+
+``AccumulateGrad`` wants ``.grad`` laid out like its parameter. When the
+incoming grad is not (a transposed grad from a custom backward), stock
+autograd re-lays it out with ``new_empty_strided`` + ``copy_``; on DTensor
+before torch 2.13 the fresh tensor is Replicate, so ``copy_`` all-reduces a
+Partial grad into it: the placement is lost and a collective runs that
+nobody asked for (pytorch/pytorch#180486).
+
+Here the grad is re-laid out before it gets there, by a hook on the
+parameter: this rank's local shard is made contiguous and re-wrapped with
+the *same* placements and the parameter's global strides. Making a local
+shard contiguous is the same for every placement (each rank copies its own
+values), so nothing is communicated and Partial stays Partial.
+``AccumulateGrad`` then sees a grad that already obeys its layout contract
+and adopts it as is.
+
+The copy is made every time, not only for a wrong layout: ``AccumulateGrad``
+adopts (steals) the incoming buffer as ``.grad``, and when two parameters'
+grads are views of one buffer (``stack([w1, w2]).sum(0)``) both adopt the
+same storage and the next in-place sum into one writes into the other (a
+torch bug of its own, seen on plain tensors by ``eager.accumulate``). A
+buffer of our own per grad cannot alias.
+
+Use: ``install(params)`` after creating the parameters (the harness
+calls ``install(params, mesh)``). Parameters are assumed contiguous, as
+``nn.Parameter`` makes them; a grad for a non-contiguous parameter is left
+alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def keep_layout(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
+    """``grad`` laid out like ``param``, same placements, in a buffer of its own, no communication."""
+    if not isinstance(grad, DTensor) or not param.is_contiguous():
+        return None
+    local = grad.to_local().clone(memory_format=torch.contiguous_format)
+    return DTensor.from_local(
+        local, grad.device_mesh, grad.placements, run_check=False, shape=grad.shape, stride=param.stride()
+    )
+
+
+def install(params: dict[str, torch.Tensor], mesh: Any = None) -> None:
+    for p in params.values():
+        if isinstance(p, DTensor) and p.requires_grad:
+            p.register_hook(lambda g, p=p: keep_layout(p, g))
