@@ -1,9 +1,8 @@
-"""Deliberately wrong grad-layout handling for DTensor parameters, and faults.
+"""DTensor canaries (re-exported from the package) and faults for the pool tests.
 
-Each is a drop-in for ``oracles.dtensor_fixed`` (an object with
-``install(params, mesh)``), run as ``dtensor.stock`` via ``--dtensor-impl``
-or ``DTensorPath(..., impl="tests.canaries_dtensor:NAME")``; the harness
-must catch each.
+The faults are grad-layout "implementations" that break the process group
+the way real distributed bugs do, when a grad arrives non-contiguous: one
+rank issues a collective the others never join (a hang), or one rank dies.
 """
 
 from __future__ import annotations
@@ -13,30 +12,9 @@ import signal
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate
 
-
-def _relayout_as_replicate(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
-    """What autograd's layout fix-up did to DTensor before torch 2.13 (the
-    seed): a fresh tensor laid out like the parameter, *Replicate*, then
-    ``copy_`` of the grad into it, which all-reduces a Partial grad."""
-    if not isinstance(grad, DTensor) or grad.stride() == param.stride():
-        return None
-    local = torch.empty(grad.to_local().shape, dtype=grad.dtype, device=grad.device)
-    fresh = DTensor.from_local(local, grad.device_mesh, [Replicate()] * grad.device_mesh.ndim,
-                               run_check=False, shape=grad.shape, stride=param.stride())
-    return fresh.copy_(grad)
-
-
-class partial_to_replicate:
-    """The founding bug (seed 002): a non-contiguous Partial grad becomes
-    Replicate through an all-reduce in the layout fix-up; values stay right."""
-
-    @staticmethod
-    def install(params, mesh=None):
-        for p in params.values():
-            if isinstance(p, DTensor) and p.requires_grad:
-                p.register_hook(lambda g, p=p: _relayout_as_replicate(p, g))
+from harness.canaries_dtensor import *  # noqa: F401,F403
+from harness.canaries_dtensor import CANARIES_DTENSOR, partial_to_replicate  # noqa: F401
 
 
 def _transposed(g: torch.Tensor) -> bool:
@@ -71,8 +49,3 @@ class kills_rank1:
         for p in params.values():
             if p.requires_grad:
                 p.register_hook(hook)
-
-
-CANARIES_DTENSOR = {
-    "partial_to_replicate": "tests.canaries_dtensor:partial_to_replicate",
-}

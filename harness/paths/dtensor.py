@@ -47,17 +47,18 @@ STOCK = "stock"
 _groups: dict[tuple[int, str | None], Any] = {}
 
 
+def _key(world_size: int, backend: str | None) -> tuple[int, str | None]:
+    from harness import pool
+
+    return (-1, None) if pool.torchrun_env() else (world_size, backend)
+
+
 def group_for(world_size: int, backend: str | None = None) -> Any:
     from harness import pool
 
-    if pool.torchrun_env():
-        key = (-1, None)
-        if key not in _groups:
-            _groups[key] = pool.TorchrunGroup(backend)
-        return _groups[key]
-    key = (world_size, backend)
+    key = _key(world_size, backend)
     if key not in _groups:
-        _groups[key] = pool.WorkerPool(world_size, backend)
+        _groups[key] = pool.TorchrunGroup(backend) if key[0] == -1 else pool.WorkerPool(world_size, backend)
     return _groups[key]
 
 
@@ -128,7 +129,7 @@ class DTensorPath:
         return observation(self.name, case, outcome)
 
     def close(self) -> None:
-        g = _groups.get((self.world_size, self.backend))
+        g = _groups.get(_key(self.world_size, self.backend))
         if g is not None:
             g.close()
 
@@ -165,6 +166,19 @@ def paths(options: Any) -> list[DTensorPath]:
     if pool.torchrun_env():
         made[0].group  # join now: every rank joins at start-up, whatever is fuzzed
     return made
+
+
+def canaries() -> list[Any]:
+    """For ``harness.canaries.all_canaries`` (``gradfuzz selfcheck``): the
+    seed's wrong layout fix-up, judged against ``dtensor.fixed``."""
+    from harness.canaries import Canary
+    from harness.canaries_dtensor import CANARIES_DTENSOR
+
+    return [
+        Canary(f"dtensor_{name}", lambda name=name, impl=impl: DTensorPath(f"canary.dtensor_{name}", impl),
+               "dtensor.fixed")
+        for name, impl in CANARIES_DTENSOR.items()
+    ]
 
 
 # --- rank facts -> Observation --------------------------------------------------

@@ -1,0 +1,204 @@
+"""The DTensor paths on a real process group (gloo, 2 ranks, this machine's CPU).
+
+Fast checks: the seed's case, the canary from a cold start, a short clean
+fuzz of the fixed path, assembling values from shards, and the pool's fault
+handling (hang, killed rank, Ctrl-C, killed parent) without orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from packaging.version import Version
+
+from harness import corpus
+from harness.observation import Observation
+from harness.paths import resolve
+from harness.paths.dtensor import DTensorPath, _assemble, canaries
+from harness.runner import Result, check, fuzz_path
+from harness.spec import Case, Input, Node, Param, Schedule, Use
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SEED = os.path.join(ROOT, "cases", "dtensor", "partial_grad_transposed_to_replicate.json")
+HAS_FIX = Version(torch.__version__.split("+")[0]) >= Version("2.13")
+
+
+def layout_case(layout: str, placement: str = "", microbatches: int = 1) -> Case:
+    """x @ w through a custom backward that returns w's grad in ``layout``."""
+    return Case(
+        params=(Param("w0", (3, 3), placement=placement),),
+        inputs=(Input("x0", (2, 3), requires_grad=True),),
+        nodes=(Node("n0", "layout_matmul", (Use("x0"), Use("w0")), (("layout", layout),)),),
+        outputs=(Use("n0"),),
+        schedule=Schedule(microbatches=microbatches),
+    )
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] != "Z":
+                    out.append(pid)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def test_both_paths_are_listed_with_backend_and_world_size():
+    for path in resolve("dtensor"):
+        a = path.availability()
+        assert a.ok, a.reason
+        assert "gloo" in a.reason and "world size 2" in a.reason
+    assert [p.name for p in resolve("dtensor")] == ["dtensor.stock", "dtensor.fixed"]
+
+
+def test_seed_case_from_the_corpus():
+    entry = corpus.load(SEED)
+    stock, fixed = resolve("dtensor")
+    assert not check(entry.case, fixed)
+    stock_divs = check(entry.case, stock)
+    assert bool(stock_divs) == (not HAS_FIX) == entry.expected_on("dtensor.stock", torch.__version__)
+
+
+def test_canary_on_the_seed_case_names_param_placement_and_all_reduce():
+    entry = corpus.load(SEED)
+    (canary,) = canaries()
+    divs = check(entry.case, canary.make())
+    kinds = {d.kind: d for d in divs}
+    assert set(kinds) == {"placement", "collective"}, [d.detail for d in divs]
+    assert kinds["placement"].param == "w0" and "is Replicate" in kinds["placement"].detail
+    assert "Partial(sum)" in kinds["placement"].detail and "non-contiguous" in kinds["placement"].detail
+    assert "1 all_reduce" in kinds["collective"].detail and kinds["collective"].microbatch == 0
+
+
+def test_canary_is_caught_from_cold_start(capsys):
+    (canary,) = canaries()
+    path = canary.make()
+    result = Result()
+    fuzz_path(path, examples=canary.budget, deadline=None, seed=0, result=result, save_dir=None,
+              relative_to=resolve(canary.base)[0])
+    tally = result.paths[path.name]
+    assert result.divergences, f"the canary survived {canary.budget} examples"
+    assert {d.kind for d in result.divergences} & {"placement", "collective"}
+    with capsys.disabled():
+        print(f"\n{canary.name}: caught after {tally.first_hit_examples} examples ({tally.first_hit_seconds:.2f}s): "
+              f"{result.divergences[0].detail}")
+
+
+def test_fixed_path_fuzzes_clean():
+    (fixed,) = resolve("dtensor.fixed")
+    result = Result()
+    fuzz_path(fixed, examples=120, deadline=None, seed=3, result=result, save_dir=None)
+    assert result.paths["dtensor.fixed"].run > 100
+    assert not result.divergences, result.divergences[0].detail
+
+
+@pytest.mark.parametrize("placement", ["replicate", "shard0", "shard1"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_dtensor_placed_parameters_agree_with_the_oracle(placement, layout):
+    (fixed,) = resolve("dtensor.fixed")
+    case = layout_case(layout, placement, microbatches=2)
+    assert fixed.supports(case) is None
+    obs = fixed.run(case)
+    assert obs.failure is None and len(obs.steps) == 2
+    assert not check(case, fixed)
+
+
+def test_values_are_assembled_from_every_rank_and_replicas_must_agree():
+    a, b = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0]])
+    obs = Observation("t")
+    enc = lambda pl, t: {"pl": pl, "local": t, "shape": (2, 2) if pl == "S0" else (1, 2), "stride": (2, 1)}
+    assert torch.equal(_assemble(obs, set(), 0, "w", [enc("P", a), enc("P", b)], 2), a + b)
+    assert torch.equal(_assemble(obs, set(), 0, "w", [enc("S0", a), enc("S0", b)], 2), torch.cat([a, b]))
+    assert not obs.violations
+    _assemble(obs, set(), 0, "w", [enc("R", a), enc("R", b)], 2)
+    assert [v.kind for v in obs.violations] == ["replica"] and "rank 1" in obs.violations[0].detail
+
+
+def test_hung_collective_is_a_timeout_and_the_pool_restarts():
+    path = DTensorPath("dtensor.fault", "tests.canaries_dtensor:mismatched_collective", timeout=2.0)
+    try:
+        assert not check(layout_case("contiguous"), path)
+        pids = path.group.pids
+        t0 = time.monotonic()
+        divs = check(layout_case("transposed"), path)
+        assert time.monotonic() - t0 < 10
+        assert [d.kind for d in divs] == ["timeout"]
+        assert "did not finish within 2s" in divs[0].detail and "all_reduce" in divs[0].detail
+        assert not alive(pids), "the hung pool was not torn down"
+        assert not check(layout_case("contiguous"), path), "the next case runs normally"
+        assert path.group.pids and set(path.group.pids).isdisjoint(pids)
+    finally:
+        path.close()
+
+
+def test_killed_rank_is_a_crash_and_the_pool_restarts():
+    path = DTensorPath("dtensor.fault", "tests.canaries_dtensor:kills_rank1", timeout=5.0)
+    try:
+        assert not check(layout_case("contiguous"), path)
+        pids = path.group.pids
+        divs = check(layout_case("transposed"), path)
+        assert [d.kind for d in divs if d.kind != "error"] == ["crash"]
+        crash = next(d for d in divs if d.kind == "crash")
+        assert "rank 1" in crash.detail and "SIGKILL" in crash.detail
+        assert not alive(pids)
+        assert not check(layout_case("contiguous"), path)
+    finally:
+        path.close()
+    assert not alive(pids + path.group.pids)
+
+
+def _workers_of(pid: int, timeout: float = 60.0) -> list[int]:
+    """The pool's workers: children of ``pid`` named by their process title or cmdline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().split(")")[-1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if ppid == pid:
+                kids.append(int(entry))
+        if len(kids) >= 2:
+            return kids
+        time.sleep(0.2)
+    raise AssertionError("the pool never started")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_no_orphans_when_the_harness_is_interrupted_or_killed(how):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "fuzz", "--paths", "dtensor.fixed", "--examples", "100000", "--save", ""],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        workers = _workers_of(proc.pid)
+        time.sleep(1.0)  # mid-fuzzing
+        if how == "ctrl-c":  # a terminal sends it to the whole foreground process group, workers included
+            os.killpg(proc.pid, signal.SIGINT)
+        else:  # the harness alone dies outright: no cleanup code of its own runs
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(workers), f"orphaned workers {alive(workers)} after {how}"
+        if how == "ctrl-c":
+            assert proc.returncode == 130, proc.stderr.read().decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
