@@ -108,6 +108,74 @@ def cmd_paths(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_selfcheck(args: argparse.Namespace) -> int:
+    from harness.selfcheck import selfcheck
+
+    if args.tolerance_slack is not None:
+        import os
+
+        os.environ["GRADFUZZ_TOLERANCE_SLACK"] = str(args.tolerance_slack)
+    results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr))
+    missed = [r for r in results if not r.caught and not r.skipped]
+    for r in results:
+        state = f"skipped: {r.skipped}" if r.skipped else ("caught" if r.caught else "NOT CAUGHT")
+        print(f"  {r.name:<28} {state}" + (f" after {r.examples} examples ({r.seconds:.1f}s)" if r.caught else ""))
+    print(f"gradfuzz selfcheck: {len(results) - len(missed)}/{len(results)} canaries " + ("ok" if not missed else
+          "MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
+    return 1 if missed else 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from harness import gate, gate_report
+    from harness.corpus import atomic_write
+
+    if args.tolerance_slack is not None:
+        os.environ["GRADFUZZ_TOLERANCE_SLACK"] = str(args.tolerance_slack)
+    paths = resolve(args.paths, _options(args))
+    report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=args.minutes,
+                           seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck,
+                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+    rep = report.to_json()
+    print(gate_report.terminal(rep))
+    if args.baseline:
+        try:
+            base = json.loads(open(args.baseline).read())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"--baseline {args.baseline}: cannot read a gate report ({e})") from None
+        print("\n".join(gate.compare_baseline(rep, base)))
+    if args.json:
+        atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
+    if args.junit:
+        atomic_write(args.junit, gate_report.junit(rep))
+    md = gate_report.markdown(rep)
+    if args.markdown:
+        atomic_write(args.markdown, md)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(md)
+    if args.html:
+        atomic_write(args.html, gate_report.html_page(rep))
+    return 1 if report.failed else 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.versions import table
+
+    reports = []
+    for f in args.reports:
+        try:
+            reports.append(json.loads(open(f).read()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"{f}: not a gate report ({e})") from None
+    print(table(reports))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +201,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("case")
     p.add_argument("--script", action="store_true", help="also print the standalone repro script")
     p.set_defaults(func=cmd_repro)
+
+    g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger")
+    _add_path_args(g)
+    g.add_argument("--minutes", type=float, default=2.0, help="fuzzing budget after the replay (default 2)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--corpus", nargs="*", default=["cases"], help="corpus directories (default cases)")
+    g.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
+    g.add_argument("--save", metavar="DIR", default="cases/found", help="where new findings go")
+    g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
+    g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
+    g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
+    g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
+    g.add_argument("--no-selfcheck", action="store_true", help="skip the canaries (not recommended)")
+    g.add_argument("--tolerance-slack", type=float, help=argparse.SUPPRESS)
+    g.set_defaults(func=cmd_gate)
+
+    sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
+    _add_path_args(sc)
+    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--tolerance-slack", type=float,
+                    help="loosen every comparison by this factor (to see selfcheck fail when detection is broken)")
+    sc.set_defaults(func=cmd_selfcheck)
+
+    t = sub.add_parser("table", help="one table from gate reports of several torch versions")
+    t.add_argument("reports", nargs="+", metavar="REPORT.json")
+    t.set_defaults(func=cmd_table)
 
     ps = sub.add_parser("paths", help="list the paths and whether each is available here")
     _add_path_args(ps)

@@ -10,7 +10,7 @@ from harness.paths.split import SplitPath
 from harness.repro import forward_source
 from harness.runner import Result, fuzz_path
 from harness.spec import Case
-from tests.canaries import CANARIES
+from harness.canaries import CANARIES
 
 STOCK_HAS_CLAMP = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 

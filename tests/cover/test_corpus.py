@@ -64,3 +64,22 @@ def test_malformed_corpus_files_name_file_and_field(tmp_path, text, words):
     with pytest.raises(corpus.CorpusError) as info:
         corpus.load(bad)
     assert str(bad) in str(info.value) and words in str(info.value)
+
+
+def test_ledger_and_case_expectations_agree():
+    """Each ledger bug's cases expect exactly the ledger's range on its path,
+    and every expectation in a case is backed by a ledger entry."""
+    from harness import ledger
+
+    led = ledger.load(os.path.join(ROOT, "ledger.json"))
+    backed = set()
+    for bug in led.bugs:
+        assert bug.cases or bug.signatures, f"{bug.id} has nothing to match"
+        for rel in bug.cases:
+            entry = corpus.load(os.path.join(ROOT, rel))
+            expects = [(e["path"], e["torch"]) for e in entry.meta.get("expect", [])]
+            assert (bug.path, bug.torch) in expects, f"{rel} does not expect {bug.path} {bug.torch} as {bug.id} says"
+            backed.add((os.path.normpath(rel), bug.path))
+    for f in FILES:
+        for e in corpus.load(f).meta.get("expect", []):
+            assert (os.path.normpath(os.path.relpath(f, ROOT)), e["path"]) in backed, f"{f}: {e['path']} has no ledger entry"

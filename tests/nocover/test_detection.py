@@ -12,7 +12,7 @@ import pytest
 from harness.paths import resolve
 from harness.paths.split import SplitPath
 from harness.runner import Result, fuzz, fuzz_path
-from tests.canaries import CANARIES
+from harness.canaries import CANARIES
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,227 @@
+"""``gradfuzz gate``: the check a team runs when it upgrades torch.
+
+Self-check, corpus replay, a fuzzing budget, then every result classified
+against the ledger and the installed torch version:
+
+- ``new``: a divergence no ledger entry explains (fails the gate)
+- ``known``: a ledger bug, expected on this version (listed)
+- ``fixed``: a ledger bug this version no longer shows, past its range (good news)
+- ``regression``: a ledger bug back on a version past its range (fails)
+- ``not_reproduced``: in range, but its cases agree here (the ledger may be too wide)
+- ``unavailable``: a path that cannot run here, with why
+- ``selfcheck``: a canary that was not caught (fails: the gate has lost its teeth)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from harness import corpus, ledger as ledger_mod
+from harness.observation import Divergence
+from harness.paths import Path
+from harness.runner import check, close_paths, fuzz
+from harness.selfcheck import CanaryResult, selfcheck
+
+FAILING = ("new", "regression", "selfcheck")
+FLAKY_TRIES = 8
+SCHEMA = 1
+
+
+@dataclass
+class Row:
+    status: str
+    path: str
+    detail: str
+    bug: str | None = None
+    signature: str | None = None
+    source: str = ""  # "corpus FILE", "fuzz" or "selfcheck"
+    case: dict[str, Any] | None = None
+    divergence: dict[str, Any] | None = None
+    upstream: str = ""
+
+
+@dataclass
+class GateReport:
+    torch: str
+    rows: list[Row] = field(default_factory=list)
+    selfcheck: list[CanaryResult] = field(default_factory=list)
+    examples: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    schema: int = SCHEMA
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status in FAILING for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "torch": self.torch,
+            "passed": not self.failed,
+            "seconds": round(self.seconds, 2),
+            "examples": self.examples,
+            "counts": {s: sum(1 for r in self.rows if r.status == s) for s in
+                       ("new", "regression", "known", "fixed", "not_reproduced", "unavailable", "selfcheck")},
+            "rows": [asdict(r) for r in self.rows],
+            "selfcheck": [asdict(c) for c in self.selfcheck],
+        }
+
+
+def _classify(bug: ledger_mod.Bug, version: str, reproduced: bool) -> str:
+    rel = bug.relation(version)
+    if reproduced:
+        return {"in": "known", "after": "regression", "before": "new"}[rel]
+    return {"in": "not_reproduced", "after": "fixed", "before": "fixed"}[rel]
+
+
+def run_gate(
+    paths: list[Path],
+    *,
+    corpus_dirs: list[str],
+    ledger_file: str,
+    minutes: float,
+    seed: int = 0,
+    save_dir: str | None = None,
+    run_selfcheck: bool = True,
+    progress: Callable[[str], None] = lambda s: None,
+) -> GateReport:
+    start = time.monotonic()
+    version = torch.__version__
+    report = GateReport(torch=version)
+    led = ledger_mod.load(ledger_file)
+    entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
+    if run_selfcheck:
+        report.selfcheck = selfcheck(seed, progress)
+        for c in report.selfcheck:
+            if not c.caught and not c.skipped:
+                report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
+    live = []
+    for p in paths:
+        a = p.availability()
+        if a.ok:
+            live.append(p)
+        else:
+            report.rows.append(Row("unavailable", p.name, a.reason))
+    try:
+        seen_as = _replay(live, entries, led, version, report, progress)
+    finally:
+        close_paths(live)
+    if minutes > 0 and live:
+        result = fuzz(live, minutes=minutes, seed=seed, save_dir=save_dir, progress=progress)
+        for name, t in result.paths.items():
+            report.examples[name] = report.examples.get(name, 0) + t.examples
+        seen = {(r.path, r.signature) for r in report.rows}
+        for d in result.divergences:
+            if (d.path, d.signature) in seen:
+                continue
+            seen.add((d.path, d.signature))
+            # A ledger bug matches by its recorded signatures, or by any signature
+            # its own cases showed in the replay just now.
+            bug = led.match(d.path, d.signature) or seen_as.get((d.path, d.signature))
+            status = _classify(bug, version, True) if bug else "new"
+            report.rows.append(_row(status, d, bug, "fuzz"))
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) -> Row:
+    return Row(status, d.path, d.detail, bug.id if bug else None, d.signature, source, d.case,
+               {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "")
+
+
+def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, report: GateReport,
+            progress) -> dict[tuple[str, str], ledger_mod.Bug]:
+    from oracles.eager import observe
+
+    reproduced: dict[str, list[Divergence]] = {}
+    ran: set[str] = set()
+    for entry in entries:
+        oracle = None
+        for p in live:
+            if p.supports(entry.case) is not None:
+                continue
+            oracle = oracle or observe(entry.case)
+            report.examples[p.name] = report.examples.get(p.name, 0) + 1
+            divs = check(entry.case, p, oracle)
+            for _ in range(FLAKY_TRIES if entry.meta.get("flaky") and not divs else 0):
+                divs = check(entry.case, p, oracle)  # an order-dependent bug gets a few tries
+                if divs:
+                    break
+            for d in divs:
+                d.case = entry.case.to_json()
+            bug = next((b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)), None)
+            if bug is not None:
+                ran.add(bug.id)
+                reproduced.setdefault(bug.id, []).extend(divs)
+                continue
+            for d in divs:
+                b = led.match(p.name, d.signature)
+                if b is not None:
+                    reproduced.setdefault(b.id, []).append(d)
+                    ran.add(b.id)
+                elif entry.expected_on(p.name, version):
+                    report.rows.append(_row("known", d, None, f"corpus {entry.file}"))
+                else:
+                    report.rows.append(_row("new", d, None, f"corpus {entry.file}"))
+            progress(f"[gate] {p.name} {entry.file}: {len(divs)} divergence(s)")
+    live_names = {p.name for p in live}
+    by_id = {b.id: b for b in led.bugs}
+    seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
+    for b in led.bugs:
+        if b.path not in live_names:
+            continue
+        divs = reproduced.get(b.id, [])
+        if b.id not in ran:
+            continue
+        status = _classify(b, version, bool(divs))
+        if divs:
+            for d in _unique(divs):
+                report.rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
+        else:
+            word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
+                    f"ledger says torch {b.torch} is affected, but its cases agree here"}[status]
+            report.rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
+                                   f"corpus {', '.join(b.cases)}", upstream=b.upstream))
+    return seen_as
+
+
+def _is_case_of(led: ledger_mod.Ledger, bug: ledger_mod.Bug, file: str) -> bool:
+    return any(os.path.abspath(os.path.join(led.root, c)) == os.path.abspath(file) for c in bug.cases)
+
+
+def _unique(divs: list[Divergence]) -> list[Divergence]:
+    seen, out = set(), []
+    for d in divs:
+        if d.signature not in seen:
+            seen.add(d.signature)
+            out.append(d)
+    return out
+
+
+def compare_baseline(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """What changed since the baseline report, path by path: what a person upgrading asks."""
+    def index(r):
+        out = {}
+        for row in r.get("rows", []):
+            key = (row["path"], row.get("bug") or row.get("signature") or row["detail"][:60])
+            out[key] = row["status"]
+        return out
+
+    now, before = index(report), index(baseline)
+    lines = [f"compared with {baseline.get('torch')} -> {report.get('torch')}:"]
+    for path in sorted({k[0] for k in now} | {k[0] for k in before}):
+        changes = []
+        for key in sorted(set(now) | set(before)):
+            if key[0] != path:
+                continue
+            a, b = before.get(key, "absent"), now.get(key, "absent")
+            if a != b:
+                changes.append(f"    {key[1]}: {a} -> {b}")
+        lines.append(f"  {path}: " + ("no change" if not changes else f"{len(changes)} change(s)"))
+        lines.extend(changes)
+    return lines

@@ -1,0 +1,96 @@
+"""The gate: classification against the ledger, reports, selfcheck."""
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from harness import corpus, gate, gate_report, ledger
+from harness.paths import Options, resolve
+from harness.versions import table
+from tests.helpers import nested
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+V = torch.__version__.split("+")[0]
+
+
+@pytest.mark.parametrize("spec, version, rel", [
+    ("<2.13", "2.11.0", "in"), ("<2.13", "2.13.0", "after"), (">=2.11", "2.10.0", "before"),
+    (">=2.11", "2.14.1+cu130", "in"), (">=2.0,<2.12", "2.13.0", "after"),
+])
+def test_version_relation(spec, version, rel):
+    assert ledger.Bug("b", "p", spec, "s").relation(version) == rel
+
+
+def _world(tmp_path, torch_range: str | None):
+    """A corpus with the nested case and a ledger that does or does not know it."""
+    cases = tmp_path / "cases"
+    corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
+    bugs = [] if torch_range is None else [
+        {"id": "canary-bug", "path": "split.stock", "torch": torch_range, "summary": "double count",
+         "cases": ["split/nested.json"], "upstream": "https://example.invalid/1"}]
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    return str(cases), str(cases / "ledger.json")
+
+
+@pytest.mark.parametrize("impl, torch_range, status, fails", [
+    ("harness.canaries:double_count_nested", f">={V}", "known", False),
+    ("harness.canaries:double_count_nested", "<2.0", "regression", True),
+    ("harness.canaries:double_count_nested", None, "new", True),
+    ("oracles.split_fixed", "<2.0", "fixed", False),
+    ("oracles.split_fixed", f">={V}", "not_reproduced", False),
+])
+def test_classification(tmp_path, impl, torch_range, status, fails):
+    cases, led = _world(tmp_path, torch_range)
+    paths = resolve("split.stock", Options(split_impl=impl))
+    report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
+    assert [r.status for r in report.rows] == [status]
+    assert report.failed is fails
+    rep = report.to_json()
+    assert rep["passed"] is (not fails) and rep["counts"][status] == 1
+
+
+def test_reports_render_from_the_json(tmp_path):
+    cases, led = _world(tmp_path, None)
+    paths = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested")) + resolve("split.fixed")
+    rep = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False).to_json()
+    suite = ET.fromstring(gate_report.junit(rep))
+    assert suite.get("failures") == "1" and len(suite.findall("testcase")) >= 2
+    md = gate_report.markdown(rep)
+    assert "| NEW divergence | `split.stock` |" in md
+    page = gate_report.html_page(rep)
+    assert "def forward(v):" in page  # the repro script inline
+    try:
+        import matplotlib  # noqa: F401
+        assert '<img alt="heatmaps" src="data:image/png;base64,' in page
+    except ImportError:
+        assert "Install the <code>report</code> extra" in page
+
+
+def test_baseline_and_version_table():
+    old = {"torch": "2.11.0", "rows": [{"path": "split.stock", "bug": "b1", "signature": None, "detail": "", "status": "known"}]}
+    new = {"torch": "2.13.0", "rows": [{"path": "split.stock", "bug": "b1", "signature": None, "detail": "", "status": "fixed"}]}
+    lines = gate.compare_baseline(new, old)
+    assert "    b1: known -> fixed" in lines
+    t = table([new, old])
+    assert t.splitlines()[0] == "| row | 2.11.0 | 2.13.0 |"
+    assert "| split.stock: b1 | known | fixed |" in t
+
+
+def test_malformed_ledger_names_file_and_field(tmp_path):
+    f = tmp_path / "ledger.json"
+    f.write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": [{"id": "x", "path": "p", "torch": "~~2", "summary": "s"}]}))
+    with pytest.raises(corpus.CorpusError, match=r"ledger.json: field bugs\[0\]\.torch"):
+        ledger.load(str(f))
+
+
+def test_selfcheck_fails_naming_the_canaries_when_detection_is_broken():
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-m", "harness", "selfcheck", "--tolerance-slack", "1e30"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "MISSED:" in r.stdout and "drops_accumulated" in r.stdout
