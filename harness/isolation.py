@@ -70,7 +70,7 @@ class IsolatedPath:
         self._proc: subprocess.Popen | None = None
         self._log: Any = None
         self._out: Any = None
-        self.restarts = 0  # children started after the first
+        self.starts = 0  # children started; every one after the first replaced a crashed, hung or broken one
 
     def availability(self):
         return self.local.availability()
@@ -84,9 +84,12 @@ class IsolatedPath:
 
     # --- the child -------------------------------------------------------
 
+    @property
+    def restarts(self) -> int:
+        return max(self.starts - 1, 0)
+
     def _start(self) -> None:
-        if self._proc is not None:
-            self.restarts += 1
+        self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
         env = {**os.environ, PROGRESS_ENV: "1", "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

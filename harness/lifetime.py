@@ -43,7 +43,13 @@ class Lifetime:
         self.fired: dict[str, int] = {}
         self.allocs: list[torch.Tensor] = []
         self.handles: list[Any] = []
-        for n, p in params.items():
+        self.params = params
+
+    def _register(self) -> None:
+        """Hooks go on after the first forward: a graph wrapper is built (warmed
+        up, captured) on its first call, and hooks belong to the training
+        loop that follows, as the wrappers' docs ask."""
+        for n, p in self.params.items():
             if not p.requires_grad:
                 continue
             for kind in self.sched.param_hooks:
@@ -80,6 +86,8 @@ class Lifetime:
                 self.held.hold(f"output {i} of backward {k}", o)
 
     def begin(self, k: int) -> None:
+        if k == 0:
+            self._register()
         self.k = k
         self.seen, self.fired = {}, {}
 

@@ -70,13 +70,33 @@ class GraphedCallable:
         self.allow_unused = allow_unused_input
         self.backend = backend
         self.training = self.module.training if self.module is not None else None
+        # The graphs differentiate aliases of the parameters (same storage), so
+        # hooks the user put on the parameters themselves see only the grads
+        # this wrapper returns, never warm-up, capture or replay internals.
+        self.proxies = {id(p): p.detach().requires_grad_(p.requires_grad) for p in self.params}
         self._live: list | None = None  # outputs of the forward whose graph the backward differentiates
 
     def surface(self) -> list[torch.Tensor]:
-        return [*self.static_inputs, *self.params]
+        return [*self.static_inputs, *(self.proxies[id(p)] for p in self.params)]
+
+    @contextlib.contextmanager
+    def _proxied(self):
+        """The module's parameters swapped for their aliases while the original forward runs."""
+        swapped = []
+        if self.module is not None:
+            for mod in self.module.modules():
+                for name, p in list(mod._parameters.items()):
+                    if p is not None and id(p) in self.proxies:
+                        mod._parameters[name] = self.proxies[id(p)]
+                        swapped.append((mod, name, p))
+        try:
+            yield
+        finally:
+            for mod, name, p in swapped:
+                mod._parameters[name] = p
 
     def _forward(self) -> list:
-        with torch.enable_grad():
+        with torch.enable_grad(), self._proxied():
             out = self.call(*tree_unflatten(self.static_inputs, self.arg_spec))
         flat, self.out_spec = tree_flatten(out)
         self._live = flat

@@ -32,7 +32,7 @@ import torch
 
 from harness.build import Built
 from harness.isolation import IsolatedPath, progress
-from harness.observation import Grads, Observation, Violation
+from harness.observation import Grads, Observation
 from harness.paths.base import Availability, Contract, run_schedule
 from harness.spec import Case
 
@@ -131,10 +131,12 @@ class _Run:
         return grads
 
     def close(self) -> None:
-        self.fn = None
+        fn, self.fn = self.fn, None
+        if isinstance(fn, torch.nn.Module):
+            fn.__dict__.pop("forward", None)  # wrappers install a forward that closes over the module: a cycle
         if self.path.impl_spec == COMPILE:
             torch._dynamo.reset()
-        gc.collect()  # graph wrappers keep reference cycles (module.forward closes over the module)
+        gc.collect(1)  # the young cycles a wrapper leaves; a full collection costs 0.1 s a case
 
 
 class GraphedPath:
@@ -142,19 +144,21 @@ class GraphedPath:
 
     ``owned_outputs``: the wrapper promises that an output survives the next
     forward (the fixed one clones them); stock wrappers do not, so cases
-    that hold outputs are outside their contract. ``bitwise``: in
-    tolerance mode, grads must also equal eager float32 on the same device
-    bit for bit (a graph replays the very kernels eager runs); not for
-    compilers, which generate different arithmetic.
+    that hold outputs are outside their contract.
+
+    Bitwise equality with eager: in exact mode every value is an integer
+    float32 holds exactly, so the comparison with the oracle is bit for bit.
+    In tolerance mode it is not demanded: a static grad buffer keeps its
+    output's layout (``empty_like`` of a transposed output), and the same
+    matmul on another layout rounds differently (seen on the CPU stand-in:
+    4.8e-7 on ``(x @ w @ w).mT``), which is not a bug.
     """
 
-    def __init__(self, name: str, impl: str = STOCK, device: str = "cuda", owned_outputs: bool = False,
-                 bitwise: bool = True) -> None:
+    def __init__(self, name: str, impl: str = STOCK, device: str = "cuda", owned_outputs: bool = False) -> None:
         self.name = name
         self.impl_spec = impl
         self.device = device
         self.owned_outputs = owned_outputs
-        self.bitwise = bitwise
         self.contract = Contract(retained_grads=False, lifetime_schedules=True)
 
     def availability(self) -> Availability:
@@ -199,32 +203,7 @@ class GraphedPath:
             r.close()
         obs.extra["build_s"] = r.build_s
         obs.extra["backwards_s"] = r.backwards_s
-        if self.bitwise and not case.exact and obs.failure is None:
-            self._bitwise(case, obs)
         return obs
-
-    def _bitwise(self, case: Case, obs: Observation) -> None:
-        """Rounding-level differences from eager float32 on the same device.
-
-        Larger differences are value divergences against the float64 oracle
-        and are reported there; this catches what tolerance mode lets by.
-        """
-        ref = run_schedule(case, "eager on device", _eager_backward, device=self.device)
-        if ref.failure is not None:
-            return
-        for ps, rs in zip(obs.steps, ref.steps):
-            for n, a in ps.grads.items():
-                e = rs.grads.get(n)
-                if a is None or e is None or a.shape != e.shape or torch.equal(a, e):
-                    continue
-                diff = float((a - e).abs().max())
-                if diff <= 1e-4 * (1.0 + float(e.abs().max())):
-                    obs.violations.append(Violation(
-                        "bitwise", ps.k, n,
-                        f"{n}.grad after backward {ps.k} differs from eager float32 on the same device by up to "
-                        f"{diff:g} (rounding level): the graph did not replay the arithmetic eager runs",
-                        key="bitwise grad"))
-                    return
 
     def repro_source(self) -> tuple[str, str, str]:
         if self.impl_spec == COMPILE:
@@ -281,7 +260,7 @@ def fixed() -> GraphedPath:
 
 
 def compiled() -> GraphedPath:
-    return GraphedPath("graphed.compile", COMPILE, bitwise=False)
+    return GraphedPath("graphed.compile", COMPILE)
 
 
 def paths(options: Any) -> list:

@@ -1,0 +1,76 @@
+"""The graphed paths on a real GPU (``pytest -m gpu``): real CUDA graphs.
+
+Deselected by default; skipped, not passed, where torch sees no CUDA device.
+benchmarks/graphed_gpu.py measures the same things at scale.
+"""
+
+import os
+
+import pytest
+import torch
+
+from harness import corpus
+from harness.paths import resolve
+from harness.runner import Result, check, fuzz_path
+from harness.spec import Case, Event, Input, Node, Param, Schedule, Use
+from tests.standins import weakref_canary
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SEED_CASE = os.path.join(ROOT, "cases", "graphed", "make_graphed_callables_static_grad_alias.json")
+
+
+@pytest.fixture(scope="module")
+def graphed():
+    paths = {p.name: p for p in resolve("graphed")}
+    yield paths
+    for p in paths.values():
+        p.close()
+
+
+def test_seed_case_on_real_cuda_graphs(graphed):
+    entry = corpus.load(SEED_CASE)
+    divs = check(entry.case, graphed["graphed.stock"])
+    assert any(d.kind == "value" and "actual = 2*g2, expected g1 + g2" in d.detail for d in divs), divs
+    assert not check(entry.case, graphed["graphed.fixed"])
+
+
+def test_stock_caught_from_cold_start(graphed):
+    result = Result()
+    fuzz_path(graphed["graphed.stock"], examples=100, deadline=None, seed=0, result=result, save_dir=None, exact=True)
+    assert any("counted 2 times" in d.detail for d in result.divergences), [d.detail for d in result.divergences]
+
+
+def test_fixed_clean_with_pressure(graphed):
+    result = Result()
+    fuzz_path(graphed["graphed.fixed"], examples=200, deadline=None, seed=0, result=result, save_dir=None)
+    assert not result.divergences, result.divergences[0].detail
+
+
+def _pressure_case(microbatches: int = 4) -> Case:
+    events = tuple(e for k in range(microbatches - 1)
+                   for e in (Event(k, "free"), Event(k, "empty_cache"), Event(k, "alloc", (4, 6, 12))))
+    return Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+                schedule=Schedule(microbatches=microbatches, events=events))
+
+
+def test_weakref_canary_caught_by_pressure_while_fixed_stays_clean(graphed):
+    canary = weakref_canary()
+    try:
+        case = _pressure_case()
+        divs = check(case, canary)
+        assert divs, "the weak-ref surface canary survived allocator pressure"
+        assert not check(case, graphed["graphed.fixed"])
+    finally:
+        canary.close()
+
+
+def test_compile_runs_the_seed_case(graphed):
+    path = graphed["graphed.compile"]
+    if not path.availability().ok:
+        pytest.skip(path.availability().reason)
+    obs = path.run(corpus.load(SEED_CASE).case)
+    assert obs.failure is None or obs.failure.message, obs
+    assert len(obs.steps) == 2 or obs.failure is not None or obs.violations
