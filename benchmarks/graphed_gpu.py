@@ -207,7 +207,8 @@ def s_detect():
             break
         path = Recording(fresh("graphed.stock"))
         try:
-            result, secs = fuzz(path, examples=ARGS.detect_examples, deadline=time.monotonic() + min(left() - 30, 120),
+            result, secs = fuzz(path, examples=ARGS.detect_examples,
+                                deadline=time.monotonic() + min(left() - 30, ARGS.detect_seconds),
                                 seed=seed)
         finally:
             path.close()
@@ -226,7 +227,8 @@ def s_detect():
 def s_fixed():
     path = Recording(fresh("graphed.fixed"))
     try:
-        result, secs = fuzz(path, examples=ARGS.fixed_examples, deadline=time.monotonic() + max(left() - 20, 30), seed=0)
+        result, secs = fuzz(path, examples=ARGS.fixed_examples,
+                            deadline=time.monotonic() + min(ARGS.fixed_seconds, max(left() - 20, 30)), seed=0)
     finally:
         path.close()
     t = result.paths[path.name]
@@ -250,7 +252,7 @@ def s_canary():
                 break
             canary.contract = Contract(retained_grads=False, lifetime_schedules=lifetime)
             result, secs = fuzz(canary, examples=ARGS.canary_examples, seed=0,
-                                deadline=time.monotonic() + min(max(left() - 30, 20), 150))
+                                deadline=time.monotonic() + min(max(left() - 30, 20), ARGS.canary_seconds))
             t = result.paths[canary.name]
             found = divs_json(result)
             again = []
@@ -319,6 +321,9 @@ def main() -> int:
     ap.add_argument("--canary-examples", type=int, default=300)
     ap.add_argument("--compile-minutes", type=float, default=1.0)
     ap.add_argument("--compile-seed", type=int, default=0)
+    ap.add_argument("--detect-seconds", type=float, default=60.0, help="cap per seed")
+    ap.add_argument("--fixed-seconds", type=float, default=180.0)
+    ap.add_argument("--canary-seconds", type=float, default=60.0, help="cap per schedule family")
     ap.add_argument("--standin", action="store_true", help="CPU stand-ins instead of the graphed paths (a dry run)")
     ARGS = ap.parse_args()
     os.makedirs(ARGS.out, exist_ok=True)
