@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from harness.build import Built
 from harness.collectives import CollectiveCounter
 from harness.spec import Case
+from harness.train import Trainer, ends_step, has_step
 
 STOCK = "stock"  # no grad-layout handling of our own: torch as installed
 
@@ -236,6 +237,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
         record = _Record(params, counter)
         if impl is not None:
             impl.install(params, ctx.mesh)
+        trainer = Trainer(case, params, step_with=getattr(impl, "optimizer_step", None)) if has_step(case) else None
         plain_out = "R"
         for k in range(sched.backwards):
             if k and k % sched.microbatches == 0:
@@ -289,6 +291,8 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                 "acc": acc,
                 "collectives": counter.since(mark),
             })
+            if trainer is not None and ends_step(case, k):
+                out["steps"][-1]["after_step"] = trainer.step(lambda t: encode(t, "R"))
     except Exception as e:  # a rank that raises reports it; the parent judges
         out["failure"] = {"k": k, "type": type(e).__name__, "message": _first_line(e),
                           "traceback": traceback.format_exc()[-4000:]}

@@ -23,7 +23,8 @@ torch bug of its own, seen on plain tensors by ``eager.accumulate``). A
 buffer of our own per grad cannot alias.
 
 Use: ``install(params)`` after creating the parameters (the harness
-calls ``install(params, mesh)``). Parameters are assumed contiguous, as
+calls ``install(params, mesh)``), and ``optimizer_step(optimizer, params)``
+in place of ``optimizer.step()``. Parameters are assumed contiguous, as
 ``nn.Parameter`` makes them; a grad for a non-contiguous parameter is left
 alone.
 """
@@ -44,6 +45,39 @@ def keep_layout(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
     return DTensor.from_local(
         local, grad.device_mesh, grad.placements, run_check=False, shape=grad.shape, stride=param.stride()
     )
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: dict[str, torch.Tensor]) -> None:
+    """``optimizer.step()`` on grads of its own, laid out like the parameters.
+
+    The optimizer gets, for each parameter, a private contiguous copy of its
+    grad with the parameter's placements (for a Partial grad that is the
+    all-reduce the update needs anyway), and the user's ``.grad`` is put back
+    afterwards, untouched. Two torch bugs make this necessary: the CPU fused
+    kernels (Adam, AdamW, SGD, Adagrad) read a non-contiguous grad as if it
+    were contiguous, and DTensor's redistribution inside the fused op can
+    produce one (a Shard(1) grad for a Shard(0) parameter); and
+    ``SGD(nesterov=True, foreach=True)`` adds the momentum buffer into
+    ``.grad`` in place.
+    """
+    users: dict[torch.Tensor, torch.Tensor] = {}
+    for p in params.values():
+        g = p.grad
+        if g is None:
+            continue
+        users[p] = g
+        if isinstance(g, DTensor) and isinstance(p, DTensor):
+            h = g.redistribute(g.device_mesh, p.placements) if tuple(g.placements) != tuple(p.placements) else g
+            local = h.to_local().clone(memory_format=torch.contiguous_format)
+            p.grad = DTensor.from_local(local, h.device_mesh, h.placements, run_check=False,
+                                        shape=h.shape, stride=p.stride())
+        else:
+            p.grad = g.detach().clone(memory_format=torch.contiguous_format)
+    try:
+        optimizer.step()
+    finally:
+        for p, g in users.items():
+            p.grad = g
 
 
 def install(params: dict[str, torch.Tensor], mesh: Any = None) -> None:

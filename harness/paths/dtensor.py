@@ -39,6 +39,8 @@ from harness.paths.base import Availability, Contract
 from harness.spec import Case
 
 FIXED = "oracles.dtensor_fixed"
+# Optimizers whose fused kernel has no DTensor sharding strategy (torch 2.13: only Adam/AdamW have one).
+DTENSOR_UNFUSED = frozenset({"sgd", "momentum", "nesterov", "adagrad"})
 STOCK = "stock"
 
 
@@ -114,6 +116,11 @@ class DTensorPath:
         s = case.schedule
         if getattr(s, "events", ()) or getattr(s, "retain_outputs", False) or getattr(s, "param_hooks", ()):
             return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.optimizer in DTENSOR_UNFUSED and s.optimizer_impl == "fused":
+            return f"DTensor has no sharding strategy for fused {s.optimizer} (NotImplementedError on every path)"
+        if s.optimizer == "rprop" and (s.optimizer_impl != "for_loop" or mode_of(case) == "dtensor"):
+            return ("rprop on DTensor: its foreach form needs _foreach_copy_ (no sharding strategy), its loop form "
+                    "an index_put_ DTensor refuses on sharded parameters; run only as a for-loop on Replicate parameters")
         if mode_of(case) == "dtensor":
             if any((p.placement or "partial") == "partial" for p in case.params):
                 return "mixes to_local/Partial parameters with DTensor-placed ones"
@@ -236,6 +243,11 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
         ]
         obs.steps.append(Step(k=k, grads=gather("grads"), input_grads=gather("input_grads"), outputs=outputs,
                               retained=gather("retained")))
+        if "after_step" in steps[0]:
+            obs.steps[-1].after_step = {
+                n: _assemble(obs, problems, k, f"after step {n}", [s["after_step"].get(n) for s in steps], world)
+                for n in steps[0]["after_step"]
+            }
         _judge_accumulation(obs, k, steps[0], local_mode)
     return obs
 
