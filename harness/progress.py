@@ -1,0 +1,213 @@
+"""Progress people like to watch: a live ``rich`` display on a terminal,
+plain periodic lines otherwise (CI logs).
+
+A display reads *views* (``Session.snapshot()`` or the combination of
+xdist workers' status files) from a callable, on its own thread, so the
+fuzzing loop never waits for the terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import IO, Any, Callable
+
+View = dict[str, Any]
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def summarize(view: View) -> dict[str, Any]:
+    """The numbers both displays show, from a view."""
+    now = view.get("now") or time.time()
+    elapsed = now - view["started"]
+    paths = view.get("paths", {})
+    total = sum(t["examples"] for t in paths.values())
+    left = None
+    if view.get("deadline"):
+        left = max(0.0, view["deadline"] - now)
+    elif view.get("examples_budget") and paths:
+        want = view["examples_budget"] * len(paths)
+        rate = total / elapsed if elapsed > 0 else 0
+        left = (want - total) / rate if rate > 0 and want > total else None
+    by_path: dict[str, int] = {}
+    for sig, n in view.get("counts", {}).items():
+        p = view.get("details", {}).get(sig, {}).get("path", "?")
+        by_path[p] = by_path.get(p, 0) + 1
+    return {"elapsed": elapsed, "left": left, "total": total, "rate": total / elapsed if elapsed > 0 else 0.0,
+            "by_path": by_path, "signatures": len(view.get("counts", {})),
+            "finds": sum(view.get("counts", {}).values())}
+
+
+def plain_line(view: View) -> str:
+    s = summarize(view)
+    left = f", {_clock(s['left'])} left" if s["left"] is not None else ""
+    per = ", ".join(
+        f"{name} {t['examples']} ({t['examples'] / max(s['elapsed'], 1e-9):.0f}/s)" for name, t in view.get("paths", {}).items()
+    )
+    workers = f", {view['workers']} workers" if view.get("workers", 1) > 1 else ""
+    return (f"gradfuzz [{_clock(s['elapsed'])} elapsed{left}{workers}] {s['total']} examples ({s['rate']:.0f}/s)"
+            f"{': ' + per if per else ''}; {s['finds']} divergence(s) in {s['signatures']} signature(s)")
+
+
+def render(view: View) -> Any:
+    """The live display: one table per concern, refreshed a few times a second."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    s = summarize(view)
+    head = Text.assemble(
+        ("gradfuzz fuzz", "bold"),
+        f"  {_clock(s['elapsed'])} elapsed",
+        (f"  {_clock(s['left'])} left" if s["left"] is not None else "  time left: -"),
+        f"  {view.get('workers', 1)} worker(s)",
+        f"  {s['total']:,} examples, {s['rate']:.0f}/s",
+        ("  INTERRUPTED: finishing" if view.get("stopping") else "", "bold red"),
+    )
+    paths = Table(box=None, pad_edge=False, header_style="bold")
+    for col, just in (("path", "left"), ("examples", "right"), ("ex/s", "right"), ("run", "right"),
+                      ("outside contract", "right"), ("signatures", "right")):
+        paths.add_column(col, justify=just)  # type: ignore[arg-type]
+    for name, t in view.get("paths", {}).items():
+        skipped = sum(t["skipped"].values())
+        n = s["by_path"].get(name, 0)
+        paths.add_row(name, f"{t['examples']:,}", f"{t['examples'] / max(s['elapsed'], 1e-9):.0f}", f"{t['run']:,}",
+                      f"{skipped:,}", Text(str(n), style="bold red" if n else "green"))
+    for name, why in view.get("unavailable", {}).items():
+        paths.add_row(Text(name, style="dim"), "-", "-", "-", "-", Text(f"unavailable: {why[:60]}", style="dim"))
+    parts: list[Any] = [head, paths]
+    counts = view.get("counts", {})
+    if counts:
+        divs = Table(box=None, pad_edge=False, header_style="bold", title="divergences by signature",
+                     title_justify="left")
+        for col in ("finds", "path", "kind", "signature", "first seen after", "detail"):
+            divs.add_column(col, overflow="ellipsis", no_wrap=col == "detail")
+        details = view.get("details", {})
+        for sig, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+            d = details.get(sig, {})
+            divs.add_row(str(n), d.get("path", ""), d.get("kind", ""), sig,
+                         f"{d.get('examples', '?')} ex" if d.get("examples") is not None else "",
+                         (d.get("detail", "") + (" FLAKY" if d.get("flaky") else ""))[:90])
+        parts.append(divs)
+    if view.get("saved"):
+        parts.append(Text(f"saved {len(view['saved'])} corpus file(s), e.g. {view['saved'][-1]}", style="dim"))
+    for e in view.get("errors", [])[-3:]:
+        parts.append(Text(f"error: {e}", style="red"))
+    return Group(*parts)
+
+
+class Display:
+    """Runs the chosen display on a thread until ``close()``.
+
+    ``mode``: ``live`` (rich), ``plain`` (a line every ``every`` seconds,
+    and one per new signature at once), or ``none``; ``auto`` picks live on
+    a terminal and plain otherwise.
+    """
+
+    def __init__(self, source: Callable[[], View], mode: str = "auto", every: float = 10.0,
+                 stream: IO[str] | None = None) -> None:
+        out = stream or sys.stdout
+        if mode == "auto":
+            mode = "live" if out.isatty() else "plain"
+        self.mode = mode
+        self.source = source
+        self.every = every
+        self.stream = out if mode == "live" else (stream or sys.stderr)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._events: list[str] = []
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self.stopping = False
+
+    def event(self, line: str) -> None:
+        """A one-off line (a new divergence, an unavailable path)."""
+        if self.mode == "plain":
+            print(f"gradfuzz: {line}", file=self.stream, flush=True)
+        elif self.mode == "live":
+            with self._lock:
+                self._events.append(line)
+
+    def start(self) -> "Display":
+        if self.mode in ("live", "plain"):
+            self._thread = threading.Thread(target=self._live if self.mode == "live" else self._plain,
+                                            name="gradfuzz-display", daemon=True)
+            self._thread.start()
+        return self
+
+    def _view(self) -> View:
+        v = self.source()
+        v["stopping"] = self.stopping
+        return v
+
+    def _new_signatures(self, v: View) -> list[str]:
+        """Lines for signatures first seen in this view; only for views read
+        from worker status files (an in-process session reports through
+        ``event`` as it saves)."""
+        lines = []
+        for sig in v.get("counts", {}):
+            if sig not in self._seen:
+                self._seen.add(sig)
+                d = v.get("details", {}).get(sig, {})
+                if v.get("from_status"):
+                    where = f" -> {d['file']}" if d.get("file") else ""
+                    lines.append(f"[{d.get('path')}] divergence {sig}: {d.get('detail', '')}{where}")
+        return lines
+
+    def _plain(self) -> None:
+        next_line = time.monotonic() + self.every
+        while not self._stop.wait(0.25):
+            try:
+                v = self._view()
+            except Exception:
+                continue
+            for line in self._new_signatures(v):
+                print(f"gradfuzz: {line}", file=self.stream, flush=True)
+            if time.monotonic() >= next_line:
+                next_line += self.every
+                print(plain_line(v), file=self.stream, flush=True)
+
+    def _live(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(file=self.stream)
+        v: View = {}
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                try:
+                    v = self._view()
+                    live.update(render(v))
+                except Exception:
+                    pass
+                with self._lock:
+                    events, self._events = self._events, []
+                try:
+                    events += self._new_signatures(v)
+                except Exception:
+                    pass
+                for e in events:
+                    live.console.print(f"[bold]gradfuzz:[/bold] {e}", markup=True, highlight=False)
+                if self._stop.wait(0.25):
+                    try:
+                        live.update(render(self._view()))
+                    except Exception:
+                        pass
+                    break
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.mode == "plain":
+            try:
+                print(plain_line(self._view()), file=self.stream, flush=True)
+            except Exception:
+                pass

@@ -1,0 +1,269 @@
+"""The pytest plugin (entry point ``pytest11``): fuzz targets and corpus replay as test items.
+
+Inert unless ``--gradfuzz-paths`` is given. Then it adds
+
+- ``gradfuzz::fuzz[<paths>-shard<i>]``: one item per fuzz target (paths that
+  share a case distribution) and shard; each shard has its own seed
+  stream, so ``pytest -n auto`` spreads them over all cores. The item's
+  ``obj`` is a plain Hypothesis test (``Target.plain_test``), so drivers of
+  Hypothesis tests (HypoFuzz) can drive it; run by pytest, the item runs
+  gradfuzz's rounds (every new signature found, shrunk, saved) and fails
+  listing them;
+- ``gradfuzz::replay[<path>::<corpus file>]``: every corpus case on every
+  selected path (known bugs on this torch are xfail);
+- ``gradfuzz::fuzz[<path>]`` / replay items for unavailable paths, skipped
+  with the reason.
+
+``gradfuzz fuzz -n N`` runs pytest-xdist with this plugin: workers write
+status files into ``--gradfuzz-run-dir`` and stop when a ``stop`` file
+appears there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import fields
+from typing import Any
+
+import pytest
+
+_session: Any = None  # this process's harness.session.Session (one per xdist worker)
+_paths_cache: dict[str, Any] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("gradfuzz", "gradient fuzzing (gradfuzz)")
+    g.addoption("--gradfuzz-paths", metavar="NAMES", help="fuzz and replay these paths (names or families; 'all')")
+    g.addoption("--gradfuzz-examples", type=int, metavar="N", help="examples per path over all shards (default 100)")
+    g.addoption("--gradfuzz-minutes", type=float, metavar="M", help="wall-clock budget instead of --gradfuzz-examples")
+    g.addoption("--gradfuzz-seed", type=int, default=0)
+    g.addoption("--gradfuzz-shards", type=int, metavar="S",
+                help="shards per fuzz target (default: the number of xdist workers, else 1)")
+    g.addoption("--gradfuzz-mode", choices=("both", "exact", "tolerance"), default="both")
+    g.addoption("--gradfuzz-db", metavar="DIR|redis://HOST:PORT/N|none", default=None,
+                help="Hypothesis example database (default .gradfuzz/examples)")
+    g.addoption("--gradfuzz-save", metavar="DIR", default="cases/found", help="corpus directory for findings")
+    g.addoption("--gradfuzz-corpus", metavar="DIRS", default=None,
+                help="comma-separated corpus files/dirs replayed as items (default: cases, if present; '' for none)")
+    g.addoption("--gradfuzz-run-dir", metavar="DIR", help=argparse_suppress())
+    g.addoption("--gradfuzz-path", action="append", default=[], metavar="MODULE:ATTR",
+                help="add a third-party path (repeatable)")
+    g.addoption("--gradfuzz-option", action="append", default=[], metavar="NAME=VALUE",
+                help="a path option, as gradfuzz fuzz takes them: split_impl=MODULE[:ATTR], world_size=2, ... (repeatable)")
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def _options(config: pytest.Config) -> Any:
+    from harness.paths import Options, UsageError
+
+    known = {f.name: f for f in fields(Options)}
+    kw: dict[str, Any] = {"extra": tuple(config.getoption("gradfuzz_path") or ())}
+    for item in config.getoption("gradfuzz_option") or ():
+        name, _, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if name not in known or name == "extra":
+            raise UsageError(f"--gradfuzz-option {item!r}: unknown option; known: {', '.join(sorted(set(known) - {'extra'}))}")
+        default = known[name].default
+        kw[name] = type(default)(value) if isinstance(default, (int, float)) and not isinstance(default, bool) else value
+    return Options(**kw)
+
+
+def _selected(config: pytest.Config) -> list[Any]:
+    from harness.paths import resolve
+
+    spec = config.getoption("gradfuzz_paths")
+    key = f"{spec}|{_options(config)}"
+    if key not in _paths_cache:
+        _paths_cache[key] = resolve(None if spec in ("all", "") else spec, _options(config))
+    return _paths_cache[key]
+
+
+def _workers() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gradfuzz: a gradfuzz fuzz target or corpus replay item")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("gradfuzz_paths") is None:
+        return
+    from harness import corpus
+    from harness.session import plan
+
+    paths = _selected(config)
+    exact = {"exact": True, "tolerance": False, "both": None}[config.getoption("gradfuzz_mode")]
+    shards = config.getoption("gradfuzz_shards") or _workers()
+    parent = GradfuzzCollector.from_parent(session, name="gradfuzz", nodeid="gradfuzz")
+    live, dead = [], []
+    for p in paths:
+        a = p.availability()
+        (live if a.ok else dead).append((p, a.reason))
+    new: list[pytest.Item] = []
+    targets = plan([p for p, _ in live], exact=exact, seed=config.getoption("gradfuzz_seed"), shards=shards)
+    for t in targets:
+        new.append(FuzzItem.from_parent(parent, name=f"fuzz[{t.name}-shard{t.shard}]", callobj=t.plain_test(),
+                                        target=t, shards=shards, n_items=len(targets)))
+    for p, why in dead:
+        new.append(SkippedItem.from_parent(parent, name=f"fuzz[{p.name}]", reason=f"{p.name} unavailable here: {why}"))
+    spec = config.getoption("gradfuzz_corpus")
+    if spec is None:
+        spec = "cases" if os.path.isdir("cases") else ""
+    files = corpus.discover([s for s in spec.split(",") if s]) if spec else []
+    for f in files:
+        for p, why in live + dead:
+            name = f"replay[{p.name}::{os.path.relpath(f)}]"
+            if why and not p.availability().ok:
+                new.append(SkippedItem.from_parent(parent, name=name, reason=f"{p.name} unavailable here: {why}"))
+            else:
+                new.append(ReplayItem.from_parent(parent, name=name, file=f, path=p))
+    for item in new:
+        item.add_marker(pytest.mark.gradfuzz)
+    items.extend(new)
+
+
+class GradfuzzCollector(pytest.Collector):
+    def collect(self) -> list[pytest.Item]:  # items are made in pytest_collection_modifyitems
+        return []
+
+
+def _worker_session(config: pytest.Config) -> Any:
+    global _session
+    if _session is None:
+        from harness.database import open_database
+        from harness.session import Session, _single_thread
+        from harness.target import Stop
+
+        run_dir = config.getoption("gradfuzz_run_dir")
+        stop = Stop(os.path.join(run_dir, "stop") if run_dir else None)
+        db = config.getoption("gradfuzz_db")
+        _session = Session(save_dir=config.getoption("gradfuzz_save") or None, db_spec=db, database=open_database(db),
+                           stop=stop, seed=config.getoption("gradfuzz_seed"),
+                           worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
+        minutes = config.getoption("gradfuzz_minutes")
+        if minutes is not None:
+            _session.deadline = time.time() + minutes * 60
+        _session.examples_budget = config.getoption("gradfuzz_examples") or (None if minutes else 100)
+        _single_thread()
+    return _session
+
+
+def _write_status(config: pytest.Config) -> None:
+    run_dir = config.getoption("gradfuzz_run_dir")
+    if run_dir and _session is not None:
+        from harness.session import write_status
+
+        write_status(os.path.join(run_dir, f"status-{_session.worker}.json"), _session.snapshot())
+
+
+class FuzzItem(pytest.Function):
+    def __init__(self, *, target: Any, shards: int, n_items: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.target = target
+        self.shards = shards
+        self.n_items = n_items
+        self.add_marker(pytest.mark.hypothesis)
+
+    def runtest(self) -> None:
+        config = self.config
+        session = _worker_session(config)
+        examples = config.getoption("gradfuzz_examples")
+        minutes = config.getoption("gradfuzz_minutes")
+        deadline = None
+        if minutes is not None:
+            # Items share the wall clock: each worker runs n_items / workers of them in turn.
+            share = minutes * 60 * max(1, _workers()) / max(1, self.n_items)
+            left = (session.deadline or time.time()) - time.time()
+            deadline = time.monotonic() + max(0.0, min(share, left))
+        elif examples is None:
+            examples = 100
+        per_shard = math.ceil(examples / self.shards) if examples is not None else None
+        run = session.run_target(self.target, examples=per_shard, deadline=deadline,
+                                 heartbeat=lambda: _write_status(config))
+        _write_status(config)
+        errors = [e for e in session.result.errors if self.target.name in e]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        if run.findings:
+            lines = [f"{len(run.findings)} new divergence signature(s) on {self.target.name}:"]
+            for f in run.findings:
+                d = f.divergences[0]
+                where = session.details.get(d.signature, {}).get("file")
+                lines.append(f"  {f.path.name} {d.kind} [{d.signature}]{' FLAKY' if f.flaky else ''}: {d.detail}")
+                if where:
+                    lines.append(f"      reproduce: gradfuzz repro {where}")
+            raise FuzzFailure("\n".join(lines))
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:  # type: ignore[override]
+        if isinstance(excinfo.value, FuzzFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"gradfuzz {self.name}"
+
+
+class FuzzFailure(AssertionError):
+    pass
+
+
+class ReplayItem(pytest.Item):
+    def __init__(self, *, file: str, path: Any, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.file = file
+        self.gpath = path
+
+    def runtest(self) -> None:
+        import torch
+
+        from harness import corpus
+        from harness.runner import check
+
+        entry = corpus.load(self.file)
+        reason = self.gpath.supports(entry.case)
+        if reason is not None:
+            pytest.skip(f"outside {self.gpath.name}'s contract: {reason}")
+        divs = check(entry.case, self.gpath)
+        if divs and entry.expected_on(self.gpath.name, torch.__version__):
+            pytest.xfail(f"known bug on torch {torch.__version__}: {divs[0].detail}")
+        if divs:
+            raise FuzzFailure("\n".join(f"{d.kind} [{d.signature}] {d.detail}" for d in divs)
+                              + f"\n  reproduce: gradfuzz repro {self.file} --paths {self.gpath.name}")
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:  # type: ignore[override]
+        if isinstance(excinfo.value, FuzzFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.file, None, f"gradfuzz {self.name}"
+
+
+class SkippedItem(pytest.Item):
+    def __init__(self, *, reason: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.reason = reason
+
+    def runtest(self) -> None:
+        pytest.skip(self.reason)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"gradfuzz {self.name}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _session is not None:
+        _session.done = True
+        _write_status(session.config)
+    from harness.runner import close_paths
+
+    for paths in _paths_cache.values():
+        close_paths(paths)
