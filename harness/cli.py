@@ -48,16 +48,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.examples is not None and args.minutes is not None:
         raise UsageError("give --examples or --minutes, not both")
     exact = {"exact": True, "tolerance": False, "both": None}[args.mode]
-    try:
-        result = runner.fuzz(paths, examples=args.examples, minutes=args.minutes, seed=args.seed,
-                             save_dir=args.save, exact=exact)
-    except KeyboardInterrupt:
-        print("gradfuzz: interrupted", file=sys.stderr)
-        return 130
-    print(report.summary(result))
-    if args.json:
-        report.write_json(result, args.json)
-    return 1 if result.divergences else 0
+    from harness import fuzz_command  # sessions: -n N, --db, live progress, findings saved as they happen
+
+    return fuzz_command.run(args, _options(args), exact, paths)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -188,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--save", metavar="DIR", default="cases/found", help="where shrunk failures go (default cases/found)")
     f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
                    help="exact: small-integer data, any difference is a bug; tolerance: float data, nonlinear ops")
+    from harness import bench, fuzz_command
+
+    fuzz_command.add_arguments(f)
     f.set_defaults(func=cmd_fuzz)
+    bench.add_parser(sub)
+    fuzz_command.add_merge_parser(sub)
 
     r = sub.add_parser("replay", help="replay corpus cases on every available path")
     _add_path_args(r)

@@ -69,6 +69,15 @@ def _machinery(path: Path) -> tuple[str, str] | None:
 
 
 def save_finding(save_dir: str, path: Path, case: Case, divs: list[Divergence], source: str) -> str:
+    """Save one finding, de-duplicated by signature (``harness.findings``)."""
+    from harness import findings
+
+    entry, text = finding_entry(path, case, divs, source)
+    return findings.record(save_dir, divs[0].signature, entry, text).file
+
+
+def finding_entry(path: Path, case: Case, divs: list[Divergence], source: str) -> tuple[corpus.Entry, str]:
+    """A finding as a corpus entry and its standalone repro script."""
     import torch
 
     first = divs[0]
