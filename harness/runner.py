@@ -91,7 +91,7 @@ def finding_entry(path: Path, case: Case, divs: list[Divergence], source: str) -
     }
     entry = corpus.Entry(case, meta)
     text = repro.script(case, path.name, _machinery(path), title=meta["title"])
-    return corpus.save(save_dir, first.signature, entry, text)
+    return entry, text
 
 
 def fuzz_path(
