@@ -152,29 +152,54 @@ def _apply(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
     return h
 
 
+class _Drawn:
+    """The strategies ``cases`` draws from, made once per size limit (same
+    draws, same shrinking, as building them inline)."""
+
+    _made: dict[tuple[int, int], "_Drawn"] = {}
+
+    def __init__(self, max_blocks: int, max_microbatches: int) -> None:
+        self.exact = st.booleans().map(lambda b: not b)
+        self.dim = st.sampled_from((3, 2, 4))
+        self.batch = st.sampled_from((2, 3))
+        self.x_grad = st.sampled_from((True, False))
+        self.blocks = st.lists(st.tuples(st.sampled_from(BLOCKS), st.integers(0, 2), st.integers(0, 3)),
+                               min_size=1, max_size=max_blocks)
+        self.out_kind = st.integers(0, 4)
+        self.microbatches = st.integers(1, max_microbatches)
+        self.steps = st.integers(1, 2)
+        self.grad_init = st.sampled_from(("none", "zero", "prefilled"))
+        self.zero_grad = st.sampled_from(("set_to_none", "zeros", "keep"))
+        self.seed = st.integers(0, 2**16)
+
+    @classmethod
+    def get(cls, max_blocks: int, max_microbatches: int) -> "_Drawn":
+        key = (max_blocks, max_microbatches)
+        if key not in cls._made:
+            cls._made[key] = cls(max_blocks, max_microbatches)
+        return cls._made[key]
+
+
 @st.composite
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4) -> Case:
     """Valid cases; ``exact`` None draws the mode too."""
+    # The strategies are built once (_Drawn), not per draw: building and
+    # validating them again for every case cost a third of generation.
+    s = _Drawn.get(max_blocks, max_microbatches)
     if exact is None:
-        exact = draw(st.booleans().map(lambda b: not b))  # shrinks towards exact mode
-    dim = draw(st.sampled_from((3, 2, 4)))
-    batch = draw(st.sampled_from((2, 3)))
-    x_grad = draw(st.sampled_from((True, False)))
-    blocks = draw(
-        st.lists(
-            st.tuples(st.sampled_from(BLOCKS), st.integers(0, 2), st.integers(0, 3)),
-            min_size=1,
-            max_size=max_blocks,
-        )
-    )
-    out_kind = draw(st.integers(0, 4))
+        exact = draw(s.exact)  # shrinks towards exact mode
+    dim = draw(s.dim)
+    batch = draw(s.batch)
+    x_grad = draw(s.x_grad)
+    blocks = draw(s.blocks)
+    out_kind = draw(s.out_kind)
     schedule = Schedule(
-        microbatches=draw(st.integers(1, max_microbatches)),
-        steps=draw(st.integers(1, 2)),
-        grad_init=draw(st.sampled_from(("none", "zero", "prefilled"))),
-        zero_grad=draw(st.sampled_from(("set_to_none", "zeros", "keep"))),
+        microbatches=draw(s.microbatches),
+        steps=draw(s.steps),
+        grad_init=draw(s.grad_init),
+        zero_grad=draw(s.zero_grad),
     )
-    seed = draw(st.integers(0, 2**16))
+    seed = draw(s.seed)
     return interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
                      out_kind=out_kind, schedule=schedule, seed=seed)
 
