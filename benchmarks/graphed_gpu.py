@@ -238,8 +238,15 @@ def s_fixed():
 
 
 def s_canary():
-    from tests.nocover.test_graphed_gpu import _pressure_case
+    from harness.spec import Event, Input, Node, Param, Schedule, Use
     from tests.standins import weakref_canary
+
+    def _pressure_case(microbatches: int = 4) -> Case:
+        events = tuple(e for k in range(microbatches - 1)
+                       for e in (Event(k, "free"), Event(k, "empty_cache"), Event(k, "alloc", (4, 6, 12))))
+        return Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                    nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+                    schedule=Schedule(microbatches=microbatches, events=events))
 
     out = {}
     canary = Recording(weakref_canary())
@@ -285,6 +292,10 @@ def s_compile():
         out["seed_case"] = [d.detail for d in check(seed_case, path)]
         save()
         budget = min(ARGS.compile_minutes * 60, max(left() - 60, 30))
+        # Each compile case costs seconds; one finding's shrink must not eat the run.
+        from hypothesis.internal.conjecture import engine
+        engine.MAX_SHRINKING_SECONDS = ARGS.compile_shrink_seconds
+        out["shrink_seconds_cap"] = ARGS.compile_shrink_seconds
         result, secs = fuzz(path, examples=None, deadline=time.monotonic() + budget, seed=ARGS.compile_seed,
                             save_dir=found)
         t = result.paths[path.name]
@@ -321,6 +332,7 @@ def main() -> int:
     ap.add_argument("--canary-examples", type=int, default=300)
     ap.add_argument("--compile-minutes", type=float, default=1.0)
     ap.add_argument("--compile-seed", type=int, default=0)
+    ap.add_argument("--compile-shrink-seconds", type=int, default=90)
     ap.add_argument("--detect-seconds", type=float, default=60.0, help="cap per seed")
     ap.add_argument("--fixed-seconds", type=float, default=180.0)
     ap.add_argument("--canary-seconds", type=float, default=60.0, help="cap per schedule family")

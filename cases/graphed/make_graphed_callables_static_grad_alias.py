@@ -70,6 +70,9 @@ def leaves(dtype, k, device="cpu"):
     return inputs, cots
 
 
+OWN = []  # each backward's own parameter grads, before accumulation (filled by expected())
+
+
 def expected():
     params = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(n not in FROZEN) for n, t in PARAMS.items()}
     acc = {n: None for n in params}
@@ -89,6 +92,9 @@ def expected():
             for n, g in zip(names, grads):
                 if g is not None:
                     acc[n] = g if acc[n] is None else acc[n] + g
+            OWN.append(dict(zip(names, grads)))
+        else:
+            OWN.append({})
         seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
     return seen
 
@@ -148,6 +154,12 @@ def main():
                 print(f"  actual   {None if a is None else a.tolist()}")
                 if e is not None and a is not None and float((e * e).sum()) > 0:
                     print(f"  ratio actual/expected {float((a * e).sum() / (e * e).sum()):.4g}")
+                last = OWN[k].get(n) if k < len(OWN) else None
+                if a is not None and last is not None and k % MICROBATCHES and float((last * last).sum()) > 0:
+                    c = float((a * last).sum() / (last * last).sum())
+                    if abs(c - round(c)) < 1e-6 and round(c) > 1 and torch.allclose(a, round(c) * last, rtol=1e-5, atol=1e-5):
+                        print(f"  actual = {round(c)} x this backward's own grad g{k + 1} = {last.tolist()}: "
+                              f"the last microbatch's grad counted {round(c)} times, earlier ones lost")
     print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad - len(changed)} differing grads, {len(changed)} caller tensors changed)")
     return 1 if bad else 0
 

@@ -12,7 +12,7 @@ import torch
 from harness import corpus
 from harness.paths import resolve
 from harness.runner import Result, check, fuzz_path
-from harness.spec import Case, Event, Input, Node, Param, Schedule, Use
+from harness.spec import Case
 from tests.standins import weakref_canary
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -48,21 +48,18 @@ def test_fixed_clean_with_pressure(graphed):
     assert not result.divergences, result.divergences[0].detail
 
 
-def _pressure_case(microbatches: int = 4) -> Case:
-    events = tuple(e for k in range(microbatches - 1)
-                   for e in (Event(k, "free"), Event(k, "empty_cache"), Event(k, "alloc", (4, 6, 12))))
-    return Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
-                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
-                schedule=Schedule(microbatches=microbatches, events=events))
-
-
-def test_weakref_canary_caught_by_pressure_while_fixed_stays_clean(graphed):
+def test_weakref_canary_caught_on_lifetime_schedules_while_fixed_stays_clean(graphed):
+    """Seed 003's class: the canary holds its input surface by raw pointer. On
+    the H100 it is caught within ten examples, with or without pressure
+    events: the wrapper's own output clones and the loop's small allocations
+    already take the freed blocks (benchmarks/graphed_gpu.py measures both)."""
     canary = weakref_canary()
     try:
-        case = _pressure_case()
-        divs = check(case, canary)
-        assert divs, "the weak-ref surface canary survived allocator pressure"
-        assert not check(case, graphed["graphed.fixed"])
+        result = Result()
+        fuzz_path(canary, examples=150, deadline=None, seed=0, result=result, save_dir=None)
+        assert result.divergences, "the weak-ref surface canary survived 150 examples"
+        for d in result.divergences:
+            assert not check(Case.from_json(d.case), graphed["graphed.fixed"]), d.detail
     finally:
         canary.close()
 
