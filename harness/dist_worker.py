@@ -113,14 +113,21 @@ def shard_piece(full: torch.Tensor, dim: int, rank: int, world_size: int) -> tor
 
 
 def share(full: torch.Tensor, rank: int, world_size: int, seed: int, exact: bool) -> torch.Tensor:
-    """This rank's share of ``full``: random shares that sum to it (exactly, in exact mode)."""
+    """This rank's share of ``full``: random shares that sum to it.
+
+    Exact mode: small integers, so every share and every rank's grad stays
+    exact. Tolerance mode: each element split by random positive fractions,
+    so no share is larger than the whole and the terms a rank sums stay
+    within the bounds the tolerance was computed for.
+    """
     if world_size == 1:
         return full.clone()
     g = torch.Generator().manual_seed(seed)
     if exact:
         parts = [torch.randint(-1, 2, full.shape, generator=g).to(torch.float64) for _ in range(world_size - 1)]
     else:
-        parts = [torch.randn(full.shape, generator=g, dtype=torch.float64) for _ in range(world_size - 1)]
+        weights = torch.rand((world_size,) + tuple(full.shape), generator=g, dtype=torch.float64) + 0.25
+        parts = [full * (w / weights.sum(0)) for w in weights[1:]]
     if rank == 0:
         return full - sum(parts)
     return parts[rank - 1]

@@ -126,10 +126,20 @@ class DTensorPath:
                 return "mixes to_local/Partial parameters with DTensor-placed ones"
             if any(n.op == "layout_matmul" and n.attr("layout") == "buffer_view" for n in case.nodes):
                 return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
+            uneven = [p.name for p in case.params if p.placement.startswith("shard")
+                      and p.shape[int(p.placement[5:])] % self._world() != 0]
+            if uneven and any(n.op == "reshape" for n in case.nodes):
+                return ("a reshape meets a parameter sharded unevenly over the ranks: DTensor refuses to view an "
+                        "unevenly sharded tensor (\"Please redistribute the tensor before this operation\")")
             if _unused_function_output(case):
                 return ("an autograd.Function output is unused: torch materializes its grad as a plain "
                         "tensor, not a DTensor, and the Function's backward raises (torch bug, see cases/dtensor/)")
         return None
+
+    def _world(self) -> int:
+        from harness import pool
+
+        return int(os.environ["WORLD_SIZE"]) if pool.torchrun_env() else self.world_size
 
     def run(self, case: Case) -> Observation:
         outcome = self.group.request({"op": "run", "case": case.dumps(), "impl": self.impl}, self.timeout)

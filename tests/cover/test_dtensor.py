@@ -202,3 +202,53 @@ def test_no_orphans_when_the_harness_is_interrupted_or_killed(how):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("schedule", [
+    dict(clip="2", optimizer="adam", optimizer_impl="foreach"),
+    dict(clip="inf", optimizer="momentum", optimizer_impl="for_loop", steps=2, zero_grad="keep"),
+    dict(clip="1", steps=2, zero_grad="keep"),
+    dict(optimizer="adamw", optimizer_impl="fused", steps=2),
+], ids=lambda s: "-".join(str(v) for v in s.values()))
+@pytest.mark.parametrize("placement", ["", "replicate", "shard0"])
+def test_training_steps_agree_on_the_fixed_path(schedule, placement):
+    """clip_grad_norm_ and optimizer steps on DTensor parameters (Partial grads
+    included), parameters and clipped grads compared after every step."""
+    from dataclasses import replace
+
+    (fixed,) = resolve("dtensor.fixed")
+    case = layout_case("transposed", placement, microbatches=2)
+    case = replace(case, dtype="float64", schedule=replace(case.schedule, **schedule))
+    obs = fixed.run(case)
+    assert obs.failure is None, obs.failure
+    steps = [s for s in obs.steps if s.after_step]
+    assert steps and all("w0.grad after optimizer.step()" in s.after_step or not case.schedule.optimizer for s in steps)
+    assert not check(case, fixed)
+
+
+@pytest.mark.parametrize("name", ["sgd_nesterov_foreach_writes_grad", "fused_adam_noncontiguous_shard_grad"])
+def test_optimizer_bugs_in_the_corpus_show_on_stock_only(name):
+    entry = corpus.load(os.path.join(ROOT, "cases", "dtensor", f"{name}.json"))
+    stock, fixed = resolve("dtensor")
+    divs = check(entry.case, stock)
+    assert divs and all(d.kind == "value" and "after step" in d.detail for d in divs), [d.detail for d in divs]
+    assert entry.expected_on("dtensor.stock", torch.__version__)
+    assert not check(entry.case, fixed)
+
+
+def test_torchrun_rank0_drives_and_the_other_rank_follows(tmp_path):
+    """Under torchrun the paths join the launcher's group: rank 0 fuzzes (here
+    the canary, which must be caught), rank 1 runs what it is sent, both exit."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", "-m", "harness", "fuzz", "--paths", "dtensor.stock",
+         "--dtensor-impl", "harness.canaries_dtensor:partial_to_replicate", "--examples", "300", "--seed", "0",
+         "--save", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]  # the canary's divergence: rank 0 exits 1, torchrun reports it
+    assert "dtensor.stock placement" in out or "dtensor.stock collective" in out, out[-3000:]
+    assert "is Replicate" in out or "all_reduce" in out, out[-3000:]
+    assert list(tmp_path.glob("*.json")), "the shrunk case was saved"
