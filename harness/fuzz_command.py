@@ -56,7 +56,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
         if n is None or n == "0":
             result, extra = _in_process(args, paths, exact, Display)
         else:
-            result, extra = _parallel(args, options, n, Display)
+            unavailable = {p.name: a.reason for p in paths if not (a := p.availability()).ok}
+            result, extra = _parallel(args, options, n, Display, unavailable)
     except DatabaseError as e:
         raise UsageError(str(e)) from None
     interrupted = extra.get("interrupted", False)
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     print(text, flush=True)
     if args.json:
         data = report.to_json(result)
-        data.update(interrupted=interrupted, counts=counts, workers=extra.get("workers", 1),
+        data.update(interrupted=interrupted, counts=counts, findings=extra.get("details", {}),
+                    workers=extra.get("workers", 1),
                     seconds=round(extra.get("seconds", 0.0), 3))
         from harness.corpus import atomic_write
 
@@ -124,7 +126,8 @@ def _on_sigint(stop: Any, display: Any) -> Any:
     return signal.signal(signal.SIGINT, handler)
 
 
-def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any) -> tuple[Any, dict]:
+def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
+              unavailable: dict[str, str]) -> tuple[Any, dict]:
     from harness import parallel
     from harness.database import open_database
     from harness.session import combine, read_statuses
@@ -136,6 +139,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any) 
         mode=args.mode, db=args.db, save=args.save, shards=args.shards, options=_option_overrides(options),
         extra_paths=list(options.extra))
     ctl = parallel.Controller(cmd, run_dir, n)
+    ctl.unavailable = unavailable
     display = Display(ctl.view, args.progress, args.progress_every)
 
     class _Stop:
@@ -166,6 +170,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any) 
         signal.signal(signal.SIGINT, previous)
     snaps = read_statuses(run_dir)
     result, extra = combine(snaps)
+    result.unavailable.update(unavailable)
     extra["workers"] = len(snaps)
     extra["seconds"] = time.monotonic() - start
     extra["interrupted"] = extra["interrupted"] or stop.requested

@@ -70,6 +70,7 @@ class Controller:
         self.stopping = False
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = os.path.join(run_dir, "pytest.log")
+        self.unavailable: dict[str, str] = {}  # known to the caller; workers only skip them
 
     def start(self) -> "Controller":
         env = dict(os.environ)
@@ -87,7 +88,7 @@ class Controller:
         paths = {n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": t.seconds}
                  for n, t in result.paths.items()}
         return {"started": self.started, "deadline": deadline, "examples_budget": budget, "paths": paths,
-                "unavailable": result.unavailable, "counts": extra["counts"], "details": extra["details"],
+                "unavailable": {**self.unavailable, **result.unavailable}, "counts": extra["counts"], "details": extra["details"],
                 "saved": result.saved, "errors": result.errors, "workers": max(len(snaps), 1),
                 "from_status": True}
 

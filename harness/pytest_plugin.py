@@ -259,6 +259,43 @@ class SkippedItem(pytest.Item):
         return self.path, None, f"gradfuzz {self.name}"
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load scheduling hands each worker two consecutive items at
+    first, which would put two shards of one target on one worker while
+    another waits. Ours hands out the first round strided (worker i gets
+    items i and i + workers), then schedules like ``load``."""
+    if config.getoption("gradfuzz_paths") is None or config.getvalue("dist") != "load":
+        return None
+    return _shard_scheduling()(config, log)
+
+
+def _shard_scheduling() -> Any:
+    from xdist.scheduler import LoadScheduling
+
+    class ShardScheduling(LoadScheduling):
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed and self._check_nodes_have_same_collection():
+                collection = next(iter(self.node2collection.values()))
+                n, w = len(collection), len(self.nodes)
+                if n >= 2 * w:
+                    first = [j for i in range(w) for j in (i, i + w)]
+                    rest = [j for j in range(n) if j not in set(first)]
+                    self.collection = collection
+                    self.pending[:] = first + rest
+                    if self.maxschedchunk is None:
+                        self.maxschedchunk = n
+                    for node in self.nodes:
+                        self._send_tests(node, 2)
+                    if not self.pending:
+                        for node in self.nodes:
+                            node.shutdown()
+                    return
+            super().schedule()
+
+    return ShardScheduling
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _session is not None:
         _session.done = True

@@ -1,0 +1,118 @@
+"""Findings saved as they happen: one file per signature, counts, the smaller case,
+two writers at once, idempotent merge."""
+
+import json
+import multiprocessing
+import os
+
+from harness import corpus, findings
+from harness.database import MaskingDatabase
+from harness.spec import Case
+from hypothesis.database import InMemoryExampleDatabase
+from tests.helpers import nested
+
+
+def _entry(case: Case, title: str = "t") -> corpus.Entry:
+    return corpus.Entry(case, {"title": title, "found_with": {"path": "split.stock"}})
+
+
+def _bigger(case: Case) -> Case:
+    from dataclasses import replace
+
+    from harness.spec import Node, Use
+
+    extra = Node(f"n{len(case.nodes)}", "relu", (Use(case.outputs[0].ref),))
+    return replace(case, nodes=case.nodes + (extra,), outputs=(Use(extra.name),))
+
+
+def test_same_signature_bumps_the_count_and_keeps_the_smaller_case(tmp_path):
+    small = nested()
+    big = _bigger(small)
+    r1 = findings.record(tmp_path, "sig-a", _entry(big, "big"), "print('big')\n")
+    assert r1.new and r1.count == 1
+    r2 = findings.record(tmp_path, "sig-a", _entry(small, "small"), "print('small')\n")
+    assert not r2.new and r2.count == 2 and r2.replaced
+    r3 = findings.record(tmp_path, "sig-a", _entry(big, "big again"), "print('big again')\n")
+    assert r3.count == 3 and not r3.replaced
+    e = corpus.load(tmp_path / "sig-a.json")
+    assert e.case == small and e.meta["title"] == "small" and e.meta["count"] == 3
+    assert (tmp_path / "sig-a.py").read_text() == "print('small')\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["sig-a.json", "sig-a.py"]
+
+
+def _writer(args):
+    directory, worker, n = args
+    case = nested()
+    for i in range(n):
+        findings.record(directory, f"sig-{i % 3}", _entry(case if (i + worker) % 2 else _bigger(case)), f"# {worker} {i}\n")
+    return findings.writer_id()
+
+
+def test_two_writers_on_one_directory_lose_nothing(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        writers = pool.map(_writer, [(str(tmp_path), 0, 30), (str(tmp_path), 1, 30)])
+    assert len(set(writers)) == 2
+    files = sorted(tmp_path.glob("*.json"))
+    assert [f.name for f in files] == ["sig-0.json", "sig-1.json", "sig-2.json"]
+    total = 0
+    for f in files:
+        e = corpus.load(f)  # every file parses: no torn writes
+        assert e.case == nested()  # the smaller case won wherever both were recorded
+        assert sum(e.meta["counts"].values()) == e.meta["count"]
+        total += e.meta["count"]
+    assert total == 60
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_merge_adds_other_corpora_and_merging_twice_changes_nothing(tmp_path):
+    a, b, into = tmp_path / "a", tmp_path / "b", tmp_path / "into"
+    for _ in range(2):
+        findings.record(a, "sig-x", _entry(_bigger(nested())), "# a\n")
+    findings._writer = None  # another machine
+    findings.record(b, "sig-x", _entry(nested()), "# b\n")
+    findings.record(b, "sig-y", _entry(nested()), "# b\n")
+    s1 = findings.merge([str(a), str(b)], str(into))
+    assert s1["counts"] == {"sig-x": 3, "sig-y": 1} and s1["new"] == 2
+    s2 = findings.merge([str(a), str(b)], str(into))
+    assert s2["counts"] == {"sig-x": 3, "sig-y": 1} and s2["new"] == 0
+    assert corpus.load(into / "sig-x.json").case == nested()
+
+
+def test_masking_database_keeps_examples_that_pass_only_because_they_are_known():
+    inner = InMemoryExampleDatabase()
+    db = MaskingDatabase(inner)
+    db.save(b"k", b"v")
+    db.masked = True
+    db.delete(b"k", b"v")
+    db.move(b"k", b"k2", b"v")
+    assert list(inner.fetch(b"k")) == [b"v"]
+    db.masked = False
+    db.delete(b"k", b"v")
+    assert list(inner.fetch(b"k")) == []
+
+
+def test_a_failure_saved_yesterday_is_replayed_first_today(tmp_path):
+    """Directory database: the second session's first example is the saved failure."""
+    from harness.database import open_database
+    from harness.paths.split import SplitPath
+    from harness.session import fuzz
+
+    def session(seed):
+        path = SplitPath("split.stock", "harness.canaries:drops_accumulated", stock_contract=True)
+        return fuzz([path], examples=40, seed=seed, save_dir=str(tmp_path / "found"), exact=True,
+                    db=str(tmp_path / "db"))
+
+    first = session(1)
+    assert first.counts
+    second = session(2)
+    # Each saved failure opens a round of its own (the known ones replay masked, one example each),
+    # so k saved failures are all found again within the first k(k+1)/2 examples.
+    k = len(first.details)
+    assert set(first.details) <= set(second.details)
+    assert min(d["examples"] for d in second.details.values()) == 1
+    assert max(second.details[s]["examples"] for s in first.details) <= k * (k + 1) // 2, second.details
+    for sig in first.details:
+        saved = json.loads((tmp_path / "found" / f"{sig}.json").read_text())
+        assert saved["meta"]["count"] >= 2
+    assert os.path.isdir(tmp_path / "db")

@@ -1,0 +1,133 @@
+"""Fuzzing sessions as a user runs them: real ``gradfuzz`` processes, a real
+``redis-server``, a real SIGINT, pytest-xdist workers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from harness import corpus
+from tests.redis_server import redis_server
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CANARY = ["--paths", "split.stock", "--split-impl", "harness.canaries:drops_accumulated", "--mode", "exact"]
+
+
+def gradfuzz(*args, cwd, timeout=180):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _corpus_is_consistent(directory):
+    files = corpus.discover([directory])
+    for f in files:
+        e = corpus.load(f)  # parses, right version, valid case
+        assert e.meta["count"] == sum(e.meta["counts"].values())
+        assert os.path.exists(f[:-5] + ".py"), f"{f} has no repro script"
+    return files
+
+
+def test_two_fuzzers_share_one_redis_and_the_second_replays_the_first_failure_first(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    with redis_server(tmp_path) as url:
+        r1 = gradfuzz("fuzz", *CANARY, "--examples", "40", "--seed", "1", "--db", url, "--json", "r.json",
+                      "--progress", "none", cwd=a)
+        assert r1.returncode == 1, r1.stdout + r1.stderr
+        first = json.loads((a / "r.json").read_text())["findings"]
+        assert first
+        # A separate working directory, a different seed: only Redis connects them.
+        r2 = gradfuzz("fuzz", *CANARY, "--examples", "40", "--seed", "7", "--db", url, "--json", "r.json",
+                      "--progress", "none", cwd=b)
+        assert r2.returncode == 1, r2.stdout + r2.stderr
+        second = json.loads((b / "r.json").read_text())["findings"]
+        k = len(first)
+        assert set(first) <= set(second)
+        replayed_first = min(second, key=lambda s: second[s]["examples"])
+        assert second[replayed_first]["examples"] == 1 and replayed_first in first
+        assert all(second[s]["examples"] <= k * (k + 1) // 2 for s in first), second
+        # The same shrunk case on both machines.
+        for sig in first:
+            assert (corpus.load(a / "cases" / "found" / f"{sig}.json").case
+                    == corpus.load(b / "cases" / "found" / f"{sig}.json").case)
+        # One command merges the campaign's findings (the Redis log) into one corpus.
+        m = gradfuzz("merge", url, "--into", "merged", cwd=tmp_path)
+        assert m.returncode == 0, m.stdout + m.stderr
+        for sig in first:
+            assert corpus.load(tmp_path / "merged" / f"{sig}.json").meta["count"] == 2
+    _corpus_is_consistent(tmp_path / "merged")
+
+
+def test_sigint_stops_prints_the_summary_writes_json_and_leaves_the_corpus_intact(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "fuzz", "--paths", "split", "--minutes", "5", "--db", "db",
+         "--save", "found", "--json", "r.json", "--progress", "plain", "--progress-every", "0.5"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "found").glob("*.json")):  # at least one finding saved
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no finding within 120s"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "INTERRUPTED; so far fuzzed" in out and "split.stock" in out and "saved" in out
+    assert "gradfuzz [" in err  # the plain progress lines (stdout is not a terminal)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["interrupted"] is True and data["examples"] > 0 and data["divergences"]
+    files = _corpus_is_consistent(tmp_path / "found")
+    assert sorted(os.path.basename(f) for f in files) == sorted(os.path.basename(f) for f in data["saved"])
+
+
+def test_n2_runs_on_two_xdist_workers_with_plain_progress_lines(tmp_path):
+    r = gradfuzz("fuzz", "-n", "2", "--paths", "split,graphed", "--examples", "80", "--seed", "3", "--db", "none",
+                 "--save", "found", "--json", "r.json", "--progress-every", "1", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["workers"] == 2
+    # two shards of 40 cases each; each case goes to split.stock, then (unless stock diverged) split.fixed
+    assert data["paths"]["split.stock"]["examples"] >= 80 and data["paths"]["split.fixed"]["run"] >= 60
+    assert any(d["path"] == "split.stock" for d in data["divergences"])
+    assert "graphed.stock" in data["unavailable"] or "graphed.stock" in data["paths"]
+    assert "gradfuzz [" in r.stderr and "workers" in r.stderr
+    assert "divergence split.stock-" in r.stderr  # new signatures are announced as workers save them
+    _corpus_is_consistent(tmp_path / "found")
+
+
+def test_pytest_plugin_adds_fuzz_targets_replay_items_and_skips_unavailable_paths(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    cases = tmp_path / "corpus"
+    cases.mkdir()
+    src = os.path.join(ROOT, "cases", "split", "nested_weight_double_count.json")
+    (cases / "nested.json").write_text(open(src).read())
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-rs", "-v",
+         "--gradfuzz-paths=split.fixed,graphed.stock", "--gradfuzz-examples=40", "--gradfuzz-db=none",
+         f"--gradfuzz-corpus={cases}", "--gradfuzz-save=found", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "PASSED gradfuzz::fuzz[split.fixed-shard0]" in out and "PASSED gradfuzz::fuzz[split.fixed-shard1]" in out
+    assert "[gw0]" in out and "[gw1]" in out
+    assert "PASSED gradfuzz::replay[split.fixed::corpus/nested.json]" in out
+    assert "SKIPPED gradfuzz::fuzz[graphed.stock]" in out and "graphed.stock unavailable here" in out
+
+
+def test_pytest_plugin_items_are_plain_hypothesis_tests():
+    """What a driver of Hypothesis tests (HypoFuzz) needs: a pytest.Function whose obj is @given."""
+    from harness.paths import resolve
+    from harness.target import Target
+
+    test = Target(resolve("split.fixed"), exact=True).plain_test(max_examples=5)
+    assert getattr(test, "is_hypothesis_test", False)
+    test()  # split.fixed agrees with the oracle: passes as a plain Hypothesis test
