@@ -71,7 +71,7 @@ def render(view: View) -> Any:
         f"  {s['total']:,} examples, {s['rate']:.0f}/s",
         ("  INTERRUPTED: finishing" if view.get("stopping") else "", "bold red"),
     )
-    paths = Table(box=None, pad_edge=False, header_style="bold")
+    paths = Table(box=None, pad_edge=False, header_style="bold", expand=False)
     for col, just in (("path", "left"), ("examples", "right"), ("ex/s", "right"), ("run", "right"),
                       ("outside contract", "right"), ("signatures", "right")):
         paths.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -87,8 +87,9 @@ def render(view: View) -> Any:
     if counts:
         divs = Table(box=None, pad_edge=False, header_style="bold", title="divergences by signature",
                      title_justify="left")
-        for col in ("finds", "path", "kind", "signature", "first seen after", "detail"):
-            divs.add_column(col, overflow="ellipsis", no_wrap=col == "detail")
+        for col in ("finds", "path", "kind", "signature", "first at"):
+            divs.add_column(col, no_wrap=True)
+        divs.add_column("detail", overflow="ellipsis", no_wrap=True, ratio=1)
         details = view.get("details", {})
         for sig, n in sorted(counts.items(), key=lambda kv: -kv[1]):
             d = details.get(sig, {})
@@ -177,6 +178,7 @@ class Display:
     def _live(self) -> None:
         from rich.console import Console
         from rich.live import Live
+        from rich.markup import escape
 
         console = Console(file=self.stream)
         v: View = {}
@@ -194,7 +196,7 @@ class Display:
                 except Exception:
                     pass
                 for e in events:
-                    live.console.print(f"[bold]gradfuzz:[/bold] {e}", markup=True, highlight=False)
+                    live.console.print(f"[bold]gradfuzz:[/bold] {escape(e)}", markup=True, highlight=False)
                 if self._stop.wait(0.25):
                     try:
                         live.update(render(self._view()))
