@@ -128,6 +128,13 @@ class DTensorPath:
                 return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
             uneven = [p.name for p in case.params if p.placement.startswith("shard")
                       and p.shape[int(p.placement[5:])] % self._world() != 0]
+            thin = [p.name for p in case.params if p.placement.startswith("shard")
+                    and p.shape[int(p.placement[5:])] < self._world()]
+            writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
+                      or (s.steps > 1 and s.zero_grad != "set_to_none"))
+            if thin and writes:
+                return ("a parameter is sharded on a dim with fewer elements than ranks: DTensor has no in-place "
+                        "strategy for it, so accumulating into its .grad raises (torch bug, see cases/dtensor/)")
             if uneven and any(n.op == "reshape" for n in case.nodes):
                 return ("a reshape meets a parameter sharded unevenly over the ranks: DTensor refuses to view an "
                         "unevenly sharded tensor (\"Please redistribute the tensor before this operation\")")
