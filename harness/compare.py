@@ -38,13 +38,15 @@ class Tolerance:
     peak: float
 
     @classmethod
-    def for_case(cls, case: Case, slack: float | None = None) -> "Tolerance":
+    def for_case(cls, case: Case, slack: float | None = None, lazy: bool = False) -> "Tolerance":
         # GRADFUZZ_TOLERANCE_SLACK loosens every comparison, exact mode included:
         # it exists to prove that selfcheck fails when detection is broken.
         override = os.environ.get("GRADFUZZ_TOLERANCE_SLACK")
         eps = EPS[case.dtype] * (slack or float(override or SLACK))
         if case.exact and not override:
             return cls(True, 0.0, {}, 0.0)
+        if lazy:
+            return _LazyTolerance(eps, case)
         b = magnitude_bounds(case)
         return cls(False, eps, b, float(b.pop("__peak__")))
 
@@ -55,6 +57,24 @@ class Tolerance:
         if bound is not None and bound.shape == shape:
             return self.eps * bound + self.eps * 1e-3 * self.peak + 1e-30
         return self.eps * self.peak + 1e-30
+
+
+class _LazyTolerance(Tolerance):
+    """Term-size bounds computed on first need: most comparisons settle on
+    the cheap test in ``_value`` (every element within eps of its own size),
+    and the bounds cost a forward and backward of their own."""
+
+    def __init__(self, eps: float, case: Case) -> None:
+        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("_case", case)):
+            object.__setattr__(self, k, v)
+
+    def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
+        if self._case is not None:
+            b = magnitude_bounds(self._case)
+            object.__setattr__(self, "peak", float(b.pop("__peak__")))
+            object.__setattr__(self, "bounds", b)
+            object.__setattr__(self, "_case", None)
+        return super().allowed(what, shape)
 
 
 def compare(case: Case, oracle: Observation, obs: Observation, contract: Contract, tol: Tolerance | None = None) -> list[Divergence]:
@@ -130,6 +150,8 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
     diff = (a - e).abs()
     if relative is not None:  # after a training step: optimizer arithmetic, no term bounds
         allowed = relative * (1 + float(e.abs().max()) if e.numel() else 1)
+    elif not tol.exact and bool((diff <= tol.eps * e.abs()).all()):
+        return None  # within eps of each element's own size, so within eps x term size (bounds >= |e|)
     else:
         allowed = tol.allowed(name if role == "param" else "", e.shape)
     bad = diff > allowed
