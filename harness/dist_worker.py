@@ -223,10 +223,17 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
         impl = load_impl(impl_spec)
         values = built.params()
         params: dict[str, torch.nn.Parameter] = {}
+        tp = {p.name: p.placement for p in case.params if p.placement in TP_STYLES}
         for p in case.params:
+            if p.name in tp:
+                continue
             full = values[p.name].to(dev, dtype)
             pl = Replicate() if mode == "local" else placement_of(p.placement)
             params[p.name] = torch.nn.Parameter(dtensor_of(full, pl, ctx), requires_grad=p.requires_grad)
+        linears = _parallel_linears(case, values, tp, ctx, dtype) if tp else {}
+        for n, lin in linears.items():
+            params[n] = lin.weight  # (out, in): the case's w transposed
+        params = {p.name: params[p.name] for p in case.params}
         sched = case.schedule
         if sched.grad_init != "none":
             prefill = built.prefill()
@@ -238,7 +245,8 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                     part = share(full, ctx.rank, ws, case.seed * 7919 + 3000 + i, case.exact)
                     g = DTensor.from_local(part.to(dev, dtype), ctx.mesh, [Partial()], run_check=False)
                 else:
-                    g = dtensor_of(full.to(dev, dtype), params[p.name].placements[0], ctx)
+                    full = full.mT if p.name in tp else full
+                    g = dtensor_of(full.to(dev, dtype).contiguous(), params[p.name].placements[0], ctx)
                 params[p.name].grad = g
         counter = CollectiveCounter()
         record = _Record(params, counter)
@@ -272,7 +280,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
             if mode == "local":
                 used = {n: p.to_local(grad_placements=[Partial()]) for n, p in params.items()}
             else:
-                used = dict(params)
+                used = {n: _AsLinear(linears[n]) if n in linears else p for n, p in params.items()}
             outs = built.forward({**used, **inputs})
             live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
             record.now = {}
@@ -291,7 +299,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                     acc[n] = r
             out["steps"].append({
                 "k": k,
-                "grads": {n: encode(p.grad, "plain") for n, p in params.items()},
+                "grads": {n: _oriented(n, tp, encode(p.grad, "plain")) for n, p in params.items()},
                 "input_grads": {n: encode(t.grad, "P") for n, t in inputs.items()},
                 "outputs": [encode(o, plain_out) for o in outs],
                 "retained": {n: encode(t.grad, "P") for n, t in built.retained.items()},
@@ -299,11 +307,58 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                 "collectives": counter.since(mark),
             })
             if trainer is not None and ends_step(case, k):
-                out["steps"][-1]["after_step"] = trainer.step(lambda t: encode(t, "R"))
+                seen = trainer.step(lambda t: encode(t, "R"))
+                out["steps"][-1]["after_step"] = {key: _oriented(key.split(".")[0], tp, e) for key, e in seen.items()}
     except Exception as e:  # a rank that raises reports it; the parent judges
         out["failure"] = {"k": k, "type": type(e).__name__, "message": _first_line(e),
                           "traceback": traceback.format_exc()[-4000:]}
     return out
+
+
+TP_STYLES = ("colwise", "rowwise")
+
+
+class _AsLinear:
+    """Stands for a weight ``w`` in the case's ``h @ w``: Python hands the
+    matmul to ``__rmatmul__``, which runs the parallelized nn.Linear (its
+    weight is ``w`` transposed) with the style's input and output handling."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __rmatmul__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.module(h)
+
+
+def _parallel_linears(case: Case, values: dict[str, torch.Tensor], tp: dict[str, str], ctx: Rank,
+                      dtype: torch.dtype) -> dict[str, torch.nn.Linear]:
+    """One bias-free nn.Linear per tensor-parallel weight, put through
+    ``parallelize_module`` with ColwiseParallel / RowwiseParallel (outputs
+    kept as DTensors, since the rest of the forward runs on DTensors)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    holder = torch.nn.Module()
+    wanted = {p.name: p.requires_grad for p in case.params}
+    for name in tp:
+        w = values[name]
+        lin = torch.nn.Linear(w.shape[0], w.shape[1], bias=False, device=ctx.device, dtype=dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w.mT)
+        lin.weight.requires_grad_(wanted[name])
+        holder.add_module(name, lin)
+    plan = {n: ColwiseParallel(use_local_output=False) if style == "colwise" else RowwiseParallel(use_local_output=False)
+            for n, style in tp.items()}
+    parallelize_module(holder, ctx.mesh, plan)
+    return {n: getattr(holder, n) for n in tp}
+
+
+def _oriented(name: str, tp: dict[str, str], enc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Facts about an nn.Linear weight (out, in) turned into the case's ``w`` (in, out)."""
+    if enc is None or name not in tp or len(enc["shape"]) != 2:
+        return enc
+    swap = {"S0": "S1", "S1": "S0"}
+    return dict(enc, local=enc["local"].mT.contiguous(), pl=swap.get(enc["pl"], enc["pl"]),
+                shape=tuple(reversed(enc["shape"])), stride=tuple(reversed(enc["stride"])))
 
 
 def _first_line(e: BaseException) -> str:

@@ -37,6 +37,7 @@ import torch
 from harness.observation import Failure, Grads, Observation, Step, Violation
 from harness.paths.base import Availability, Contract
 from harness.spec import Case
+from harness.strategies import tp_eligible
 
 FIXED = "oracles.dtensor_fixed"
 # Optimizers whose fused kernel has no DTensor sharding strategy (torch 2.13: only Adam/AdamW have one).
@@ -124,10 +125,11 @@ class DTensorPath:
         if mode_of(case) == "dtensor":
             if any((p.placement or "partial") == "partial" for p in case.params):
                 return "mixes to_local/Partial parameters with DTensor-placed ones"
+            if any(p.placement in ("colwise", "rowwise") and not tp_eligible(case, p.name) for p in case.params):
+                return "a tensor-parallel style needs a weight used only as the right operand of a matmul (h @ w)"
             if any(n.op == "layout_matmul" and n.attr("layout") == "buffer_view" for n in case.nodes):
                 return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
-            uneven = [p.name for p in case.params if p.placement.startswith("shard")
-                      and p.shape[int(p.placement[5:])] % self._world() != 0]
+            sharded = [p.name for p in case.params if p.placement.startswith("shard") or p.placement in ("colwise", "rowwise")]
             thin = [p.name for p in case.params if p.placement.startswith("shard")
                     and p.shape[int(p.placement[5:])] < self._world()]
             writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
@@ -135,9 +137,9 @@ class DTensorPath:
             if thin and writes:
                 return ("a parameter is sharded on a dim with fewer elements than ranks: DTensor has no in-place "
                         "strategy for it, so accumulating into its .grad raises (torch bug, see cases/dtensor/)")
-            if uneven and any(n.op == "reshape" for n in case.nodes):
-                return ("a reshape meets a parameter sharded unevenly over the ranks: DTensor refuses to view an "
-                        "unevenly sharded tensor (\"Please redistribute the tensor before this operation\")")
+            if sharded and any(n.op == "reshape" for n in case.nodes):
+                return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
+                        "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
             if _unused_function_output(case):
                 return ("an autograd.Function output is unused: torch materializes its grad as a plain "
                         "tensor, not a DTensor, and the Function's backward raises (torch bug, see cases/dtensor/)")

@@ -252,3 +252,25 @@ def test_torchrun_rank0_drives_and_the_other_rank_follows(tmp_path):
     assert "dtensor.stock placement" in out or "dtensor.stock collective" in out, out[-3000:]
     assert "is Replicate" in out or "all_reduce" in out, out[-3000:]
     assert list(tmp_path.glob("*.json")), "the shrunk case was saved"
+
+
+@pytest.mark.parametrize("styles", [("colwise", "rowwise"), ("rowwise", "colwise"), ("colwise", "replicate")])
+def test_tensor_parallel_styles_through_parallelize_module(styles):
+    """Two weights used as h @ w run as nn.Linear under ColwiseParallel /
+    RowwiseParallel; grads, accumulation and an optimizer step agree."""
+    fixed = resolve("dtensor.fixed")[0]
+    stock = resolve("dtensor.stock")[0]
+    case = Case(
+        params=(Param("w0", (3, 4), placement=styles[0]), Param("w1", (4, 3), placement=styles[1])),
+        inputs=(Input("x0", (2, 3), requires_grad=True),),
+        nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "relu", (Use("n0"),)),
+               Node("n2", "matmul", (Use("n1"), Use("w1")))),
+        outputs=(Use("n2"),),
+        schedule=Schedule(microbatches=2, optimizer="adam", optimizer_impl="foreach"), dtype="float64",
+    )
+    for path in (stock, fixed):
+        assert path.supports(case) is None
+        assert not check(case, path)
+    tied = Case(params=case.params, inputs=case.inputs, outputs=(Use("n3"),),
+                nodes=case.nodes + (Node("n3", "matmul", (Use("n1"), Use("w0", transpose=True))),))
+    assert "tensor-parallel" in fixed.supports(tied)  # a transposed use cannot go through nn.Linear
