@@ -14,6 +14,7 @@ import torch
 from harness.build import Built
 from harness.observation import Grads, Observation, Step, snap
 from harness.spec import Case
+from harness.train import Trainer, ends_step, has_step
 
 
 class OracleError(RuntimeError):
@@ -32,6 +33,7 @@ def observe(case: Case) -> Observation:
         for n in grad_params:
             acc[n] = torch.zeros_like(params[n]) if init == "zero" else prefill[n]
     sched = case.schedule
+    trainer = Trainer(case, params, oracle=True) if has_step(case) else None
     try:
         for k in range(sched.backwards):
             if k and k % sched.microbatches == 0:
@@ -65,6 +67,20 @@ def observe(case: Case) -> Observation:
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
                 )
             )
+            if trainer is not None and ends_step(case, k):
+                obs.steps[-1].after_step = _train(trainer, params, acc)
     except Exception as e:
         raise OracleError(f"eager oracle failed on backward {k}: {type(e).__name__}: {e}") from e
     return obs
+
+
+def _train(trainer: Trainer, params: dict[str, torch.Tensor], acc: Grads) -> Grads:
+    """The schedule's training step on the oracle's own sums (copies: the
+    per-backward contributions must not be clipped with them)."""
+    for n, p in params.items():
+        p.grad = None if acc[n] is None else acc[n].clone()
+    seen = trainer.step(snap)
+    for n, p in params.items():
+        acc[n] = p.grad
+        p.grad = None
+    return seen
