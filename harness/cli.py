@@ -23,6 +23,7 @@ def _options(args: argparse.Namespace) -> Options:
         split_impl=args.split_impl,
         graphed_impl=args.graphed_impl,
         dtensor_impl=args.dtensor_impl,
+        dtensor_backend=args.dtensor_backend,
         world_size=args.world_size,
         timeout=args.timeout,
         extra=tuple(args.path or ()),
@@ -35,6 +36,8 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graphed-impl", metavar="MODULE:ATTR", help="make_graphed_callables-like callable tested as graphed.stock")
     p.add_argument("--dtensor-impl", metavar="MODULE[:ATTR]",
                    help="grad-layout handling (an object with install(params, mesh)) tested as dtensor.stock")
+    p.add_argument("--dtensor-backend", choices=("gloo", "nccl"),
+                   help="process-group backend of the dtensor paths (default: nccl with a GPU per rank, else gloo)")
     p.add_argument("--world-size", type=int, default=2, help="ranks for process-group paths (default 2)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per case before a multi-process path is declared hung")
     p.add_argument("--path", action="append", metavar="MODULE:ATTR", help="add a third-party path (repeatable)")

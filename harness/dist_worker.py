@@ -34,6 +34,8 @@ import pickle
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -378,8 +380,14 @@ def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
 # --- process setup ----------------------------------------------------------------
 
 
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies (Linux), whatever it is doing."""
+def _die_with_harness(harness: int) -> None:
+    """End this process when the harness dies, whatever it is doing.
+
+    The kernel SIGKILLs it when its parent dies (``PR_SET_PDEATHSIG``, Linux);
+    the parent is the harness (fork) or the forkserver, which exits when the
+    harness does. A watchdog thread covers the rest (another OS, a parent
+    that lingers): it polls the harness pid and our parent.
+    """
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -387,8 +395,27 @@ def _die_with_parent(parent: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:  # the parent died before the line above
+    parent = os.getppid()
+    if not _alive(harness) or parent == 1:  # it died before the lines above
         os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent or not _alive(harness):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="gradfuzz-watchdog", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _loopback() -> str | None:
@@ -419,8 +446,8 @@ def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None
 
 def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, log_path: str, parent: int) -> None:
     """A pool worker: set up, say ready, then answer messages until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
+    _die_with_harness(parent)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

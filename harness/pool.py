@@ -383,11 +383,11 @@ def _torchrun_hang(msg: dict[str, Any], timeout: float) -> None:
     os._exit(124)
 
 
-def follow_torchrun() -> int:
+def follow_torchrun(backend: str | None = None) -> int:
     """Entry for ranks other than 0 under torchrun: join, follow rank 0, exit."""
     import torch.distributed as dist
 
-    backend = backend_for_local()
+    backend = backend or backend_for_local()
     ctx = dist_worker.init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), backend, None,
                                 timeout_s=24 * 3600)
     control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD

@@ -31,6 +31,7 @@ class Options:
     split_impl: str | None = None  # --split-impl MODULE[:ATTR]
     graphed_impl: str | None = None  # --graphed-impl MODULE:ATTR
     dtensor_impl: str | None = None  # --dtensor-impl MODULE[:ATTR], grad-layout handling tested as dtensor.stock
+    dtensor_backend: str | None = None  # --dtensor-backend gloo|nccl (default: nccl when there is a GPU per rank)
     world_size: int = 2  # --world-size, for process-group paths
     timeout: float = 10.0  # --timeout seconds, per case on multi-process paths
     extra: tuple[str, ...] = ()  # --path MODULE:ATTR

@@ -101,6 +101,8 @@ class DTensorPath:
             backend = self.backend or pool.backend_for(self.world_size)
             if backend == "gloo" and not dist.is_gloo_available():
                 return Availability(False, "torch.distributed has no gloo backend")
+            if backend == "nccl" and not dist.is_nccl_available():
+                return Availability(False, "torch.distributed has no nccl backend (a CPU build?)")
             if backend == "nccl" and torch.cuda.device_count() < self.world_size:
                 return Availability(False, f"nccl needs {self.world_size} GPUs, found {torch.cuda.device_count()}")
             where = f"worker pool, {backend}, world size {self.world_size}"
@@ -184,11 +186,12 @@ def paths(options: Any) -> list[DTensorPath]:
     from harness import pool
 
     if pool.torchrun_env() and int(os.environ["RANK"]) != 0:
-        sys.exit(pool.follow_torchrun())
+        sys.exit(pool.follow_torchrun(getattr(options, "dtensor_backend", None)))
     ws = getattr(options, "world_size", 2)
     timeout = getattr(options, "timeout", 10.0)
     stock = getattr(options, "dtensor_impl", None) or STOCK
-    made = [DTensorPath("dtensor.stock", stock, ws, timeout), DTensorPath("dtensor.fixed", FIXED, ws, timeout)]
+    backend = getattr(options, "dtensor_backend", None)
+    made = [DTensorPath("dtensor.stock", stock, ws, timeout, backend), DTensorPath("dtensor.fixed", FIXED, ws, timeout, backend)]
     if pool.torchrun_env():
         made[0].group  # join now: every rank joins at start-up, whatever is fuzzed
     return made
