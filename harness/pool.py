@@ -90,11 +90,13 @@ atexit.register(_close_all)
 
 
 class WorkerPool:
-    def __init__(self, world_size: int = 2, backend: str | None = None) -> None:
+    def __init__(self, world_size: int = 2, backend: str | None = None, start_method: str | None = None) -> None:
+        """``start_method`` "fork" or "forkserver"; None picks (see the module doc)."""
         if world_size < 1:
             raise ValueError(f"world size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.backend = backend or backend_for(world_size)
+        self.start_method = start_method
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.tmp: str | None = None
@@ -114,7 +116,8 @@ class WorkerPool:
     def _context(self) -> Any:
         import torch
 
-        if self.backend == "gloo" and sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        if self.start_method == "fork" or self.start_method is None and self.backend == "gloo" \
+                and sys.platform.startswith("linux") and not torch.cuda.is_initialized():
             dist_worker.preload()
             return mp.get_context("fork")
         ctx = mp.get_context("forkserver")

@@ -274,3 +274,22 @@ def test_tensor_parallel_styles_through_parallelize_module(styles):
     tied = Case(params=case.params, inputs=case.inputs, outputs=(Use("n3"),),
                 nodes=case.nodes + (Node("n3", "matmul", (Use("n1"), Use("w0", transpose=True))),))
     assert "tensor-parallel" in fixed.supports(tied)  # a transposed use cannot go through nn.Linear
+
+
+def test_forkserver_pool_as_used_with_nccl():
+    """With CUDA the workers come from a forkserver (CUDA cannot be used in a
+    forked child); the same start on CPU runs cases and leaves nothing behind."""
+    from harness import pool
+    from harness.paths import dtensor
+
+    workers = pool.WorkerPool(2, "gloo", start_method="forkserver")
+    dtensor._groups[(2, "forkserver-test")] = workers
+    path = DTensorPath("dtensor.forkserver", "harness.canaries_dtensor:partial_to_replicate", backend="forkserver-test")
+    try:
+        divs = check(corpus.load(SEED).case, path)
+        assert {d.kind for d in divs} == {"placement", "collective"}
+        pids = workers.pids
+    finally:
+        path.close()
+        del dtensor._groups[(2, "forkserver-test")]
+    assert pids and not alive(pids)
