@@ -291,7 +291,7 @@ def s_compile():
         seed_case = corpus.load(os.path.join(ROOT, "cases/graphed/make_graphed_callables_static_grad_alias.json")).case
         out["seed_case"] = [d.detail for d in check(seed_case, path)]
         save()
-        budget = min(ARGS.compile_minutes * 60, max(left() - 60, 30))
+        budget = min(ARGS.compile_minutes * 60, max(left() - 60 - ARGS.compile_shrink_seconds, 30))
         # Each compile case costs seconds; one finding's shrink must not eat the run.
         from hypothesis.internal.conjecture import engine
         engine.MAX_SHRINKING_SECONDS = ARGS.compile_shrink_seconds
@@ -302,6 +302,8 @@ def s_compile():
         out.update({"fuzz_seconds": round(secs, 1), "examples": t.examples, "run": t.run, "skipped": t.skipped,
                     "first_hit_examples": t.first_hit_examples, "divergences": divs_json(result),
                     "saved": result.saved, "timing": path.summary()})
+        RESULTS["compile"] = out
+        save()
     finally:
         path.close()
     scripts = sorted(f for f in os.listdir(found) if f.endswith(".py")) if os.path.isdir(found) else []
@@ -310,13 +312,60 @@ def s_compile():
     RESULTS["compile"] = out
 
 
+def s_compile_cases():
+    """Pinned cases for the compile findings: harness check, and standalone scripts with and without held grads."""
+    from harness import corpus, repro
+    from harness.paths.graphed import compiled
+    from harness.spec import Input, Node, Param, Schedule, Use
+
+    def mm(x_grad: bool, **sched) -> Case:
+        return Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=x_grad),),
+                    nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+                    schedule=Schedule(**sched), seed=3)
+
+    pinned = {
+        "two_steps_two_mb": mm(False, microbatches=2, steps=2),
+        "two_steps_two_mb_xgrad": mm(True, microbatches=2, steps=2),
+        "two_steps_two_mb_zeros": mm(False, microbatches=2, steps=2, zero_grad="zeros"),
+        "one_step_three_mb": mm(False, microbatches=3, steps=1),
+        "three_steps_one_mb": mm(False, microbatches=1, steps=3),
+    }
+    scripts = {"two_steps_two_mb", "three_steps_one_mb"}
+    where = os.path.join(ARGS.out, "found", "pinned")
+    os.makedirs(where, exist_ok=True)
+    out: dict = {}
+    path = fresh("graphed.compile")
+    try:
+        for name, case in pinned.items():
+            if left() < 60:
+                break
+            t = time.monotonic()
+            divs = check(case, path)
+            out[name] = {"seconds": round(time.monotonic() - t, 1), "divergences": [f"{d.kind}: {d.detail}" for d in divs]}
+            corpus.save(where, name, corpus.Entry(case, {"title": name}),
+                        repro.script(case, "graphed.compile", compiled().repro_source(), title=name))
+            log(f"pinned {name}: {out[name]}")
+            RESULTS["compile_cases"] = out
+            save()
+    finally:
+        path.close()
+    for name in sorted(scripts):
+        for flag in ([], ["--no-hold"]):
+            if left() < 45:
+                break
+            out.setdefault(name, {})["script" + "".join(flag)] = sh([sys.executable, os.path.join(where, name + ".py"), *flag], 150)
+            RESULTS["compile_cases"] = out
+            save()
+
+
 def s_pytest():
     RESULTS["pytest_gpu"] = sh([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/nocover/test_graphed_gpu.py",
                                 "-p", "no:cacheprovider"], max(left() - 10, 30))
 
 
 SECTIONS = {"env": s_env, "paths": s_paths, "seedcase": s_seedcase, "cli": s_cli, "detect": s_detect,
-            "fixed": s_fixed, "canary": s_canary, "compile": s_compile, "pytest": s_pytest}
+            "fixed": s_fixed, "canary": s_canary, "compile": s_compile, "pytest": s_pytest,
+            "compile_cases": s_compile_cases}
 
 
 def main() -> int:

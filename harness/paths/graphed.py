@@ -184,6 +184,11 @@ class GraphedPath:
     def supports(self, case: Case) -> str | None:
         if case.schedule.retain_outputs and not self.owned_outputs:
             return OUTPUTS_REUSED
+        if self.impl_spec == COMPILE and case.retain_grad:
+            # The loop reads retained intermediates' .grad, which no graphed path
+            # promises (Contract.retained_grads is False); under CUDA-graph trees
+            # that read itself raises on an overwritten output.
+            return "retain_grad on an intermediate inside the compiled region"
         return None
 
     def wrap(self, module: torch.nn.Module, xs: list[torch.Tensor]) -> Any:
