@@ -30,6 +30,9 @@ class Step:
     input_grads: Grads
     outputs: list[torch.Tensor]
     retained: Grads = field(default_factory=dict)
+    # What the schedule's parameter hooks saw during this backward:
+    # "<param> register_hook" (the incoming grad), "<param> post_accumulate_grad_hook" (.grad after).
+    seen: Grads = field(default_factory=dict)
 
 
 @dataclass

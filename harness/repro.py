@@ -49,8 +49,14 @@ def _lit(t: Any) -> str:
     return repr(t.tolist())
 
 
-def script(case: Case, path_name: str, machinery: tuple[str, str] | None, title: str = "") -> str:
-    """The full text of a standalone repro for ``case`` on ``path_name``."""
+def script(case: Case, path_name: str, machinery: tuple[str, ...] | None, title: str = "") -> str:
+    """The full text of a standalone repro for ``case`` on ``path_name``.
+
+    ``machinery`` is ``(imports, backward body)`` from the path's
+    ``repro_source``, optionally with a third element: source that defines
+    ``DEVICE`` and ``machinery_forward(v)`` for paths that wrap the forward
+    too (graph wrappers); without it the forward is the plain one, on CPU.
+    """
     b = Built(case)
     sched = case.schedule
     used = {n.op for n in case.nodes}
@@ -59,7 +65,9 @@ def script(case: Case, path_name: str, machinery: tuple[str, str] | None, title:
         helpers.append(inspect.getsource(functions.LayoutMatmul))
     if "pair" in used:
         helpers.append(inspect.getsource(functions.Pair))
-    imports, body = machinery or ("", "    raise SystemExit('this path has no standalone repro; replay the case with gradfuzz')\n")
+    imports, body = (machinery or ("", "    raise SystemExit('this path has no standalone repro; replay the case with gradfuzz')\n"))[:2]
+    wrapped = machinery[2] if machinery is not None and len(machinery) > 2 else 'DEVICE = "cpu"\nmachinery_forward = forward\n'
+
     params = b.params()
     data = [
         f"DTYPE = torch.{case.dtype}",
@@ -93,13 +101,17 @@ import sys
 import torch
 {imports}
 '''
-    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", _RUNNER.replace("%BODY%", body), ""])
+    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", wrapped, "",
+                      _RUNNER.replace("%BODY%", body), ""])
 
 
-_RUNNER = '''def leaves(dtype, k):
-    inputs = {n: torch.tensor(t, dtype=dtype).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
-    cots = [torch.tensor(c, dtype=dtype) for c in GRAD_OUTPUTS[k]]
+_RUNNER = '''def leaves(dtype, k, device="cpu"):
+    inputs = {n: torch.tensor(t, dtype=dtype, device=device).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
+    cots = [torch.tensor(c, dtype=dtype, device=device) for c in GRAD_OUTPUTS[k]]
     return inputs, cots
+
+
+OWN = []  # each backward's own parameter grads, before accumulation (filled by expected())
 
 
 def expected():
@@ -121,6 +133,9 @@ def expected():
             for n, g in zip(names, grads):
                 if g is not None:
                     acc[n] = g if acc[n] is None else acc[n] + g
+            OWN.append(dict(zip(names, grads)))
+        else:
+            OWN.append({})
         seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
     return seen
 
@@ -130,11 +145,11 @@ def backward(outs, cots, inputs, params):
 %BODY%
 
 def actual():
-    params = {n: torch.nn.Parameter(torch.tensor(t, dtype=DTYPE), requires_grad=n not in FROZEN) for n, t in PARAMS.items()}
+    params = {n: torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=DEVICE), requires_grad=n not in FROZEN) for n, t in PARAMS.items()}
     if GRAD_INIT != "none":
         for n, p in params.items():
             if n not in FROZEN:
-                p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE)
+                p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE, device=DEVICE)
     seen = []
     for k in range(MICROBATCHES * STEPS):
         if k and k % MICROBATCHES == 0:
@@ -143,9 +158,9 @@ def actual():
                     p.grad = None
                 elif ZERO_GRAD == "zeros" and p.grad is not None:
                     p.grad.zero_()
-        inputs, cots = leaves(DTYPE, k)
-        backward(forward({**params, **inputs}), cots, inputs, params)
-        seen.append({n: None if p.grad is None else p.grad.detach().double().clone() for n, p in params.items()})
+        inputs, cots = leaves(DTYPE, k, DEVICE)
+        backward(machinery_forward({**params, **inputs}), cots, inputs, params)
+        seen.append({n: None if p.grad is None else p.grad.detach().to("cpu", torch.float64, copy=True) for n, p in params.items()})
     return seen
 
 
@@ -170,6 +185,12 @@ def main():
                 print(f"  actual   {None if a is None else a.tolist()}")
                 if e is not None and a is not None and float((e * e).sum()) > 0:
                     print(f"  ratio actual/expected {float((a * e).sum() / (e * e).sum()):.4g}")
+                last = OWN[k].get(n) if k < len(OWN) else None
+                if a is not None and last is not None and k % MICROBATCHES and float((last * last).sum()) > 0:
+                    c = float((a * last).sum() / (last * last).sum())
+                    if abs(c - round(c)) < 1e-6 and round(c) > 1 and torch.allclose(a, round(c) * last, rtol=1e-5, atol=1e-5):
+                        print(f"  actual = {round(c)} x this backward's own grad g{k + 1} = {last.tolist()}: "
+                              f"the last microbatch's grad counted {round(c)} times, earlier ones lost")
     print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad} differing grads)")
     return 1 if bad else 0
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from harness.ops import OPS, Result, Shape, ShapeError
-from harness.spec import DTYPES, GRAD_INITS, HOOK_KINDS, ZERO_GRADS, Case, SpecError, Use
+from harness.spec import (
+    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, ZERO_GRADS, Case, SpecError, Use,
+)
 
 
 def _use_shape(use: Use, known: dict[str, Result], where: str) -> Shape:
@@ -39,6 +41,7 @@ def infer_shapes(case: Case) -> dict[str, Result]:
         raise SpecError("schedule.grad_init", f"unknown {s.grad_init!r}; one of {GRAD_INITS}")
     if s.zero_grad not in ZERO_GRADS:
         raise SpecError("schedule.zero_grad", f"unknown {s.zero_grad!r}; one of {ZERO_GRADS}")
+    _check_lifetime(s)
     known: dict[str, Result] = {}
 
     def declare(name: str, shape: Result, where: str) -> None:
@@ -81,3 +84,24 @@ def infer_shapes(case: Case) -> dict[str, Result]:
         if name not in nodes or isinstance(known[name][0] if known[name] else None, tuple):
             raise SpecError(f"retain_grad[{i}]", f"{name!r} is not a single-result node")
     return known
+
+
+def _check_lifetime(s) -> None:
+    """The optional buffer-lifetime parts of a schedule."""
+    for i, e in enumerate(s.events):
+        where = f"schedule.events[{i}]"
+        if e.kind not in EVENT_KINDS:
+            raise SpecError(f"{where}.kind", f"unknown {e.kind!r}; one of {EVENT_KINDS}")
+        if not (isinstance(e.after, int) and 0 <= e.after < s.backwards - 1):
+            raise SpecError(f"{where}.after", f"expected a backward between two others (0..{s.backwards - 2}), got {e.after!r}")
+        if e.kind == "alloc" and not e.sizes:
+            raise SpecError(f"{where}.sizes", "an alloc event needs at least one size")
+        if sum(e.sizes) > EVENT_MAX_ELEMENTS:
+            raise SpecError(f"{where}.sizes", f"more than {EVENT_MAX_ELEMENTS} elements in one event")
+    if not isinstance(s.retain_outputs, bool):
+        raise SpecError("schedule.retain_outputs", f"expected true or false, got {s.retain_outputs!r}")
+    for i, h in enumerate(s.param_hooks):
+        if h not in PARAM_HOOKS:
+            raise SpecError(f"schedule.param_hooks[{i}]", f"unknown {h!r}; one of {PARAM_HOOKS}")
+    if len(set(s.param_hooks)) != len(s.param_hooks):
+        raise SpecError("schedule.param_hooks", "a hook kind is listed twice")

@@ -19,6 +19,10 @@ DTYPES = ("float32", "float64")
 GRAD_INITS = ("none", "zero", "prefilled")
 ZERO_GRADS = ("set_to_none", "zeros", "keep")
 HOOK_KINDS = ("scale", "observe")
+# Buffer-lifetime schedule parts (see Schedule.events / param_hooks).
+EVENT_KINDS = ("empty_cache", "alloc", "free")
+PARAM_HOOKS = ("hook", "hook_keep", "post_accumulate")
+EVENT_MAX_ELEMENTS = 2**22
 
 
 class SpecError(ValueError):
@@ -82,6 +86,23 @@ class Hook:
 
 
 @dataclass(frozen=True)
+class Event:
+    """Something the training loop does between backwards, after backward ``after``.
+
+    ``empty_cache``: a garbage collection and ``torch.cuda.empty_cache()``;
+    ``alloc``: tensors of ``sizes`` elements, filled with a sentinel and held
+    (they must keep it: a write through a stale pointer shows up here);
+    ``free``: drop the tensors earlier ``alloc`` events made. Allocator
+    pressure is what turns a graph wrapper's dangling pointer into wrong
+    values or a crash.
+    """
+
+    after: int
+    kind: str
+    sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Gradient accumulation: ``steps`` x ``microbatches`` backwards.
 
@@ -95,6 +116,14 @@ class Schedule:
     steps: int = 1
     grad_init: str = "none"
     zero_grad: str = "set_to_none"
+    # Buffer lifetime (optional, omitted from JSON at their defaults):
+    # ``events`` between backwards; ``retain_outputs`` holds every forward's
+    # outputs to the end (they must not change); ``param_hooks`` observes each
+    # parameter's grad with ``register_hook`` ("hook": a copy, "hook_keep":
+    # the tensor itself, held) and ``register_post_accumulate_grad_hook``.
+    events: tuple[Event, ...] = ()
+    retain_outputs: bool = False
+    param_hooks: tuple[str, ...] = ()
 
     @property
     def backwards(self) -> int:
@@ -157,12 +186,19 @@ _NESTED = {
     ("Case", "hooks"): Hook,
     ("Case", "schedule"): Schedule,
     ("Node", "args"): Use,
+    ("Schedule", "events"): Event,
 }
+# Optional fields written only when set, so cases without them keep their JSON.
+_OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks")}
 
 
 def _encode(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
-        return {f.name: _encode(getattr(obj, f.name)) for f in fields(obj)}
+        return {
+            f.name: _encode(getattr(obj, f.name))
+            for f in fields(obj)
+            if (type(obj).__name__, f.name) not in _OMIT_AT_DEFAULT or getattr(obj, f.name) != f.default
+        }
     if isinstance(obj, tuple):
         return [_encode(x) for x in obj]
     return obj
@@ -206,6 +242,14 @@ def _decode_field(owner: str, name: str, value: Any, where: str) -> Any:
         ):
             raise SpecError(where, f"expected a list of [key, value] pairs, got {value!r}")
         return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in value)
+    if name == "sizes":
+        if not isinstance(value, list) or not all(isinstance(d, int) and d > 0 for d in value):
+            raise SpecError(where, f"expected a list of positive ints, got {value!r}")
+        return tuple(value)
+    if name == "param_hooks":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise SpecError(where, f"expected a list of hook kinds, got {value!r}")
+        return tuple(value)
     if name == "retain_grad":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise SpecError(where, f"expected a list of node names, got {value!r}")

@@ -15,12 +15,12 @@ inputs without grad, view outputs, hooks and ``retain_grad``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import strategies as st
 
 from harness.ops import LAYOUTS
-from harness.spec import Case, Hook, Input, Node, Param, Schedule, Use
+from harness.spec import PARAM_HOOKS, Case, Event, Hook, Input, Node, Param, Schedule, Use
 
 BLOCKS = (
     "linear",  # h @ w
@@ -39,6 +39,10 @@ BLOCKS = (
     "hook",  # a tensor hook (scale or observe) on h
     "retain",  # retain_grad on h
 )
+# Pressure allocations: the CUDA caching allocator's small blocks (512 B
+# granules in 2 MiB segments) and large ones, so freed graph-surface memory
+# gets handed to someone else.
+PRESSURE_SIZES = (4, 6, 12, 128, 4096, 2**16, 2**18, 2**20)
 EXACT_BUDGET = 2.0**16  # forward magnitude estimate; grads add batch, microbatch and cotangent factors
 
 
@@ -181,8 +185,12 @@ class _Drawn:
 
 
 @st.composite
-def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4) -> Case:
-    """Valid cases; ``exact`` None draws the mode too."""
+def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
+          lifetime: bool = False) -> Case:
+    """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
+    buffer-lifetime schedules (allocator pressure between backwards, held
+    outputs, parameter hooks); it draws after everything else, so cases
+    drawn without it are unchanged."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
     s = _Drawn.get(max_blocks, max_microbatches)
@@ -200,8 +208,32 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
         zero_grad=draw(s.zero_grad),
     )
     seed = draw(s.seed)
+    if lifetime:
+        schedule = draw(lifetime_schedules(schedule))
     return interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
                      out_kind=out_kind, schedule=schedule, seed=seed)
+
+
+@st.composite
+def lifetime_schedules(draw, schedule: Schedule) -> Schedule:
+    """``schedule`` plus events between its backwards, held outputs and hooks.
+
+    Everything shrinks away (no events, nothing held, no hooks), so a
+    failure that does not need them is reported without them.
+    """
+    between = schedule.backwards - 1
+    events: list[Event] = []
+    if between > 0:
+        for after, kind, sizes in draw(st.lists(
+            st.tuples(st.integers(0, between - 1), st.sampled_from(("alloc", "empty_cache", "free")),
+                      st.lists(st.sampled_from(PRESSURE_SIZES), min_size=1, max_size=3)),
+            max_size=4,
+        )):
+            events.append(Event(after, kind, tuple(sizes) if kind == "alloc" else ()))
+    events.sort(key=lambda e: e.after)
+    retain_outputs = draw(st.integers(0, 3)) == 3
+    hooks = draw(st.lists(st.sampled_from(PARAM_HOOKS), unique=True, max_size=2))
+    return replace(schedule, events=tuple(events), retain_outputs=retain_outputs, param_hooks=tuple(hooks))
 
 
 def interpret(

@@ -17,6 +17,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 
 from harness.build import Built
+from harness.lifetime import Lifetime
 from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
 from harness.spec import Case
 
@@ -37,6 +38,10 @@ class Contract:
     """
 
     retained_grads: bool = True
+    # Draw buffer-lifetime schedules (allocator pressure, held outputs,
+    # parameter hooks) when fuzzing this path: paths that keep buffers
+    # across backwards (graph wrappers) want them.
+    lifetime_schedules: bool = False
 
 
 @runtime_checkable
@@ -105,6 +110,11 @@ class _Held:
         if t is not None:
             self.items.append((what, t, t.detach().clone(), owner))
 
+    def release(self, tensors: list[torch.Tensor]) -> None:
+        """The user let go of these: stop holding (and checking) them."""
+        ids = {id(t) for t in tensors}
+        self.items = [it for it in self.items if id(it[1]) not in ids]
+
     def refresh(self) -> None:
         """The user wrote (zero_grad): what they hold now is the new baseline."""
         self.items = [(w, t, t.detach().clone(), o) for w, t, _, o in self.items]
@@ -131,9 +141,11 @@ def run_schedule(
     built = Built(case)
     obs = Observation(path=name)
     k = -1
+    lifetime = None
     try:
         params = make_params(built, device)
         held = _Held()
+        lifetime = Lifetime(case, params, held, device)
         reported: set[str] = set()
         for p_name, p in params.items():
             held.hold(f"parameter {p_name}", p)
@@ -154,6 +166,8 @@ def run_schedule(
                 held.hold(f"grad output {i} of backward {k}", c)
             outs = forward(built, {**params, **inputs})
             out_snaps = [snap(o) for o in outs]
+            lifetime.after_forward(k, outs)
+            lifetime.begin(k)
             input_grads = backward(outs, cots, inputs, params)
             if device != "cpu":
                 torch.cuda.synchronize()
@@ -161,6 +175,7 @@ def run_schedule(
                 if m.what not in reported:
                     reported.add(m.what)
                     obs.mutations.append(m)
+            seen = lifetime.end(k, obs)
             grads = {n: snap(p.grad) for n, p in params.items()}
             obs.steps.append(
                 Step(
@@ -169,14 +184,19 @@ def run_schedule(
                     input_grads={n: snap(g) for n, g in input_grads.items()},
                     outputs=out_snaps,
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
+                    seen=seen,
                 )
             )
             for n, p in params.items():
                 held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
             for n, g in input_grads.items():
                 held.hold(f"grad of input {n} from backward {k}", g)
+            lifetime.between(k)
     except Exception as e:  # a path that raises is a finding, not a crash
         obs.failure = Failure(k, type(e).__name__, _first_line(e))
+    finally:
+        if lifetime is not None:
+            lifetime.close()
     return obs
 
 
