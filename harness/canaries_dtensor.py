@@ -41,6 +41,8 @@ class partial_to_replicate:
             if isinstance(p, DTensor) and p.requires_grad:
                 p.register_hook(lambda g, p=p: _wrong_then_fixed(p, g))
 
+    optimizer_step = staticmethod(dtensor_fixed.optimizer_step)
+
 
 def _wrong_then_fixed(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
     wrong = _relayout_as_replicate(param, grad)
