@@ -18,11 +18,18 @@ checks two invariants of ``AccumulateGrad`` on DTensor parameters:
   pattern) the whole backward must issue none.
 
 Ranks report local shards; values are assembled here from them, which also
-checks that Replicate values agree on every rank.
+checks that Replicate values agree on every rank. Parameters are placed as
+the case says (``Param.placement``: the seed's to_local/Partial pattern,
+Replicate, Shard(d), or ColwiseParallel/RowwiseParallel through
+``parallelize_module``), and a schedule may end each step with
+``clip_grad_norm_`` and an optimizer step, after which parameters, clipped
+grads and the grads the optimizer left behind are compared too.
 
 ``dtensor.stock`` is torch as installed (or ``--dtensor-impl``);
-``dtensor.fixed`` installs ``oracles.dtensor_fixed``, a grad-layout fix that
-keeps the placement and issues no collective.
+``dtensor.fixed`` installs ``oracles.dtensor_fixed``: a grad-layout fix that
+keeps the placement and issues no collective, and grads of their own for
+the optimizer. The process group is a ``harness.pool.WorkerPool`` (or the
+launcher's, under torchrun), shared by both paths.
 """
 
 from __future__ import annotations
