@@ -33,6 +33,10 @@ class Step:
     # What the schedule's parameter hooks saw during this backward:
     # "<param> register_hook" (the incoming grad), "<param> post_accumulate_grad_hook" (.grad after).
     seen: Grads = field(default_factory=dict)
+    # After the training step that follows this backward (schedules with
+    # ``clip``/``optimizer``, last microbatch of a step only): "<param>" its
+    # value after the optimizer, "<param>.grad clipped", "total norm".
+    after_step: Grads = field(default_factory=dict)
 
 
 @dataclass

@@ -132,7 +132,8 @@ def fuzz_path(
             report_multiple_bugs=False,
         )
         @hseed(seed * 100_003 + round_no)
-        @given(cases(exact=exact, lifetime=getattr(path.contract, "lifetime_schedules", False)))
+        @given(cases(exact=exact, lifetime=getattr(path.contract, "lifetime_schedules", False),
+                     dtensor=getattr(path.contract, "dtensor_placements", False)))
         def target(case: Case) -> None:
             reason = path.supports(case)
             if reason is not None:

@@ -42,6 +42,7 @@ def infer_shapes(case: Case) -> dict[str, Result]:
     if s.zero_grad not in ZERO_GRADS:
         raise SpecError("schedule.zero_grad", f"unknown {s.zero_grad!r}; one of {ZERO_GRADS}")
     _check_lifetime(s)
+    _check_training(s)
     known: dict[str, Result] = {}
 
     def declare(name: str, shape: Result, where: str) -> None:
@@ -53,6 +54,7 @@ def infer_shapes(case: Case) -> dict[str, Result]:
 
     for i, p in enumerate(case.params):
         declare(p.name, p.shape, f"params[{i}]")
+        _check_placement(p.placement, len(p.shape), f"params[{i}].placement")
     for i, x in enumerate(case.inputs):
         declare(x.name, x.shape, f"inputs[{i}]")
     for i, node in enumerate(case.nodes):
@@ -105,3 +107,36 @@ def _check_lifetime(s) -> None:
             raise SpecError(f"schedule.param_hooks[{i}]", f"unknown {h!r}; one of {PARAM_HOOKS}")
     if len(set(s.param_hooks)) != len(s.param_hooks):
         raise SpecError("schedule.param_hooks", "a hook kind is listed twice")
+
+
+def _check_placement(placement: str, ndim: int, where: str) -> None:
+    """A DTensor placement: "", "partial", "replicate", "shardD" with D a dim,
+    or a tensor-parallel style ("colwise", "rowwise") for a 2-d weight."""
+    if placement in ("", "partial", "replicate"):
+        return
+    if placement in ("colwise", "rowwise") and ndim == 2:
+        return
+    if placement.startswith("shard") and placement[5:].isdigit() and int(placement[5:]) < ndim:
+        return
+    raise SpecError(where, f"unknown placement {placement!r}; one of partial, replicate, shard0..shard{ndim - 1}"
+                           + (", colwise, rowwise" if ndim == 2 else ""))
+
+
+def _check_training(s) -> None:
+    """The optional training step of a schedule (clip_grad_norm_, optimizer)."""
+    from harness.train import CLIP_NORMS, FUSED, OPTIMIZER_IMPLS, OPTIMIZERS
+
+    if s.clip and s.clip not in CLIP_NORMS:
+        raise SpecError("schedule.clip", f"unknown norm type {s.clip!r}; one of {CLIP_NORMS}")
+    if not (isinstance(s.max_norm, (int, float)) and s.max_norm > 0):
+        raise SpecError("schedule.max_norm", f"expected a positive number, got {s.max_norm!r}")
+    if s.optimizer and s.optimizer not in OPTIMIZERS:
+        raise SpecError("schedule.optimizer", f"unknown optimizer {s.optimizer!r}; one of {tuple(OPTIMIZERS)}")
+    if s.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise SpecError("schedule.optimizer_impl", f"unknown {s.optimizer_impl!r}; one of {OPTIMIZER_IMPLS}")
+    if s.optimizer_impl == "fused" and s.optimizer not in FUSED:
+        raise SpecError("schedule.optimizer_impl", f"{s.optimizer or 'no optimizer'} has no fused implementation; fused: {sorted(FUSED)}")
+    if s.optimizer_impl and not s.optimizer:
+        raise SpecError("schedule.optimizer_impl", "an implementation needs an optimizer")
+    if not (isinstance(s.lr, (int, float)) and s.lr > 0):
+        raise SpecError("schedule.lr", f"expected a positive number, got {s.lr!r}")

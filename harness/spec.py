@@ -38,6 +38,12 @@ class Param:
     name: str
     shape: tuple[int, ...]
     requires_grad: bool = True
+    # How the DTensor paths place this parameter (other paths ignore it):
+    # "" or "partial": Replicate, used through to_local(grad_placements=[Partial()]);
+    # "replicate": a Replicate DTensor used as one; "shardD": Shard(D);
+    # "colwise"/"rowwise": a weight used only as ``h @ w``, run as an
+    # nn.Linear through parallelize_module with that tensor-parallel style.
+    placement: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,16 @@ class Schedule:
     events: tuple[Event, ...] = ()
     retain_outputs: bool = False
     param_hooks: tuple[str, ...] = ()
+    # A training step after each step's last backward (optional, omitted from
+    # JSON at their defaults): ``clip`` runs clip_grad_norm_ to ``max_norm``
+    # with that norm type ("1", "2", "inf"); ``optimizer`` (harness.train.OPTIMIZERS)
+    # then steps with ``lr``, in ``optimizer_impl`` "" (torch's choice),
+    # "for_loop", "foreach" or "fused". Parameters are compared after it.
+    clip: str = ""
+    max_norm: float = 1.0
+    optimizer: str = ""
+    optimizer_impl: str = ""
+    lr: float = 0.1
 
     @property
     def backwards(self) -> int:
@@ -189,7 +205,9 @@ _NESTED = {
     ("Schedule", "events"): Event,
 }
 # Optional fields written only when set, so cases without them keep their JSON.
-_OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks")}
+_OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks"), ("Param", "placement"),
+                    ("Schedule", "clip"), ("Schedule", "max_norm"), ("Schedule", "optimizer"),
+                    ("Schedule", "optimizer_impl"), ("Schedule", "lr")}
 
 
 def _encode(obj: Any) -> Any:

@@ -186,7 +186,7 @@ class _Drawn:
 
 @st.composite
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
-          lifetime: bool = False) -> Case:
+          lifetime: bool = False, dtensor: bool = False) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
@@ -210,8 +210,59 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
     seed = draw(s.seed)
     if lifetime:
         schedule = draw(lifetime_schedules(schedule))
-    return interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
+    case = interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
                      out_kind=out_kind, schedule=schedule, seed=seed)
+    if dtensor:  # drawn last, so cases drawn without it are unchanged
+        case = draw(dtensor_placements(case))
+        case = draw(training_steps(case))
+    return case
+
+
+@st.composite
+def training_steps(draw, case: Case) -> Case:
+    """Past backward, where a DTensor grad is used: clip_grad_norm_ (a norm
+    type) and an optimizer step (an implementation) after each step's last
+    microbatch. Such cases run in float64, where optimizer arithmetic can be
+    held to a tight relative tolerance. Shrinks to no training step."""
+    from harness.train import CLIP_NORMS, FUSED, OPTIMIZERS, SIGN_BASED
+
+    if not draw(st.booleans()):
+        return case
+    clip = draw(st.sampled_from(("",) + CLIP_NORMS))
+    names = [n for n in OPTIMIZERS if case.exact or n not in SIGN_BASED]
+    optimizer = draw(st.sampled_from(["", *names]))
+    impls = ("", "for_loop", "foreach") + (("fused",) if optimizer in FUSED else ())
+    impl = draw(st.sampled_from(impls)) if optimizer else ""
+    if not clip and not optimizer:
+        return case
+    schedule = replace(case.schedule, clip=clip, max_norm=draw(st.sampled_from((1.0, 10.0))),
+                       optimizer=optimizer, optimizer_impl=impl, lr=draw(st.sampled_from((0.1, 0.01))))
+    return replace(case, schedule=schedule, dtype="float64")
+
+
+@st.composite
+def dtensor_placements(draw, case: Case) -> Case:
+    """Where each parameter lives on the mesh: all through ``to_local`` with
+    Partial grads (the seed's pattern, what this shrinks to), or each one a
+    Replicate or Shard(d) DTensor used as one, or (a weight used only as
+    ``h @ w``) a tensor-parallel style."""
+    if not draw(st.booleans()):
+        return case
+    params = tuple(
+        replace(p, placement=draw(st.sampled_from(
+            ("replicate",) + tuple(f"shard{d}" for d in range(len(p.shape)))
+            + (("colwise", "rowwise") if tp_eligible(case, p.name) else ()))))
+        for p in case.params
+    )
+    return replace(case, params=params)
+
+
+def tp_eligible(case: Case, name: str) -> bool:
+    """Can ``name`` run as an nn.Linear under a tensor-parallel style? Only
+    when every use is the plain right operand of a matmul (``h @ w``)."""
+    uses = [(node, i, u) for node in case.nodes for i, u in enumerate(node.args) if u.ref == name]
+    return bool(uses) and all(node.op == "matmul" and i == 1 and not u.transpose for node, i, u in uses) \
+        and not any(u.ref == name for u in case.outputs)
 
 
 @st.composite

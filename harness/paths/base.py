@@ -20,6 +20,7 @@ from harness.build import Built
 from harness.lifetime import Lifetime
 from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
 from harness.spec import Case
+from harness.train import Trainer, ends_step, has_step
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def run_schedule(
     lifetime = None
     try:
         params = make_params(built, device)
+        trainer = Trainer(case, params) if has_step(case) else None
         held = _Held()
         lifetime = Lifetime(case, params, held, device)
         reported: set[str] = set()
@@ -187,6 +189,9 @@ def run_schedule(
                     seen=seen,
                 )
             )
+            if trainer is not None and ends_step(case, k):
+                obs.steps[-1].after_step = trainer.step(snap)
+                held.refresh()  # the step wrote parameters and grads: the user's own writes
             for n, p in params.items():
                 held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
             for n, g in input_grads.items():
