@@ -293,3 +293,27 @@ def test_forkserver_pool_as_used_with_nccl():
         path.close()
         del dtensor._groups[(2, "forkserver-test")]
     assert pids and not alive(pids)
+
+
+def test_placements_and_training_steps_are_case_data():
+    """New fields round-trip through JSON, are left out at their defaults (old
+    cases keep their JSON), and bad values are errors naming the field."""
+    import json
+
+    from harness.spec import SpecError
+
+    case = layout_case("transposed", "shard1", microbatches=2)
+    assert "placement" not in layout_case("transposed").dumps() and "optimizer" not in case.dumps()
+    from dataclasses import replace
+
+    trained = replace(case, schedule=replace(case.schedule, clip="inf", optimizer="adamw", optimizer_impl="fused", lr=0.01))
+    assert Case.loads(trained.dumps()) == trained
+    data = json.loads(trained.dumps())
+    data["params"][0]["placement"] = "shard2"
+    with pytest.raises(SpecError, match=r"params\[0\]\.placement"):
+        Case.from_json(data)
+    data = json.loads(trained.dumps())
+    data["schedule"]["optimizer_impl"] = "fused"
+    data["schedule"]["optimizer"] = "rmsprop"
+    with pytest.raises(SpecError, match=r"schedule\.optimizer_impl.*no fused"):
+        Case.from_json(data)
