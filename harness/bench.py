@@ -236,9 +236,15 @@ def bench_scaling(seconds: float, paths: str, seed: int) -> dict[str, Any]:
             first = next(iter(data["paths"].values()), {"examples": 0, "seconds": 0})
             cases = first["examples"]
             out[f"n{n}"] = {"cases": cases, "fuzz_seconds": first["seconds"], "wall_s": wall,
-                            "cases_per_s": cases / max(first["seconds"], 1e-9), "cases_per_s_wall": cases / wall}
+                            "cases_per_s": cases / max(first["seconds"], 1e-9), "cases_per_s_wall": cases / wall,
+                            "worker_cpu_s": data.get("cpu_s"), "load_after": _load(),
+                            "cases_per_cpu_s": cases / data["cpu_s"] if data.get("cpu_s") else None}
     if "cases" in out.get("n1", {}) and "cases" in out.get("n2", {}):
         out["ratio"] = out["n2"]["cases"] / max(out["n1"]["cases"], 1)
+        c1, c2 = out["n1"].get("cases_per_cpu_s"), out["n2"].get("cases_per_cpu_s")
+        if c1 and c2:
+            # What -n 2 would give on two free cores: twice the per-core rate it kept.
+            out["per_core_efficiency"] = c2 / c1
     return out
 
 
@@ -264,7 +270,7 @@ def table(data: dict[str, Any]) -> str:
     if data.get("canaries"):
         lines.append("")
         lines.append(f"canaries: time to detection from a cold start (fresh path, no database), "
-                     f"{data['canaries'][0].get('seeds', '?')} seeds")
+                     f"{max((c.get('seeds', 0) for c in data['canaries']), default=0)} seeds")
         lines.append(f"  {'canary':<34} {'caught':>7} {'median ex':>10} {'worst ex':>9} {'median s':>9} {'worst s':>8}")
         for c in data["canaries"]:
             if "skipped" in c:
@@ -282,12 +288,20 @@ def table(data: dict[str, Any]) -> str:
         for n in ("n1", "n2"):
             r = sc.get(n, {})
             if "cases" in r:
+                per_cpu = f", {r['cases_per_cpu_s']:.0f} per worker CPU second" if r.get("cases_per_cpu_s") else ""
                 lines.append(f"  -{n[0]} {n[1]}: {r['cases']} cases, {r['cases_per_s']:.0f}/s while fuzzing, "
-                             f"{r['cases_per_s_wall']:.0f}/s including start-up ({r['wall_s']:.1f}s wall)")
+                             f"{r['cases_per_s_wall']:.0f}/s including start-up ({r['wall_s']:.1f}s wall){per_cpu}; "
+                             f"load after {r.get('load_after', '?')}")
             else:
                 lines.append(f"  -{n[0]} {n[1]}: {r.get('error', 'not run')}")
         if "ratio" in sc:
-            lines.append(f"  -n 2 / -n 1 = {sc['ratio']:.2f}x")
+            lines.append(f"  -n 2 / -n 1 = {sc['ratio']:.2f}x (cases in the same wall time)")
+        if "per_core_efficiency" in sc:
+            lines.append(f"  per-core efficiency of -n 2 against -n 1: {100 * sc['per_core_efficiency']:.0f}% "
+                         f"(cases per worker CPU second; with two free cores -n 2 gives about "
+                         f"{2 * sc['per_core_efficiency']:.2f}x)")
+    for fam, err in data.get("errors", {}).items():
+        lines.append(f"\n{fam}: not measured: {err}")
     lines.append("")
     lines.append("targets:")
     for t in data["targets"]:
@@ -337,8 +351,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         for fam, ps in _families(live).items():
             print(f"gradfuzz bench: {fam} ...", file=sys.stderr, flush=True)
-            data["families"].append(bench_family(fam, ps, examples=args.examples, warmup=args.warmup,
-                                                 seed=args.seed, exact=exact))
+            try:
+                data["families"].append(bench_family(fam, ps, examples=args.examples, warmup=args.warmup,
+                                                     seed=args.seed, exact=exact))
+            except Exception as e:  # a path that cannot run here is reported, the rest is measured
+                data.setdefault("errors", {})[fam] = f"{type(e).__name__}: {e}"
     finally:
         close_paths(live)
     if args.canary_seeds > 0:

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
         data = report.to_json(result)
         data.update(interrupted=interrupted, counts=counts, findings=extra.get("details", {}),
                     workers=extra.get("workers", 1),
-                    seconds=round(extra.get("seconds", 0.0), 3))
+                    seconds=round(extra.get("seconds", 0.0), 3), cpu_s=round(extra.get("cpu_s", 0.0), 3))
         from harness.corpus import atomic_write
 
         atomic_write(args.json, json.dumps(data, indent=1) + "\n")

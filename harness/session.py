@@ -50,6 +50,7 @@ class Session:
         self.counts: dict[str, int] = {}  # signature -> finds in this session
         self.details: dict[str, dict[str, Any]] = {}
         self.started = time.time()
+        self.cpu0 = time.process_time()
         self.deadline: float | None = None  # wall clock (time.time())
         self.examples_budget: int | None = None
         self.interrupted = False
@@ -123,6 +124,7 @@ class Session:
             "pid": os.getpid(),
             "started": self.started,
             "updated": time.time(),
+            "cpu_s": time.process_time() - self.cpu0,
             "deadline": self.deadline,
             "examples_budget": self.examples_budget,
             "done": self.done,
@@ -152,8 +154,10 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
     counts: dict[str, int] = {}
     details: dict[str, dict[str, Any]] = {}
     interrupted = False
+    cpu = 0.0
     for s in snapshots:
         interrupted |= bool(s.get("interrupted"))
+        cpu += s.get("cpu_s", 0.0)
         for name, t in s.get("paths", {}).items():
             tally = result.paths.setdefault(name, Tally())
             tally.examples += t["examples"]
@@ -175,7 +179,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
             counts[sig] = counts.get(sig, 0) + n
         for sig, d in s.get("details", {}).items():
             details.setdefault(sig, d)
-    return result, {"counts": counts, "details": details, "interrupted": interrupted}
+    return result, {"counts": counts, "details": details, "interrupted": interrupted, "cpu_s": cpu}
 
 
 def write_status(file: str, snapshot: dict[str, Any]) -> None:
