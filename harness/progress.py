@@ -87,9 +87,12 @@ def render(view: View) -> Any:
     if counts:
         divs = Table(box=None, pad_edge=False, header_style="bold", title="divergences by signature",
                      title_justify="left")
-        for col in ("finds", "path", "kind", "signature", "first at"):
-            divs.add_column(col, no_wrap=True)
-        divs.add_column("detail", overflow="ellipsis", no_wrap=True, ratio=1)
+        details_ = view.get("details", {})
+        widest = lambda key: max([len(str(d.get(key, ""))) for d in details_.values()] + [4])  # noqa: E731
+        for col, width in (("finds", 5), ("path", widest("path")), ("kind", widest("kind")),
+                           ("signature", max(map(len, counts))), ("first at", 8)):
+            divs.add_column(col, no_wrap=True, min_width=width)
+        divs.add_column("detail", overflow="ellipsis", no_wrap=True, ratio=1, min_width=20)
         details = view.get("details", {})
         for sig, n in sorted(counts.items(), key=lambda kv: -kv[1]):
             d = details.get(sig, {})
