@@ -374,6 +374,8 @@ def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
         return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
     if op == "ping":
         return {"pong": ctx.rank}
+    if op == "call":  # another path's rank code on this group (the pipeline paths): MODULE.handle(ctx, msg)
+        return importlib.import_module(msg["module"]).handle(ctx, msg)
     raise ValueError(f"unknown message {op!r}")
 
 

@@ -27,6 +27,8 @@ class Step:
 
     k: int
     grads: Grads  # each parameter's .grad (accumulated), or the oracle's running sum
+    # (None: not observable after this backward, e.g. mid-step in a pipeline
+    # schedule, which interleaves a step's microbatches; compare skips it)
     input_grads: Grads
     outputs: list[torch.Tensor]
     retained: Grads = field(default_factory=dict)

@@ -56,7 +56,12 @@ def script(case: Case, path_name: str, machinery: tuple[str, ...] | None, title:
     ``repro_source``, optionally with a third element: source that defines
     ``DEVICE`` and ``machinery_forward(v)`` for paths that wrap the forward
     too (graph wrappers); without it the forward is the plain one, on CPU.
+    A path whose machinery is more than a backward (pipeline schedules: stages,
+    a schedule, ranks) returns an object with ``script(case, title)`` instead,
+    which writes the whole script.
     """
+    if callable(getattr(machinery, "script", None)):
+        return machinery.script(case, title or path_name)  # type: ignore[union-attr]
     b = Built(case)
     sched = case.schedule
     used = {n.op for n in case.nodes}

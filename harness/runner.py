@@ -133,7 +133,8 @@ def fuzz_path(
         )
         @hseed(seed * 100_003 + round_no)
         @given(cases(exact=exact, lifetime=getattr(path.contract, "lifetime_schedules", False),
-                     dtensor=getattr(path.contract, "dtensor_placements", False)))
+                     dtensor=getattr(path.contract, "dtensor_placements", False),
+                     pipeline=tuple(getattr(path.contract, "pipeline_layouts", ()))))
         def target(case: Case) -> None:
             reason = path.supports(case)
             if reason is not None:

@@ -159,6 +159,9 @@ class Case:
     exact: bool = True
     seed: int = 0
     version: int = SCHEMA_VERSION
+    # Pipeline stage cuts (harness.stages): each is a position in ``nodes``
+    # where a new stage starts; () is one stage. Omitted from JSON when empty.
+    stages: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return _encode(self)
@@ -207,7 +210,7 @@ _NESTED = {
 # Optional fields written only when set, so cases without them keep their JSON.
 _OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks"), ("Param", "placement"),
                     ("Schedule", "clip"), ("Schedule", "max_norm"), ("Schedule", "optimizer"),
-                    ("Schedule", "optimizer_impl"), ("Schedule", "lr")}
+                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "stages")}
 
 
 def _encode(obj: Any) -> Any:
@@ -267,6 +270,10 @@ def _decode_field(owner: str, name: str, value: Any, where: str) -> Any:
     if name == "param_hooks":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise SpecError(where, f"expected a list of hook kinds, got {value!r}")
+        return tuple(value)
+    if name == "stages":
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise SpecError(where, f"expected a list of node positions, got {value!r}")
         return tuple(value)
     if name == "retain_grad":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -186,7 +186,8 @@ class _Drawn:
 
 @st.composite
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
-          lifetime: bool = False, dtensor: bool = False) -> Case:
+          lifetime: bool = False, dtensor: bool = False,
+          pipeline: tuple[tuple[int, int], ...] = ()) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
@@ -215,7 +216,26 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
     if dtensor:  # drawn last, so cases drawn without it are unchanged
         case = draw(dtensor_placements(case))
         case = draw(training_steps(case))
+    if pipeline:  # drawn last too: stage cuts, microbatches and frozen parameters for a pipeline layout
+        case = draw(pipeline_stages(case, pipeline))
     return case
+
+
+@st.composite
+def pipeline_stages(draw, case: Case, layouts: tuple[tuple[int, int], ...]) -> Case:
+    """Cut ``case`` into stages for one of ``layouts`` ((stages, microbatches)
+    pairs a schedule takes). Cuts are drawn as picks among the free node
+    positions, so they shrink towards the earliest positions and fewer
+    stages (merging); a case with too few nodes keeps fewer stages (outside
+    the layout: skipped). About one parameter in five is frozen."""
+    stages, microbatches = draw(st.sampled_from(sorted(layouts)))
+    picks = draw(st.lists(st.integers(0, 255), min_size=stages - 1, max_size=stages - 1))
+    free = list(range(1, len(case.nodes)))
+    cuts = [free.pop(r % len(free)) for r in picks[:len(free)]]
+    frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
+    params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
+    return replace(case, params=params, stages=tuple(sorted(cuts)),
+                   schedule=replace(case.schedule, microbatches=microbatches))
 
 
 @st.composite

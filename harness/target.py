@@ -78,8 +78,9 @@ class _Found(AssertionError):
 def strategy_flags(path: Path) -> tuple[tuple[str, bool], ...]:
     """The ``cases()`` keywords a path's contract asks for."""
     c = path.contract
+    layouts = tuple(getattr(c, "pipeline_layouts", ()))
     return (("lifetime", bool(getattr(c, "lifetime_schedules", False))),
-            ("dtensor", bool(getattr(c, "dtensor_placements", False))))
+            ("dtensor", bool(getattr(c, "dtensor_placements", False)))) + ((("pipeline", layouts),) if layouts else ())
 
 
 @dataclass

@@ -1,0 +1,240 @@
+"""``pipeline.<schedule>.*``: staged cases through ``PipelineStage`` and torch's schedules.
+
+The split functions are half of what a pipeline-parallel user runs; the
+stage and its schedule decide what is detached, which buffers are reused,
+which hooks fire and when input and weight grads are computed. So the case
+is cut into stages (``Case.stages``, ``harness.stages``), each an
+``nn.Module`` owning copies of its parameters, and every schedule the
+installed torch exports runs it through ``schedule.step()``, one call per
+step of the case (``harness.pipeline_rank`` has what a rank does).
+
+Path names: ``pipeline.<schedule>.stock`` and ``.fixed`` hold every stage
+in one process (gloo, world size 1); ``pipeline.<schedule>.ranks2.stock``
+and ``.fixed`` put the stages on two ranks, as the schedule places them.
+Stock is ``PipelineStage`` as installed; fixed is
+``oracles.pipeline_fixed.FixedPipelineStage`` (its backward counts each use
+site once and detaches nothing W needs), so a divergence on stock alone is
+the split functions' or the stage's, and on both the schedule's.
+
+Which layouts a schedule takes (how many stages, how many microbatches,
+which rank holds which stage) is found by constructing it on the ranks
+(``pipeline_rank.probe``), not from a table; fuzzing draws only those
+(``PipelineContract.pipeline_layouts``), and a case outside them is skipped.
+
+Observable: parameter grads only after each ``step()`` (a schedule
+interleaves the microbatches of a step, so there is no moment "after
+backward k" for the whole model); they are the sum of a parameter's
+copies. Per microbatch: what the loss function was handed (the last
+stage's outputs) and the grad each stacked input got, by rows. A grad the
+user holds, an input or the target that changes, an exception, a hang or a
+dead rank are findings, as on every path.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
+from harness.paths.base import Availability, Contract
+from harness.spec import Case
+
+FIXED = "oracles.pipeline_fixed:FixedPipelineStage"
+STOCK = "stock"
+LAYOUTS = {1: "", 2: "ranks2."}  # world size -> the infix in path names
+
+
+@dataclass(frozen=True)
+class PipelineContract(Contract):
+    """Fuzzing draws stage cuts and microbatch counts from ``pipeline_layouts``
+    ((stages, microbatches) pairs), frozen parameters too."""
+
+    pipeline_layouts: tuple[tuple[int, int], ...] = ()
+
+
+_probed: dict[int, dict[str, Any]] = {}
+
+
+def _group(world_size: int) -> Any:
+    from harness.paths.dtensor import group_for  # one pool per world size, shared with the DTensor paths
+
+    return group_for(world_size)
+
+
+def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
+    """The layouts of every schedule with this many ranks (cached per process)."""
+    if world_size not in _probed:
+        outcome = _group(world_size).request({"op": "call", "module": "harness.pipeline_rank", "what": "probe"},
+                                             timeout)
+        reply = outcome.replies.get(0, {})
+        if outcome.status != "ok" or "error" in reply:
+            raise RuntimeError(f"probing the schedules on {world_size} rank(s) failed: "
+                               f"{reply.get('error') or outcome.detail or outcome.status}")
+        _probed[world_size] = reply
+    return _probed[world_size]
+
+
+class PipelinePath:
+    def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0) -> None:
+        flavour = "stock" if impl == STOCK else "fixed" if impl == FIXED else "custom"
+        self.name = f"pipeline.{schedule}.{LAYOUTS.get(world_size, f'ranks{world_size}.')}{flavour}"
+        self.schedule = schedule
+        self.impl = impl
+        self.world_size = world_size
+        self.timeout = timeout
+
+    @property
+    def contract(self) -> PipelineContract:  # type: ignore[override]
+        try:
+            layouts = tuple(sorted(tuple(x) for x in probe(self.world_size)["layouts"].get(self.schedule, ())))
+        except Exception:
+            layouts = ()
+        return PipelineContract(retained_grads=False, pipeline_layouts=layouts)
+
+    def availability(self) -> Availability:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_gloo_available():
+            return Availability(False, "torch.distributed with the gloo backend is needed")
+        try:
+            info = probe(self.world_size)
+        except Exception as e:
+            return Availability(False, str(e)[:300])
+        layouts = info["layouts"].get(self.schedule)
+        if layouts is None:
+            return Availability(False, f"torch {torch.__version__} has no schedule {self.schedule}")
+        if not layouts:
+            why = info.get("reasons", {}).get(self.schedule, "")
+            return Availability(False, f"{self.schedule} takes no layout of at most 4 stages on "
+                                       f"{self.world_size} rank(s){': ' + why if why else ''}")
+        stages = sorted({s for s, _ in layouts})
+        return Availability(True, f"{self.world_size} rank(s), {'/'.join(map(str, stages))} stages; "
+                                  f"stage: {'PipelineStage as installed' if self.impl == STOCK else self.impl}")
+
+    def supports(self, case: Case) -> str | None:
+        from harness.stages import requires_grad
+
+        s = case.schedule
+        if s.events or s.retain_outputs or s.param_hooks:
+            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.clip or s.optimizer:
+            return "a training step after the schedule (clip, optimizer) is not part of this path"
+        if any(len(x.shape) == 0 for x in case.inputs):
+            return "an input without a batch dim cannot be split into microbatches"
+        layouts = self.contract.pipeline_layouts
+        have = (len(case.stages) + 1, s.microbatches)
+        if have not in layouts:
+            return (f"{self.schedule} on {self.world_size} rank(s) takes (stages, microbatches) in "
+                    f"{list(layouts)}, not {have}")
+        need = requires_grad(case)
+        if not any(need[u.ref] for u in case.outputs):
+            return "no output requires grad (nothing for the schedule to train)"
+        return None
+
+    def run(self, case: Case) -> Observation:
+        info = probe(self.world_size)
+        where = info["placement"][self.schedule][len(case.stages) + 1]
+        outcome = _group(self.world_size).request(
+            {"op": "call", "module": "harness.pipeline_rank", "case": case.dumps(), "schedule": self.schedule,
+             "impl": self.impl, "placement": list(where)}, self.timeout)
+        return observation(self.name, case, outcome)
+
+    def repro_source(self) -> Any:
+        from harness import pipeline_repro
+
+        return pipeline_repro.Machinery(self.schedule, self.impl, self.world_size)
+
+    def close(self) -> None:
+        from harness.paths.dtensor import _groups, _key
+
+        g = _groups.get(_key(self.world_size, None))
+        if g is not None:
+            g.close()
+
+
+def observation(name: str, case: Case, outcome: Any) -> Observation:
+    """Rank facts -> one Observation: a Step per backward (parameter grads at
+    the last backward of each step only), copies summed, failures merged."""
+    from harness.build import Built
+
+    obs = Observation(path=name)
+    obs.extra["seconds"] = outcome.seconds
+    replies = outcome.replies
+    ranks = sorted(replies)
+    M = case.schedule.microbatches
+    failures = []
+    for r in ranks:
+        rep = replies[r]
+        if "error" in rep:
+            failures.append((10**9, r, Failure(-1, "WorkerError", rep["error"][:300])))
+        elif rep.get("failure"):
+            f = rep["failure"]
+            k = f["step"] * M if f["step"] >= 0 else -1
+            failures.append((k if k >= 0 else 10**9, r, Failure(k, f["type"], f["message"])))
+            obs.extra.setdefault("tracebacks", {})[r] = f.get("traceback", "")
+    if failures:
+        obs.failure = min(failures, key=lambda t: (t[0], t[1]))[2]
+    if outcome.status == "timeout":
+        raised = f"; {obs.failure.type}: {obs.failure.message} first" if obs.failure else ""
+        obs.violations.append(Violation("timeout", -1, "process group",
+                                        f"the schedule hung (ranks waiting on each other){raised}: {outcome.detail}",
+                                        key="timeout"))
+        return obs
+    if outcome.status == "crash":
+        obs.violations.append(Violation("crash", -1, "process group",
+                                        f"a rank died running the schedule: {outcome.detail}", key="crash"))
+        return obs
+    if not ranks or any("steps" not in replies[r] for r in ranks):
+        if obs.failure is None:
+            obs.failure = Failure(-1, "WorkerError", "not every rank replied")
+        return obs
+    for r in ranks:
+        for m in replies[r].get("mutations", []):
+            obs.mutations.append(Mutation(m.k * M + M - 1, m.what, m.max_abs))
+    built = Built(case)
+    init = case.schedule.grad_init
+    # A parameter no stage uses belongs to no stage: its .grad is what it started as.
+    held = {s_name for r in ranks for st in replies[r]["steps"][:1] for _, s_name, _ in st["grads"]}
+    orphan: Grads = {}
+    for p in case.params:
+        if p.name not in held:
+            orphan[p.name] = None if init == "none" or not p.requires_grad else \
+                torch.zeros(p.shape, dtype=torch.float64) if init == "zero" else built.prefill()[p.name]
+    n_steps = min(len(replies[r]["steps"]) for r in ranks)
+    for s in range(n_steps):
+        recs = [replies[r]["steps"][s] for r in ranks]
+        grads: Grads = {p.name: None for p in case.params}
+        for rec in recs:
+            for _, n, g in rec["grads"]:
+                if g is not None:
+                    grads[n] = g if grads[n] is None else grads[n] + g
+        grads.update(orphan)
+        inputs = next((rec["input_grads"] for rec in recs if "input_grads" in rec), {})
+        outputs = next((rec["outputs"] for rec in recs if "outputs" in rec), {})
+        for j in range(M):
+            k = s * M + j
+            in_grads: Grads = {x.name: None if inputs.get(x.name) is None else inputs[x.name][j] for x in case.inputs}
+            outs = outputs.get(k) or []
+            obs.steps.append(Step(k=k, grads=dict(grads) if j == M - 1 else None,  # type: ignore[arg-type]
+                                  input_grads=in_grads, outputs=list(outs)))
+    return obs
+
+
+def paths(options: Any) -> list[PipelinePath]:
+    """The registry's hook: stock and fixed for every schedule torch exports,
+    in one process and on two ranks. Under torchrun the DTensor paths own the
+    group; the pipeline paths are not offered there."""
+    from harness import pool
+    from harness.pipeline_rank import discover
+
+    if pool.torchrun_env():
+        return []
+    timeout = getattr(options, "timeout", 10.0)
+    made = []
+    for ws in LAYOUTS:
+        for schedule in discover():
+            made += [PipelinePath(schedule, STOCK, ws, timeout), PipelinePath(schedule, FIXED, ws, timeout)]
+    return made

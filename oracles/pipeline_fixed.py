@@ -1,0 +1,129 @@
+"""A ``PipelineStage`` whose backward counts every use site once and keeps
+what the weight pass needs.
+
+Starts from ``oracles.split_fixed`` (the weight pass is a second, ordinary
+backward from the stage outputs with the saved grad outputs, restricted to
+the weights; nothing is captured at intermediate nodes, so no hook or use
+site is visited twice), and fixes what the stage itself does around the
+split functions:
+
+- *full* backward (GPipe, 1F1B, looped schedules, and the first stage of the
+  zero-bubble ones, which runs its whole backward at W) goes through
+  ``torch.autograd.grad`` too, with parameter grads accumulated as owned
+  copies: ``torch.autograd.backward`` would let ``AccumulateGrad`` adopt
+  the incoming grad as ``.grad``, and that tensor can alias a grad output
+  or another parameter's grad (the ``eager.accumulate`` findings);
+- the user's tensors fed to the first stage (the microbatch slices of
+  ``step()``'s arguments) get their grads by an ordinary backward from the
+  slice, so the user's leaf sees ``.grad`` as in eager autograd;
+- stage outputs are never detached in place: the split input pass and the
+  last stage detach them to free memory early, but a stage output saved by
+  the graph of another output (one computed from the other) is then needed
+  at W, which fails "saved tensor detached in-place". Dropping references
+  frees the same memory once W has run.
+
+Parameter grads are accumulated as in ``oracles.split_fixed``: a fresh
+``.grad`` is an owned contiguous copy, an existing one is added into.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from oracles.split_fixed import _accumulate
+
+
+def _pairs(outputs: Any, grads: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Stage outputs (a loss, or a tuple) and their grads, restricted to the
+    outputs that take part in autograd."""
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    outs, gs = [], []
+    for i, o in enumerate(outputs):
+        if not isinstance(o, torch.Tensor) or not o.requires_grad:
+            continue
+        g = None if grads is None else grads[i]
+        outs.append(o)
+        gs.append(torch.ones_like(o) if g is None and grads is None else g)
+    # A non-last stage may be handed no grad for an output (an unused one):
+    # it contributes nothing.
+    live = [(o, g) for o, g in zip(outs, gs) if g is not None]
+    return [o for o, _ in live], [g for _, g in live]
+
+
+def stage_backward_input(outputs: Any, output_grads: Any, input_values: list[Any],
+                         weights: Any) -> tuple[tuple[torch.Tensor | None, ...], list[dict[str, Any]]]:
+    outs, gs = _pairs(outputs, output_grads)
+    wanted = [i for i, x in enumerate(input_values) if isinstance(x, torch.Tensor) and x.requires_grad]
+    dinputs: list[torch.Tensor | None] = [None] * len(input_values)
+    if outs and wanted:
+        got = torch.autograd.grad(outs, [input_values[i] for i in wanted], gs, retain_graph=True, allow_unused=True)
+        for i, g in zip(wanted, got):
+            dinputs[i] = g
+    return tuple(dinputs), [{"outputs": outs, "grads": gs}]
+
+
+def stage_backward_weight(weights: Any, param_groups: list[dict[str, Any]]) -> None:
+    wanted = [w for w in weights if w.requires_grad]
+    for group in param_groups:
+        outs, gs = group.pop("outputs"), group.pop("grads")
+        if not outs or not wanted:
+            continue
+        got = torch.autograd.grad(outs, wanted, gs, allow_unused=True)
+        for w, g in zip(wanted, got):
+            if g is not None:
+                _accumulate(w, g)
+
+
+def stage_backward(outputs: Any, output_grads: Any, input_values: list[Any], weights: Any) -> tuple[torch.Tensor | None, ...]:
+    """Input and weight grads in one ordinary backward."""
+    outs, gs = _pairs(outputs, output_grads)
+    wanted_w = [w for w in weights if w.requires_grad]
+    wanted_i = [i for i, x in enumerate(input_values) if isinstance(x, torch.Tensor) and x.requires_grad]
+    dinputs: list[torch.Tensor | None] = [None] * len(input_values)
+    if not outs or not (wanted_w or wanted_i):
+        return tuple(dinputs)
+    got = torch.autograd.grad(outs, wanted_w + [input_values[i] for i in wanted_i], gs, allow_unused=True)
+    for w, g in zip(wanted_w, got):
+        if g is not None:
+            _accumulate(w, g)
+    for i, g in zip(wanted_i, got[len(wanted_w):]):
+        dinputs[i] = g
+        x = input_values[i]
+        if g is not None and x.grad_fn is not None:
+            # The first stage's inputs are slices of the user's tensors: hand
+            # the grad on, so the user's leaves accumulate it as eager would.
+            torch.autograd.backward([x], [g])
+    return tuple(dinputs)
+
+
+class FixedPipelineStage(PipelineStage):
+    """``PipelineStage`` with the backward above; schedules use it unchanged."""
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+        weights = list(self.submod.parameters())
+        if backward_type == "full":
+            return stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                  bwd_kwargs["input_values"], weights), None
+        if backward_type == "input":
+            return stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                        bwd_kwargs["input_values"], weights)
+        if backward_type == "weight":
+            stage_backward_weight(weights, bwd_kwargs["param_groups"])
+            return (), None
+        raise RuntimeError(f"unknown backward type {backward_type!r}")
+
+    def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> None:
+        # The stock last stage detaches its outputs in place after the input
+        # pass (views excepted). Hand it views of them instead: the loss was
+        # computed from the originals, so nothing the graph saved is touched.
+        cached = self.fwd_cache.get(bwd_chunk_id)
+        if cached is not None and self.is_last:
+            outs, inputs = cached
+            self.fwd_cache[bwd_chunk_id] = (
+                tuple(o.view_as(o) if isinstance(o, torch.Tensor) else o for o in outs), inputs)
+        super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
