@@ -8,6 +8,7 @@ report and a one-line summary. The gate classifies every result against it.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ class Ledger:
     root: str = ""
 
     def for_path(self, path: str) -> list[Bug]:
-        return [b for b in self.bugs if b.path == path]
+        # A bug's path is a name or a pattern ("pipeline.*.stock": every schedule's stock path).
+        return [b for b in self.bugs if fnmatch.fnmatchcase(path, b.path)]
 
     def match(self, path: str, signature: str, case_file: str | None = None) -> Bug | None:
         for b in self.for_path(path):

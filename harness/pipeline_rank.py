@@ -140,7 +140,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, placement: list[int],
-             device: torch.device = torch.device("cpu")) -> dict[str, Any]:
+             device: torch.device = torch.device("cpu"), group: Any = None) -> dict[str, Any]:
     from harness.paths.base import _Held
 
     built = Built(case)
@@ -174,7 +174,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
                     p.grad = prefill[n].to(device, dtype)
                 else:
                     p.grad = torch.zeros_like(p)
-        stages = [Stage(mod, mod.spec.index, len(specs), device) for mod in modules]
+        stages = [Stage(mod, mod.spec.index, len(specs), device, group=group) for mod in modules]
         shapes = [built.output_shape(u) for u in case.outputs]
         sizes = [math.prod(s) for s in shapes]
         seen: dict[int, list[torch.Tensor | None]] = {}
@@ -246,14 +246,50 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
     except Exception as e:  # a rank that raises reports it; the parent judges
         import traceback
 
-        out["failure"] = {"step": step_no, "type": type(e).__name__, "message": _first_line(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        message = _first_line(e)
+        out["failure"] = {"step": step_no, "type": type(e).__name__, "message": message,
+                          "traceback": traceback.format_exc()[-4000:],
+                          # a peer's failure seen from here: a recv that timed out
+                          "waited": "Timed out waiting" in message or "timed out" in message.lower()}
     return out
+
+
+# The schedules' point-to-point traffic runs on a group of its own, with a
+# short timeout: when one rank raises mid-schedule, its peers wait on a
+# recv that never comes. With the group's timeout they raise too (a
+# "waited" failure) and every rank replies, so the pool is not torn down.
+# A group that saw a failure may hold unmatched messages; it is replaced
+# before the next case (all ranks agree through the default group).
+_pp: dict[str, Any] = {"group": None, "dirty": True}
+
+
+def _group(ctx: Any, timeout_s: float) -> Any:
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    if ctx.world_size == 1:
+        return None
+    flag = torch.tensor([1.0 if _pp["dirty"] else 0.0], device=ctx.device)
+    dist.all_reduce(flag)
+    if float(flag.item()) > 0:
+        if _pp["group"] is not None:
+            try:
+                dist.destroy_process_group(_pp["group"])
+            except Exception:
+                pass
+        backend = "gloo" if ctx.device.type == "cpu" else None
+        _pp["group"] = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        _pp["dirty"] = False
+    return _pp["group"]
 
 
 def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """A pool message (``harness.dist_worker``'s ``call`` op) for this module."""
     if msg.get("what") == "probe":
         return probe(ctx.world_size)
-    return run_case(ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"],
-                    msg["placement"], ctx.device)
+    group = _group(ctx, msg.get("wait", 3.0))
+    out = run_case(ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"],
+                   msg["placement"], ctx.device, group)
+    if out["failure"] is not None:
+        _pp["dirty"] = True
+    return out

@@ -127,3 +127,48 @@ class FixedPipelineStage(PipelineStage):
             self.fwd_cache[bwd_chunk_id] = (
                 tuple(o.view_as(o) if isinstance(o, torch.Tensor) else o for o in outs), inputs)
         super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+
+    # Point-to-point sends need contiguous tensors (gloo raises "input tensor
+    # has to be contiguous"; the receiver's buffer is contiguous anyway), but a
+    # stage output can be a view (a transpose, a chunk) and an input grad can
+    # be expanded or transposed. Send contiguous copies; autograd keeps the
+    # originals.
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> Any:
+        outs, inputs = self.fwd_cache[fwd_chunk_id]
+        self.fwd_cache[fwd_chunk_id] = (tuple(_contiguous(o) for o in outs), inputs)
+        try:
+            return super().get_fwd_send_ops(fwd_chunk_id)
+        finally:
+            self.fwd_cache[fwd_chunk_id] = (outs, inputs)
+
+    # Receive buffers are allocated with the sender's strides ("preserving
+    # the exact memory layout"): for a transposed or expanded activation or
+    # grad that is a buffer recv refuses (or, with stride 0, one that
+    # overlaps itself). Receive into contiguous buffers instead.
+
+    def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
+        super()._setup_forward_recv_info(num_microbatches, has_backward)
+        for infos in self.args_recv_info.values():
+            _contiguous_buffers(infos)
+
+    def _setup_backward_recv_info(self, num_microbatches: int) -> None:
+        super()._setup_backward_recv_info(num_microbatches)
+        for infos in self.grad_recv_info.values():
+            _contiguous_buffers(infos)
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> Any:
+        if bwd_chunk_id in self.bwd_cache:
+            self.bwd_cache[bwd_chunk_id] = tuple(_contiguous(g) for g in self.bwd_cache[bwd_chunk_id])
+        return super().get_bwd_send_ops(bwd_chunk_id)
+
+
+def _contiguous_buffers(infos: Any) -> None:
+    for info in infos:
+        buf = getattr(info, "buffer", None)
+        if isinstance(buf, torch.Tensor) and not buf.is_contiguous():
+            info.buffer = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device).requires_grad_(buf.requires_grad)
+
+
+def _contiguous(t: Any) -> Any:
+    return t.detach().contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t

@@ -139,7 +139,7 @@ class PipelinePath:
         where = info["placement"][self.schedule][len(case.stages) + 1]
         outcome = _group(self.world_size).request(
             {"op": "call", "module": "harness.pipeline_rank", "case": case.dumps(), "schedule": self.schedule,
-             "impl": self.impl, "placement": list(where)}, self.timeout)
+             "impl": self.impl, "placement": list(where), "wait": max(1.0, min(3.0, self.timeout / 3))}, self.timeout)
         return observation(self.name, case, outcome)
 
     def repro_source(self) -> Any:
@@ -169,19 +169,24 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
     for r in ranks:
         rep = replies[r]
         if "error" in rep:
-            failures.append((10**9, r, Failure(-1, "WorkerError", rep["error"][:300])))
+            failures.append((False, 10**9, r, Failure(-1, "WorkerError", rep["error"][:300])))
         elif rep.get("failure"):
             f = rep["failure"]
             k = f["step"] * M if f["step"] >= 0 else -1
-            failures.append((k if k >= 0 else 10**9, r, Failure(k, f["type"], f["message"])))
+            failures.append((bool(f.get("waited")), k if k >= 0 else 10**9, r, Failure(k, f["type"], f["message"])))
             obs.extra.setdefault("tracebacks", {})[r] = f.get("traceback", "")
-    if failures:
-        obs.failure = min(failures, key=lambda t: (t[0], t[1]))[2]
-    if outcome.status == "timeout":
-        raised = f"; {obs.failure.type}: {obs.failure.message} first" if obs.failure else ""
+    # A rank that raised is the finding; peers that then timed out waiting
+    # for it are its consequence. Only waits with no cause are a hang.
+    caused = [f for f in failures if not f[0]]
+    if caused:
+        obs.failure = min(caused, key=lambda t: (t[1], t[2]))[3]
+    elif failures or outcome.status == "timeout":
+        waits = "; ".join(f"rank {r}: {f.message}" for _, _, r, f in failures)
         obs.violations.append(Violation("timeout", -1, "process group",
-                                        f"the schedule hung (ranks waiting on each other){raised}: {outcome.detail}",
-                                        key="timeout"))
+                                        f"the schedule hung (ranks waiting on each other, none raised first): "
+                                        f"{waits or outcome.detail}", key="timeout"))
+        return obs
+    if outcome.status == "timeout":
         return obs
     if outcome.status == "crash":
         obs.violations.append(Violation("crash", -1, "process group",
