@@ -51,13 +51,17 @@ class Ledger:
         # A bug's path is a name or a pattern ("pipeline.*.stock": every schedule's stock path).
         return [b for b in self.bugs if fnmatch.fnmatchcase(path, b.path)]
 
-    def match(self, path: str, signature: str, case_file: str | None = None) -> Bug | None:
-        for b in self.for_path(path):
-            if signature in b.signatures:
-                return b
-            if case_file and any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(case_file) for c in b.cases):
-                return b
-        return None
+    def match(self, path: str, signature: str, case_file: str | None = None, version: str | None = None) -> Bug | None:
+        """The bug a divergence belongs to. Coarse signatures can fit several
+        bugs of one path; then a bug affecting ``version`` wins."""
+        hits = [
+            b for b in self.for_path(path)
+            if signature in b.signatures
+            or case_file and any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(case_file) for c in b.cases)
+        ]
+        if version is not None:
+            hits.sort(key=lambda b: {"in": 0, "before": 1, "after": 2}[b.relation(version)])
+        return hits[0] if hits else None
 
 
 def load(file: str) -> Ledger:

@@ -116,8 +116,12 @@ class WorkerPool:
     def _context(self) -> Any:
         import torch
 
+        # Fork only where no GPU exists: once autograd has run on a machine with
+        # GPUs, its device threads make a forked child unusable ("Unable to
+        # handle autograd's threading in combination with fork-based
+        # multiprocessing"), gloo or not.
         if self.start_method == "fork" or self.start_method is None and self.backend == "gloo" \
-                and sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+                and sys.platform.startswith("linux") and not torch.cuda.is_available():
             dist_worker.preload()
             return mp.get_context("fork")
         ctx = mp.get_context("forkserver")
