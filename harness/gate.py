@@ -14,6 +14,7 @@ against the ledger and the installed torch version:
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -178,7 +179,7 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
         else:  # the ledger is the gate's authority; a case's own meta.expect is not
             report.rows.append(_row("new", d, None, f"corpus {file}"))
     for b in led.bugs:
-        if b.path not in live_names:
+        if not any(fnmatch.fnmatchcase(n, b.path) for n in live_names):
             continue
         divs = reproduced.get(b.id, [])
         if b.id not in ran:
