@@ -260,7 +260,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
 # "waited" failure) and every rank replies, so the pool is not torn down.
 # A group that saw a failure may hold unmatched messages; it is replaced
 # before the next case (all ranks agree through the default group).
-_pp: dict[str, Any] = {"group": None, "dirty": True}
+_pp: dict[str, Any] = {"group": None, "dirty": True, "threads": [], "retired": []}
 
 
 def _group(ctx: Any, timeout_s: float) -> Any:
@@ -272,11 +272,21 @@ def _group(ctx: Any, timeout_s: float) -> Any:
     flag = torch.tensor([1.0 if _pp["dirty"] else 0.0], device=ctx.device)
     dist.all_reduce(flag)
     if float(flag.item()) > 0:
+        # A replaced group may still have a case thread blocked in it (until
+        # its timeout): destroy it only once its threads have ended.
         if _pp["group"] is not None:
+            _pp["retired"].append((_pp["group"], _pp["threads"]))
+        _pp["threads"] = []
+        keep = []
+        for old, threads in _pp["retired"]:
+            if any(t.is_alive() for t in threads):
+                keep.append((old, threads))
+                continue
             try:
-                dist.destroy_process_group(_pp["group"])
+                dist.destroy_process_group(old)
             except Exception:
                 pass
+        _pp["retired"] = keep
         backend = "gloo" if ctx.device.type == "cpu" else None
         _pp["group"] = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
         _pp["dirty"] = False
@@ -288,8 +298,45 @@ def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     if msg.get("what") == "probe":
         return probe(ctx.world_size)
     group = _group(ctx, msg.get("wait", 3.0))
-    out = run_case(ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"],
-                   msg["placement"], ctx.device, group)
+    args = (ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"], msg["placement"],
+            ctx.device, group)
+    out = run_case(*args) if ctx.world_size == 1 else _run_watched(ctx, args)
     if out["failure"] is not None:
         _pp["dirty"] = True
+    return out
+
+
+POLL_S = 0.02
+
+
+def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
+    """Run the case in a thread; the ranks' main threads agree, every few
+    milliseconds over the default group, whether every rank is done or one
+    has failed. A rank whose peer failed stops waiting for it at once
+    (its thread stays blocked on the old p2p group until that group's
+    timeout, then ends; the group is replaced before the next case)."""
+    import threading
+
+    import torch.distributed as dist
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        box["out"] = run_case(*args)
+
+    t = threading.Thread(target=work, name="gradfuzz-pipeline-case", daemon=True)
+    _pp["threads"].append(t)
+    t.start()
+    while True:
+        t.join(POLL_S)
+        out = box.get("out")
+        failed = out is not None and out["failure"] is not None
+        running = out is None
+        flags = torch.tensor([1.0 if failed else 0.0, 1.0 if running else 0.0], device=ctx.device)
+        dist.all_reduce(flags)
+        if float(flags[0]) > 0 or float(flags[1]) == 0:
+            break
+    if out is None:  # a peer failed while this rank waited for it
+        out = {"rank": ctx.rank, "steps": [], "mutations": [], "failure": {
+            "step": -1, "type": "PeerFailed", "message": "stopped waiting: another rank raised", "waited": True}}
     return out

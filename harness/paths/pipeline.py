@@ -78,9 +78,9 @@ def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
 
 
 class PipelinePath:
-    def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0) -> None:
+    def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0, name: str = "") -> None:
         flavour = "stock" if impl == STOCK else "fixed" if impl == FIXED else "custom"
-        self.name = f"pipeline.{schedule}.{LAYOUTS.get(world_size, f'ranks{world_size}.')}{flavour}"
+        self.name = name or f"pipeline.{schedule}.{LAYOUTS.get(world_size, f'ranks{world_size}.')}{flavour}"
         self.schedule = schedule
         self.impl = impl
         self.world_size = world_size
@@ -243,3 +243,22 @@ def paths(options: Any) -> list[PipelinePath]:
         for schedule in discover():
             made += [PipelinePath(schedule, STOCK, ws, timeout), PipelinePath(schedule, FIXED, ws, timeout)]
     return made
+
+
+def canaries() -> list[Any]:
+    """For ``harness.canaries.all_canaries`` (``gradfuzz selfcheck``): the
+    founding nested-weight double count put back into the stock stage's
+    split backward, through the zero-bubble V schedule, judged against stock."""
+    from harness.canaries import Canary
+    from harness.pipeline_canaries import CANARIES
+
+    if "ZBVZeroBubble" not in _schedules():
+        return []
+    return [Canary("pipeline_pre_clamp", lambda: PipelinePath("ZBVZeroBubble", CANARIES["pre_clamp"], name="canary.pipeline_pre_clamp"),
+                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True)]
+
+
+def _schedules() -> dict[str, type]:
+    from harness.pipeline_rank import discover
+
+    return discover()

@@ -1,0 +1,232 @@
+"""The pipeline paths: stage cutting, the schedules torch offers, stock and fixed.
+
+Fast checks on CPU: cutting a case into stages is plain data and the stages
+compose to the whole module; every installed schedule is discovered and
+probed; the fixed stage agrees with the oracle where stock does not (the
+founding patterns and the findings of this path), on one process and on
+two ranks; a raising rank is reported as its error, not as a hang; the
+repro script runs with plain python; a canary stage is caught cold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from harness import corpus, pipeline_repro
+from harness.build import Built
+from harness.paths import resolve
+from harness.paths.pipeline import FIXED, PipelinePath, observation, probe
+from harness.pipeline_rank import discover
+from harness.pool import Outcome
+from harness.runner import Result, check, fuzz_path
+from harness.spec import Case, Input, Node, Param, Schedule, SpecError, Use
+from harness.stages import StageModule, Value, cut
+from harness.strategies import cases
+from harness.pipeline_canaries import CANARIES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PIPELINE_CASES = os.path.join(ROOT, "cases", "pipeline")
+
+
+def chain(stages: tuple[int, ...] = (1,), frozen: tuple[str, ...] = (), x_grad: bool = True,
+          microbatches: int = 2, steps: int = 1, zero_grad: str = "set_to_none") -> Case:
+    """x0 -> @w0 -> @w1 -> @w0 (+ an input without grad), cut as asked."""
+    return Case(
+        params=(Param("w0", (3, 3), requires_grad="w0" not in frozen), Param("w1", (3, 3), requires_grad="w1" not in frozen)),
+        inputs=(Input("x0", (2, 3), requires_grad=x_grad), Input("x1", (2, 3), requires_grad=False)),
+        nodes=(
+            Node("n0", "matmul", (Use("x0"), Use("w0"))),
+            Node("n1", "matmul", (Use("n0"), Use("w1"))),
+            Node("n2", "add", (Use("n1"), Use("x1"))),
+            Node("n3", "matmul", (Use("n2"), Use("w0"))),
+        ),
+        outputs=(Use("n3"),),
+        schedule=Schedule(microbatches=microbatches, steps=steps, zero_grad=zero_grad),
+        stages=stages,
+    )
+
+
+# --- cutting ------------------------------------------------------------------
+
+
+def test_cuts_round_trip_and_are_omitted_when_empty():
+    c = chain((1, 3))
+    assert Case.loads(c.dumps()) == c
+    assert "stages" not in chain(()).to_json()  # existing corpus JSON is unchanged
+    assert Case.from_json(chain(()).to_json()).stages == ()
+
+
+@pytest.mark.parametrize("stages, where", [((0,), "stages[0]"), ((4,), "stages[0]"), ((2, 2), "stages[1]"),
+                                           ((3, 1), "stages[1]"), ((1, 2, 3, 3), "stages")])
+def test_bad_cuts_name_the_field(stages, where):
+    data = chain(()).to_json()
+    data["stages"] = list(stages)
+    with pytest.raises(SpecError) as info:
+        Case.from_json(data)
+    assert info.value.where == where
+
+
+def test_boundaries_carry_what_later_stages_use():
+    specs = cut(chain((1, 3)))
+    assert [len(s.nodes) for s in specs] == [1, 2, 1]
+    assert specs[0].inputs == (Value("x0"), Value("x1"))
+    # x1 is used in stage 1: it passes through stage 0 as an output that is its input.
+    assert specs[1].inputs == (Value("x1"), Value("n0"))
+    assert specs[2].inputs == (Value("n2"),)
+    # w0 is used by stages 0 and 2: each owns a copy (a weight tied across the pipeline).
+    assert [s.params for s in specs] == [("w0",), ("w1",), ("w0",)]
+
+
+def test_multi_output_values_cross_one_result_at_a_time():
+    c = Case(params=(Param("w0", (2, 2)),), inputs=(Input("x0", (2, 2), True),),
+             nodes=(Node("n0", "chunk", (Use("x0"),), (("chunks", 2), ("dim", 1))),
+                    Node("n1", "cat", (Use("n0", index=1), Use("n0", index=0)), (("dim", 1),)),
+                    Node("n2", "matmul", (Use("n1"), Use("w0")))),
+             outputs=(Use("n2", transpose=True),), stages=(1,))
+    specs = cut(Case.loads(c.dumps()))
+    assert specs[1].inputs == (Value("n0", 0), Value("n0", 1))
+    assert specs[1].outputs == (Use("n2", transpose=True),)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cases(pipeline=((1, 2), (2, 2), (3, 3), (4, 1))))
+def test_stages_compose_to_the_whole_module(case):
+    """Running the stage modules one after another is the case's forward."""
+    built = Built(case)
+    values = built.params()
+    assert (len(case.stages) + 1, case.schedule.microbatches) in {(1, 2), (2, 2), (3, 3), (4, 1)} or \
+        len(case.stages) + 1 < 4  # too few nodes for the cuts: fewer stages, skipped by the paths
+    inputs = built.inputs(0)
+    want = built.forward({**{n: t.to(built.dtype).requires_grad_(p.requires_grad) for (n, t), p in
+                             zip(values.items(), case.params)},
+                          **{n: t.to(built.dtype) for n, t in inputs.items()}})
+    h: tuple = tuple(inputs[x.name].to(built.dtype) for x in case.inputs)
+    for spec in cut(case):
+        out = StageModule(case, spec, values)(*h)
+        h = out if isinstance(out, tuple) else (out,)
+    assert len(h) == len(want)
+    for a, e in zip(h, want):
+        assert torch.equal(a.detach(), e.detach())
+
+
+# --- discovery and layouts ---------------------------------------------------------
+
+
+def test_every_installed_schedule_is_discovered_and_probed():
+    found = discover()
+    import torch.distributed.pipelining as pp
+
+    exported = {n[len("Schedule"):] for n in pp.__all__ if n.startswith("Schedule")}
+    assert set(found) == exported  # from torch, not from a list here
+    info = probe(1)
+    for name in found:
+        assert info["layouts"][name], name
+    names = [p.name for p in resolve("pipeline")]
+    assert "pipeline.ZBVZeroBubble.stock" in names and "pipeline.ZBVZeroBubble.ranks2.fixed" in names
+
+
+def test_a_case_outside_the_schedules_layouts_is_skipped_with_the_reason():
+    p = PipelinePath("ZBVZeroBubble", FIXED)
+    reason = p.supports(chain((1, 3)))  # three stages: ZBV takes two per rank
+    assert reason is not None and "(3, 2)" in reason
+    assert p.supports(chain((2,), frozen=("w0", "w1"), x_grad=False)) is not None  # nothing to train
+    assert p.supports(chain((2,))) is None
+
+
+# --- stock against fixed -----------------------------------------------------------
+
+
+def test_fixed_agrees_where_stock_drops_the_weights_of_a_stage_without_input_grads():
+    """A frozen first stage: the next stage's inputs need no grad, and the
+    zero-bubble split finds no weight group there (torch bug, cases/pipeline/)."""
+    case = chain((1,), frozen=("w0",), x_grad=False)
+    case = Case.from_json({**case.to_json(), "params": [{"name": "w0", "shape": [3, 3], "requires_grad": False},
+                                                        {"name": "w1", "shape": [3, 3]}],
+                           "nodes": case.to_json()["nodes"][:2], "outputs": [{"ref": "n1"}]})
+    assert check(case, PipelinePath("ZBVZeroBubble", FIXED)) == []
+    divs = check(case, PipelinePath("ZBVZeroBubble", "stock"))
+    assert [(d.param, d.kind) for d in divs] == [("w1", "value")] and "no grad" in divs[0].detail
+
+
+def test_fixed_agrees_on_every_schedule_and_accumulation_across_steps():
+    for schedule, layouts in probe(1)["layouts"].items():
+        stages, micro = max(layouts)
+        cuts = {1: (), 2: (2,), 3: (1, 2), 4: (1, 2, 3)}[stages]
+        case = chain(cuts, microbatches=micro, steps=2, zero_grad="keep")
+        assert check(case, PipelinePath(schedule, FIXED)) == [], schedule
+
+
+def test_two_ranks_fixed_agrees_and_a_raising_rank_is_an_error_not_a_hang():
+    ranks = probe(2)["layouts"]
+    assert (4, 4) in ranks["ZBVZeroBubble"] and (2, 1) in ranks["GPipe"]
+    case = chain((1, 2, 3), microbatches=4)
+    assert check(case, PipelinePath("ZBVZeroBubble", FIXED, world_size=2)) == []
+    # A transposed stage output crosses ranks: stock allocates the receive
+    # buffer with the sender's strides and gloo refuses it on one rank; the
+    # other rank times out waiting. Reported as the first rank's error.
+    viewed = Case.from_json({**case.to_json(), "nodes": case.to_json()["nodes"] + [
+        {"name": "n4", "op": "transpose", "args": [{"ref": "n3"}]},
+        {"name": "n5", "op": "transpose", "args": [{"ref": "n4"}]}], "outputs": [{"ref": "n5"}], "stages": [1, 2, 4]})
+    stock = check(viewed, PipelinePath("GPipe" if False else "ZBVZeroBubble", "stock", world_size=2))
+    assert [d.kind for d in stock] == ["error"] and "contiguous" in stock[0].detail
+    assert check(viewed, PipelinePath("ZBVZeroBubble", FIXED, world_size=2)) == []
+
+
+def test_a_rank_that_hangs_with_no_cause_is_a_timeout():
+    obs = observation("pipeline.X.ranks2.stock", chain(), Outcome("ok", {
+        0: {"steps": [], "failure": {"step": 0, "type": "RuntimeError", "message": "Timed out waiting 3000ms",
+                                    "waited": True}},
+        1: {"steps": [], "failure": {"step": 0, "type": "RuntimeError", "message": "Timed out waiting 3000ms",
+                                    "waited": True}}}))
+    assert obs.failure is None and [v.kind for v in obs.violations] == ["timeout"]
+
+
+# --- corpus, repro, canaries --------------------------------------------------------
+
+
+def test_pipeline_corpus_cases_diverge_on_stock_as_expected_and_never_on_fixed():
+    files = corpus.discover([PIPELINE_CASES])
+    assert files
+    version = torch.__version__
+    for f in files:
+        entry = corpus.load(f)
+        expected = {e["path"] for e in entry.meta.get("expect", [])}
+        assert expected, f
+        for p in resolve("pipeline"):
+            if p.supports(entry.case) is not None:
+                continue
+            divs = check(entry.case, p)
+            if p.name.endswith(".fixed"):
+                assert divs == [], (f, p.name, [d.detail for d in divs])
+            elif divs:
+                assert entry.expected_on(p.name, version), (f, p.name, divs[0].detail)
+
+
+def test_repro_script_builds_stages_and_schedule_in_plain_torch(tmp_path):
+    case = Case.from_json({**chain((1,), frozen=("w0",), x_grad=False).to_json(), "outputs": [{"ref": "n1"}]})
+    case = Case.from_json({**case.to_json(), "nodes": case.to_json()["nodes"][:2]})
+    text = pipeline_repro.script(case, "ZBVZeroBubble", "stock", 1, "frozen first stage")
+    assert "import harness" not in text and "class Stage1(torch.nn.Module)" in text
+    script = tmp_path / "repro.py"
+    script.write_text(text)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "w1.grad DIFFERS" in run.stdout and "actual   None" in run.stdout
+
+
+def test_canary_stage_is_caught_from_a_cold_start():
+    path = PipelinePath("ZBVZeroBubble", CANARIES["double_weight"])
+    result = Result()
+    fuzz_path(path, examples=150, deadline=None, seed=3, result=result, save_dir=None, exact=True)
+    assert result.divergences, "the double-counting stage was not caught in 150 examples"
+    d = result.divergences[0]
+    print(f"double_weight: caught after {result.paths[path.name].first_hit_examples} examples; shrunk: {d.detail}")
+    assert d.kind == "value"
