@@ -99,6 +99,13 @@ class PipelinePath:
 
         if not dist.is_available() or not dist.is_gloo_available():
             return Availability(False, "torch.distributed with the gloo backend is needed")
+        if self.world_size > 1:
+            # Stages on other ranks exchange their shapes with send_object_list,
+            # which needs NumPy ("Numpy is not available" on the first step).
+            try:
+                import numpy  # noqa: F401
+            except ImportError:
+                return Availability(False, "stages on several ranks need NumPy (pip install 'gradfuzz[pipeline]')")
         try:
             info = probe(self.world_size)
         except Exception as e:
