@@ -147,13 +147,16 @@ class FixedPipelineStage(PipelineStage):
     # grad that is a buffer recv refuses (or, with stride 0, one that
     # overlaps itself). Receive into contiguous buffers instead.
 
-    def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
-        super()._setup_forward_recv_info(num_microbatches, has_backward)
+    # (Private hooks of PipelineStage; arguments passed through as they come,
+    # since their signatures differ between torch versions.)
+
+    def _setup_forward_recv_info(self, *args: Any, **kwargs: Any) -> None:
+        super()._setup_forward_recv_info(*args, **kwargs)
         for infos in self.args_recv_info.values():
             _contiguous_buffers(infos)
 
-    def _setup_backward_recv_info(self, num_microbatches: int) -> None:
-        super()._setup_backward_recv_info(num_microbatches)
+    def _setup_backward_recv_info(self, *args: Any, **kwargs: Any) -> None:
+        super()._setup_backward_recv_info(*args, **kwargs)
         for infos in self.grad_recv_info.values():
             _contiguous_buffers(infos)
 

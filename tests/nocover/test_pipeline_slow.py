@@ -39,7 +39,7 @@ def test_fixed_is_clean_on_every_schedule(schedule, world_size):
 
 
 @pytest.mark.parametrize("name, schedule", [("pre_clamp", "ZBVZeroBubble"), ("double_weight", "ZBVZeroBubble"),
-                                            ("overwrite", "InterleavedZeroBubble"), ("no_input_grad", "GPipe")])
+                                            ("overwrite", "InterleavedZeroBubble"), ("no_input_grad", "Interleaved1F1B")])
 def test_canary_stages_are_caught_from_a_cold_start(name, schedule):
     hits, secs = [], []
     base = PipelinePath(schedule, "stock") if name == "pre_clamp" else PipelinePath(schedule, FIXED)
