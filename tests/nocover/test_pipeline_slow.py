@@ -35,7 +35,8 @@ def test_fixed_is_clean_on_every_schedule(schedule, world_size):
     print(f"{path.name}: {tally.examples} examples ({tally.run} run) in {time.monotonic() - start:.1f}s, "
           f"{tally.run / max(time.monotonic() - start, 1e-9):.1f} run/s")
     assert result.divergences == [], [d.detail for d in result.divergences]
-    assert tally.run >= EXAMPLES // 2  # most drawn cases fit the schedule's layouts
+    # Four-stage layouts (two ranks, ZBV/DualPipeV) skip cases with fewer than four nodes.
+    assert tally.run >= EXAMPLES // 3
 
 
 @pytest.mark.parametrize("name, schedule", [("pre_clamp", "ZBVZeroBubble"), ("double_weight", "ZBVZeroBubble"),
