@@ -99,7 +99,9 @@ Expected: eager autograd in float64 (torch.autograd.grad per backward,
 summed out of place). Actual: {path_name}, in {case.dtype}.
 Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
 {sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
-Run with plain python; exit status 1 when they differ.
+Run with plain python; exit status 1 when they differ. The loop keeps every
+earlier .grad and input grad and checks they never change (as gradfuzz
+does); --no-hold runs it keeping none.
 """
 import sys
 
@@ -155,7 +157,7 @@ def actual():
         for n, p in params.items():
             if n not in FROZEN:
                 p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE, device=DEVICE)
-    seen = []
+    seen, held, changed = [], [], []
     for k in range(MICROBATCHES * STEPS):
         if k and k % MICROBATCHES == 0:
             for p in params.values():
@@ -164,21 +166,42 @@ def actual():
                 elif ZERO_GRAD == "zeros" and p.grad is not None:
                     p.grad.zero_()
         inputs, cots = leaves(DTYPE, k, DEVICE)
+        # The caller's tensors: nothing may write into them behind its back.
+        held += [(f"grad output {i} of backward {k}", c, c.clone()) for i, c in enumerate(cots)]
+        held += [(f"input {n} of backward {k}", t, t.detach().clone()) for n, t in inputs.items()]
         backward(machinery_forward({**params, **inputs}), cots, inputs, params)
+        for what, t, before, *owner in held:
+            if what in changed or (owner and owner[0].grad is t):
+                continue  # a .grad still in use is accumulated into, by design
+            try:
+                same = torch.equal(t.detach(), before)
+            except RuntimeError as e:  # the machinery freed or poisoned a tensor the user holds
+                changed.append(what)
+                print(f"backward {k}: reading {what} raised {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+                continue
+            if not same:
+                changed.append(what)
+                print(f"backward {k}: {what} was changed by the machinery: {before.tolist()} -> {t.detach().tolist()}")
+        if HOLD_GRADS:  # grads a user keeps (a log, a running norm): earlier ones must stay as they were
+            held += [(f"{n}.grad after backward {k}", p.grad, p.grad.detach().clone(), p) for n, p in params.items() if p.grad is not None]
+            held += [(f"grad of input {n} from backward {k}", t.grad, t.grad.detach().clone()) for n, t in inputs.items() if t.grad is not None]
         seen.append({n: None if p.grad is None else p.grad.detach().to("cpu", torch.float64, copy=True) for n, p in params.items()})
-    return seen
+    return seen, changed
+
+
+HOLD_GRADS = "--no-hold" not in sys.argv  # --no-hold: the plain loop, keeping no earlier grads
 
 
 def main():
     want = expected()
     try:
-        got = actual()
+        got, changed = actual()
     except Exception as e:  # the machinery raised where eager autograd ran fine
         import traceback
         traceback.print_exc()
         print(f"torch {torch.__version__}: DIVERGES: the machinery raised {type(e).__name__}; eager autograd ran this fine")
         return 1
-    bad = 0
+    bad = len(changed)
     for k, (w, g) in enumerate(zip(want, got)):
         for n in w:
             e, a = w[n], g[n]
@@ -196,7 +219,7 @@ def main():
                     if abs(c - round(c)) < 1e-6 and round(c) > 1 and torch.allclose(a, round(c) * last, rtol=1e-5, atol=1e-5):
                         print(f"  actual = {round(c)} x this backward's own grad g{k + 1} = {last.tolist()}: "
                               f"the last microbatch's grad counted {round(c)} times, earlier ones lost")
-    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad} differing grads)")
+    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad - len(changed)} differing grads, {len(changed)} caller tensors changed)")
     return 1 if bad else 0
 
 
