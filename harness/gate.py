@@ -25,7 +25,7 @@ import torch
 from harness import corpus, ledger as ledger_mod
 from harness.observation import Divergence
 from harness.paths import Path
-from harness.runner import check, close_paths, fuzz
+from harness.runner import check, close_paths, fuzz, split_available
 from harness.selfcheck import CanaryResult, selfcheck
 
 FAILING = ("new", "regression", "selfcheck")
@@ -101,13 +101,8 @@ def run_gate(
         for c in report.selfcheck:
             if not c.caught and not c.skipped:
                 report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
-    live = []
-    for p in paths:
-        a = p.availability()
-        if a.ok:
-            live.append(p)
-        else:
-            report.rows.append(Row("unavailable", p.name, a.reason))
+    live, unavailable = split_available(paths)
+    report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
     try:
         seen_as = _replay(live, entries, led, version, report, progress)
     finally:

@@ -207,14 +207,9 @@ def fuzz(
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
 ) -> Result:
     result = Result()
-    live = []
-    for p in paths:
-        a = p.availability()
-        if a.ok:
-            live.append(p)
-        else:
-            result.unavailable[p.name] = a.reason
-            progress(f"[{p.name}] not run: unavailable ({a.reason})")
+    live, result.unavailable = split_available(paths)
+    for name, why in result.unavailable.items():
+        progress(f"[{name}] not run: unavailable ({why})")
     if examples is None and minutes is None:
         examples = 100
     start = time.monotonic()
@@ -230,6 +225,18 @@ def fuzz(
     finally:
         close_paths(paths)
     return result
+
+
+def split_available(paths: list[Path]) -> tuple[list[Path], dict[str, str]]:
+    """The paths that can run here, and why each other one cannot."""
+    live, unavailable = [], {}
+    for p in paths:
+        a = p.availability()
+        if a.ok:
+            live.append(p)
+        else:
+            unavailable[p.name] = a.reason
+    return live, unavailable
 
 
 def close_paths(paths: list[Path]) -> None:
@@ -250,13 +257,7 @@ def replay(
 
     result = Result()
     entries = [corpus.load(f) for f in files]  # all parse errors surface before any run
-    live = []
-    for p in paths:
-        a = p.availability()
-        if a.ok:
-            live.append(p)
-        else:
-            result.unavailable[p.name] = a.reason
+    live, result.unavailable = split_available(paths)
     try:
         _replay_entries(entries, live, result, progress)
     finally:
