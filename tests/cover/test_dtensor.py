@@ -317,3 +317,18 @@ def test_placements_and_training_steps_are_case_data():
     data["schedule"]["optimizer"] = "rmsprop"
     with pytest.raises(SpecError, match=r"schedule\.optimizer_impl.*no fused"):
         Case.from_json(data)
+
+
+def test_pool_never_forks_on_a_machine_with_gpus(monkeypatch):
+    """After autograd has run with GPUs present, a forked child cannot use
+    autograd ("Unable to handle autograd's threading in combination with
+    fork-based multiprocessing", seen on the H100 with gloo): only a machine
+    without GPUs may fork its gloo workers."""
+    import torch
+
+    from harness import pool
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pool.WorkerPool(2, "gloo")._context().get_start_method() == "forkserver"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pool.WorkerPool(2, "gloo")._context().get_start_method() == "fork"
