@@ -1,28 +1,23 @@
-"""Fuzzing and replay: cases through paths, divergences out.
+"""Checking, replay, and the small fuzzing entry points of the public API.
 
-Each path is fuzzed by its own Hypothesis run, so a failure shrinks against
-the path that showed it. A fuzz run is a series of rounds; a round stops at
-its first new failure, which Hypothesis shrinks; the shrunk case is re-run
-to confirm it, saved, and its signatures join the known set so the next
-round looks for something else.
+The fuzzing engine itself is ``harness.target`` (rounds of Hypothesis per
+target, shrinking against the path that failed, confirmation, known
+signatures) driven by ``harness.session``; ``fuzz`` and ``fuzz_path`` here
+are thin fronts to it, so the gate, selfcheck, the tests and
+``gradfuzz fuzz`` all fuzz the same way.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
-
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings
-from hypothesis.errors import Flaky
 
 from harness import corpus, repro
 from harness.compare import Tolerance, compare
 from harness.observation import Divergence
 from harness.paths import Path
 from harness.spec import Case
-from harness.strategies import cases
 from oracles.eager import observe
 
 
@@ -57,10 +52,6 @@ def check(case: Case, path: Path, oracle=None, tol: Tolerance | None = None) -> 
     oracle = oracle or observe(case)
     obs = path.run(case)
     return compare(case, oracle, obs, path.contract, tol)
-
-
-class _Found(AssertionError):
-    pass
 
 
 def _machinery(path: Path) -> tuple[str, str] | None:
@@ -104,96 +95,22 @@ def fuzz_path(
     save_dir: str | None,
     exact: bool | None = None,
     progress: Callable[[str], None] = lambda s: None,
-    chunk: int = 200,
     relative_to: Path | None = None,
 ) -> None:
-    """Fuzz one path; ``relative_to`` counts only cases where that path agrees
-    with the oracle (a fork judged against the implementation it forked)."""
-    tally = result.paths.setdefault(path.name, Tally())
-    known: set[str] = set()
-    start = time.monotonic()
-    round_no = 0
-    while True:
-        left = None if examples is None else examples - tally.examples
-        if left is not None and left <= 0:
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        budget = min(chunk, left) if left is not None else chunk
-        last: dict[str, object] = {}
+    """Fuzz one path alone, from a cold start (no database); ``relative_to``
+    counts only cases where that path agrees with the oracle (a fork judged
+    against the implementation it forked, a canary against its base)."""
+    from harness.target import Target, TargetRun
 
-        @settings(
-            max_examples=budget,
-            database=None,
-            deadline=None,
-            verbosity=Verbosity.quiet,
-            suppress_health_check=list(HealthCheck),
-            phases=(Phase.generate, Phase.target, Phase.shrink),
-            report_multiple_bugs=False,
-        )
-        @hseed(seed * 100_003 + round_no)
-        @given(cases(exact=exact, lifetime=getattr(path.contract, "lifetime_schedules", False),
-                     dtensor=getattr(path.contract, "dtensor_placements", False),
-                     pipeline=tuple(getattr(path.contract, "pipeline_layouts", ()))))
-        def target(case: Case) -> None:
-            reason = path.supports(case)
-            if reason is not None:
-                tally.skipped[reason] = tally.skipped.get(reason, 0) + 1
-                return
-            divs = [d for d in check(case, path) if d.signature not in known]
-            if divs and relative_to is not None and relative_to.supports(case) is None and check(case, relative_to):
-                return
-            if divs:
-                if tally.first_hit_examples is None:
-                    tally.first_hit_examples = tally.examples
-                    tally.first_hit_seconds = time.monotonic() - start
-                last["case"], last["divs"] = case, divs
-                raise _Found(divs[0].detail)
+    def on_finding(f) -> None:
+        if save_dir:
+            source = f"gradfuzz fuzz --paths {path.name} --seed {seed}"
+            result.saved.append(save_finding(save_dir, path, f.case, f.divergences, source))
+        first = f.divergences[0]
+        progress(f"[{path.name}] divergence {first.signature}: {first.detail}{' (FLAKY: did not reproduce)' if f.flaky else ''}")
 
-        counted = _Counting(target, tally)
-        try:
-            counted()
-        except (_Found, Flaky) as e:
-            case, divs = last["case"], last["divs"]  # the last failing call is the shrunk one
-            again = [d for d in check(case, path) if d.signature not in known]  # type: ignore[arg-type]
-            flaky = isinstance(e, Flaky) or not again
-            for d in divs:  # type: ignore[union-attr]
-                d.case = case.to_json()  # type: ignore[union-attr]
-                d.flaky = flaky
-                known.add(d.signature)
-            result.divergences.extend(divs)  # type: ignore[arg-type]
-            if save_dir:
-                result.saved.append(save_finding(save_dir, path, case, divs, f"gradfuzz fuzz --paths {path.name} --seed {seed}"))  # type: ignore[arg-type]
-            progress(f"[{path.name}] divergence {divs[0].signature}: {divs[0].detail}{' (FLAKY: did not reproduce)' if flaky else ''}")  # type: ignore[index]
-        round_no += 1
-        tally.seconds = time.monotonic() - start
-        found = sum(1 for d in result.divergences if d.path == path.name)
-        progress(
-            f"[{path.name}] {tally.examples} examples ({tally.run} run, {sum(tally.skipped.values())} outside contract), "
-            f"{tally.seconds:.1f}s, {found} divergence(s)"
-        )
-
-
-class _Counting:
-    """Counts examples through a wrapper, since Hypothesis does not report them."""
-
-    def __init__(self, test, tally: Tally) -> None:
-        self.test, self.tally = test, tally
-        inner = test.hypothesis.inner_test
-
-        def counting(case: Case) -> None:
-            tally.examples += 1
-            before = sum(tally.skipped.values())
-            try:
-                inner(case)
-            finally:
-                if sum(tally.skipped.values()) == before:
-                    tally.run += 1
-
-        test.hypothesis.inner_test = counting
-
-    def __call__(self) -> None:
-        self.test()
+    target = Target([path], exact=exact, seed=seed, relative_to={path.name: relative_to} if relative_to is not None else {})
+    TargetRun(target, result, examples=examples, deadline=deadline, on_finding=on_finding).run()
 
 
 def fuzz(
@@ -206,25 +123,11 @@ def fuzz(
     exact: bool | None = None,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
 ) -> Result:
-    result = Result()
-    live, result.unavailable = split_available(paths)
-    for name, why in result.unavailable.items():
-        progress(f"[{name}] not run: unavailable ({why})")
-    if examples is None and minutes is None:
-        examples = 100
-    start = time.monotonic()
-    try:
-        for i, p in enumerate(live):
-            deadline = None
-            if minutes is not None:
-                # Split what is left of the budget evenly over the paths still to run.
-                share = (minutes * 60 - (time.monotonic() - start)) / (len(live) - i)
-                deadline = time.monotonic() + max(share, 0.0)
-            fuzz_path(p, examples=examples, deadline=deadline, seed=seed, result=result, save_dir=save_dir,
-                      exact=exact, progress=progress)
-    finally:
-        close_paths(paths)
-    return result
+    """An in-process fuzzing session over ``paths`` (what ``gradfuzz fuzz`` runs without ``-n``)."""
+    from harness import session
+
+    return session.fuzz(paths, examples=examples, minutes=minutes, seed=seed, save_dir=save_dir, exact=exact,
+                        on_event=progress).result
 
 
 def split_available(paths: list[Path]) -> tuple[list[Path], dict[str, str]]:
@@ -253,8 +156,6 @@ def replay(
     progress: Callable[[str], None] = lambda s: None,
 ) -> Result:
     """Every corpus case on every available path whose contract takes it."""
-    import torch
-
     result = Result()
     entries = [corpus.load(f) for f in files]  # all parse errors surface before any run
     live, result.unavailable = split_available(paths)

@@ -23,7 +23,7 @@ from harness import findings
 from harness.database import publish_finding
 from harness.observation import Divergence
 from harness.paths import Path
-from harness.runner import Result, Tally, close_paths, finding_entry
+from harness.runner import Result, Tally, close_paths, finding_entry, split_available
 from harness.target import Finding, Stop, Target, TargetRun, strategy_flags
 
 
@@ -104,15 +104,11 @@ class Session:
         return run
 
     def available(self, paths: list[Path]) -> list[Path]:
-        live = []
-        for p in paths:
-            a = p.availability()
-            if a.ok:
-                live.append(p)
-            else:
-                self.result.unavailable[p.name] = a.reason
-                if self.on_event is not None:
-                    self.on_event(f"[{p.name}] not run: unavailable ({a.reason})")
+        live, unavailable = split_available(paths)
+        self.result.unavailable.update(unavailable)
+        for name, why in unavailable.items():
+            if self.on_event is not None:
+                self.on_event(f"[{name}] not run: unavailable ({why})")
         return live
 
     # -- snapshots ------------------------------------------------------------
