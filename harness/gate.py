@@ -25,6 +25,7 @@ import torch
 from harness import corpus, ledger as ledger_mod
 from harness.observation import Divergence
 from harness.paths import Path
+from harness.compare import Tolerance
 from harness.runner import check, close_paths, fuzz, split_available
 from harness.selfcheck import CanaryResult, selfcheck
 
@@ -138,15 +139,16 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
     for entry in entries:
-        oracle = None
+        oracle = tol = None
         for p in live:
             if p.supports(entry.case) is not None:
                 continue
             oracle = oracle or observe(entry.case)
+            tol = tol or Tolerance.for_case(entry.case)  # once per case, not once per path
             report.examples[p.name] = report.examples.get(p.name, 0) + 1
-            divs = check(entry.case, p, oracle)
+            divs = check(entry.case, p, oracle, tol)
             for _ in range(FLAKY_TRIES if entry.meta.get("flaky") and not divs else 0):
-                divs = check(entry.case, p, oracle)  # an order-dependent bug gets a few tries
+                divs = check(entry.case, p, oracle, tol)  # an order-dependent bug gets a few tries
                 if divs:
                     break
             for d in divs:
