@@ -20,26 +20,19 @@ def site_contributions(case: Case, k: int) -> dict[str, list[tuple[str, torch.Te
     built = Built(case)
     params = built.params()
     inputs = {x.name: t.requires_grad_(x.requires_grad) for x, t in zip(case.inputs, built.inputs(k).values())}
+    # Every read of a parameter: (owner node or "__out__", operand position, use, label).
+    uses = [(n.name, j, u, f"use at {n.name} ({_describe(n)})") for n in case.nodes for j, u in enumerate(n.args)]
+    uses += [("__out__", i, u, f"output {i}") for i, u in enumerate(case.outputs)]
     leaves: list[tuple[str, str, torch.Tensor]] = []  # (param, label, leaf)
-    node_src = {n.name: n for n in case.nodes}
-
     env_values = {**params, **inputs}
     patched = []
-    for n in case.nodes:
-        for j, u in enumerate(n.args):
-            if u.ref in params:
-                leaf = params[u.ref].detach().clone().requires_grad_()
-                name = f"{u.ref}__at_{n.name}_{j}"
-                env_values[name] = leaf
-                leaves.append((u.ref, f"use at {n.name} ({_describe(n, j, node_src)})", leaf))
-                patched.append((n.name, j, name))
-    for i, u in enumerate(case.outputs):
+    for owner, j, u, label in uses:
         if u.ref in params:
             leaf = params[u.ref].detach().clone().requires_grad_()
-            name = f"{u.ref}__at_out_{i}"
+            name = f"{u.ref}__at_{owner.strip('_')}_{j}"
             env_values[name] = leaf
-            leaves.append((u.ref, f"output {i}", leaf))
-            patched.append(("__out__", i, name))
+            leaves.append((u.ref, label, leaf))
+            patched.append((owner, j, name))
     if not leaves:
         return {}
     case2 = _rewire(case, patched)
@@ -55,7 +48,7 @@ def site_contributions(case: Case, k: int) -> dict[str, list[tuple[str, torch.Te
     return found
 
 
-def _describe(node, j: int, nodes) -> str:
+def _describe(node) -> str:
     args = [u.ref + (".mT" if u.transpose else "") for u in node.args]
     return OPS[node.op].source(args, dict(node.attrs))
 
@@ -64,7 +57,7 @@ def _rewire(case: Case, patched: list[tuple[str, int, str]]) -> Case:
     """The same case with each patched use reading its own leaf by name."""
     import dataclasses
 
-    from harness.spec import Param, Use
+    from harness.spec import Param
 
     by_node: dict[str, dict[int, str]] = {}
     for node, j, name in patched:
