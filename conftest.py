@@ -1,1 +1,1 @@
-# The repository root is on sys.path for the tests (tests.canaries, tests.helpers).
+# The repository root is on sys.path for the tests (tests.helpers, tests.standins).

@@ -45,8 +45,6 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from harness import report, runner
-
     paths = resolve(args.paths, _options(args))
     if args.examples is not None and args.minutes is not None:
         raise UsageError("give --examples or --minutes, not both")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import keyword
 from dataclasses import dataclass
-from typing import Any
 
 from harness import functions
 from harness.build import Built

@@ -32,7 +32,6 @@ dead rank are findings, as on every path.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 

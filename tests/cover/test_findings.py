@@ -94,7 +94,6 @@ def test_masking_database_keeps_examples_that_pass_only_because_they_are_known()
 
 def test_a_failure_saved_yesterday_is_replayed_first_today(tmp_path):
     """Directory database: the second session's first example is the saved failure."""
-    from harness.database import open_database
     from harness.paths.split import SplitPath
     from harness.session import fuzz
 

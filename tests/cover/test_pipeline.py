@@ -10,7 +10,6 @@ repro script runs with plain python; a canary stage is caught cold.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 
 from harness.build import EXACT_LIMIT, magnitude_bounds
-from harness.spec import Case, Node, SpecError, Use
+from harness.spec import Case, SpecError
 from harness.strategies import cases
 from tests.helpers import nested
 
