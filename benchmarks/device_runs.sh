@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU-machine runs quoted in the closing notes of the DTensor, pipeline and
+# gate issues, in the groups one device call can hold (each under 10 minutes):
+#
+#   bash benchmarks/device_runs.sh gate       # issue 7: gate exit 0, then 1 without a ledger entry
+#   bash benchmarks/device_runs.sh dtensor    # issue 4: cold-start stock detection, fixed over 500
+#   bash benchmarks/device_runs.sh pipeline   # issue 6: the nested double count through zero bubble
+#   bash benchmarks/device_runs.sh nccl       # issue 4 on NCCL (needs 2 GPUs)
+#
+# Every command's output lands in $OUT/<step>.log and one line per step in
+# $OUT/summary.txt, so a step that runs out of time still leaves the others.
+set -u
+OUT=${OUT:-/tmp/gradfuzz-device}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+step() {  # step NAME LIMIT_SECONDS COMMAND...
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+    tail -n 25 "$OUT/$name.log"
+}
+
+
+
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())" \
+    | tee -a "$OUT/summary.txt"
+
+for group in "$@"; do
+case $group in
+gate)
+    step gate-2.11 300 python -m harness gate --minutes 1 --paths eager,split,dtensor.stock,graphed.stock,graphed.fixed \
+        --dtensor-backend gloo --save "$OUT/found-gate" --json "$OUT/gate-2.11.json" \
+        --junit "$OUT/gate-2.11.xml" --markdown "$OUT/gate-2.11.md" --html "$OUT/gate-2.11.html"
+    python - <<'EOF'
+import json
+ledger = json.load(open("cases/ledger.json"))
+ledger["bugs"] = [b for b in ledger["bugs"] if b["id"] != "split-nested-double-count"]
+json.dump(ledger, open("cases/.ledger-minus.json", "w"), indent=1)
+EOF
+    step gate-minus 150 python -m harness gate --minutes 0 --no-selfcheck --paths eager,split \
+        --ledger cases/.ledger-minus.json --save "$OUT/found-minus" --json "$OUT/gate-minus.json"
+    ;;
+dtensor)
+    for seed in 0 1 2; do
+        step "dtensor-stock-seed$seed" 120 python -m harness fuzz --paths dtensor.stock --examples 300 --seed "$seed" --db none \
+            --dtensor-backend gloo --progress none --save "$OUT/found-dstock-$seed" --json "$OUT/dtensor-stock-$seed.json"
+    done
+    step dtensor-fixed 200 python -m harness fuzz --paths dtensor.fixed --examples 500 --seed 1 --db none \
+        --dtensor-backend gloo --progress none --save "$OUT/found-dfixed" --json "$OUT/dtensor-fixed.json"
+    step dtensor-replay 120 python -m harness replay cases/dtensor -v --paths dtensor --dtensor-backend gloo
+    ;;
+nccl)
+    step nccl-stock 150 python -m harness fuzz --paths dtensor.stock --examples 300 --seed 0 --db none \
+        --dtensor-backend nccl --progress none --save "$OUT/found-nstock" --json "$OUT/nccl-stock.json"
+    step nccl-fixed 200 python -m harness fuzz --paths dtensor.fixed --examples 500 --seed 1 --db none \
+        --dtensor-backend nccl --progress none --save "$OUT/found-nfixed" --json "$OUT/nccl-fixed.json"
+    step nccl-replay 120 python -m harness replay cases/dtensor -v --paths dtensor --dtensor-backend nccl
+    step nccl-torchrun 120 torchrun --nproc-per-node 2 cases/dtensor/partial_grad_transposed_to_replicate.py
+    ;;
+pipeline)
+    # The pipeline paths run on the CPU; hiding the GPU keeps the comparison with the CPU runs fair.
+    step pipeline-zb 300 env CUDA_VISIBLE_DEVICES= python -m harness fuzz --paths \
+        pipeline.ZBVZeroBubble.stock,pipeline.InterleavedZeroBubble.stock,pipeline.ZBVZeroBubble.fixed,pipeline.InterleavedZeroBubble.fixed \
+        --examples 1500 --seed 1 --db none --progress none --save "$OUT/found-pipeline" --json "$OUT/pipeline-zb.json"
+    step pipeline-replay 120 env CUDA_VISIBLE_DEVICES= python -m harness replay \
+        cases/pipeline/nested_weight_double_count_zero_bubble.json -v \
+        --paths pipeline.ZBVZeroBubble,pipeline.InterleavedZeroBubble
+    step pipeline-repro 60 env CUDA_VISIBLE_DEVICES= python cases/pipeline/nested_weight_double_count_zero_bubble.py
+    ;;
+*)
+    echo "unknown group '$group'; known: gate dtensor pipeline nccl" >&2
+    exit 2
+    ;;
+esac
+done
