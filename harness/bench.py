@@ -160,27 +160,20 @@ def bench_family(name: str, paths: list[Any], *, examples: int, warmup: int, see
 
 
 def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool | None) -> list[dict[str, Any]]:
-    import torch
-    from packaging.version import Version
-
     from harness.canaries import all_canaries
     from harness.paths import resolve
     from harness.runner import Result, close_paths
     from harness.target import Target, TargetRun
 
     out = []
-    clamp = Version(torch.__version__.split("+")[0]) >= Version("2.13")
     for c in all_canaries():
         if names and c.name not in names:
             continue
-        row: dict[str, Any] = {"canary": c.name, "base": c.base}
-        if c.needs_clamp and not clamp:
-            row["skipped"] = "stock split before 2.13 has the bug itself: no clean base"
-            out.append(row)
-            continue
-        base = resolve(c.base)[0] if c.base else None
+        base_name, note = c.base_here()
+        row: dict[str, Any] = {"canary": c.name, "base": base_name, **({"note": note} if note else {})}
+        base = resolve(base_name)[0] if base_name else None
         if base is not None and not base.availability().ok:
-            row["skipped"] = f"base {c.base} unavailable: {base.availability().reason}"
+            row["skipped"] = f"base {base_name} unavailable: {base.availability().reason}"
             out.append(row)
             continue
         hits = []

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 import torch.distributed.pipelining._backward as stock
+from packaging.version import Version
 
 from oracles import split_fixed
 
@@ -95,6 +97,19 @@ class Canary:
     base: str | None
     budget: int = 300
     needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
+
+    def base_here(self) -> tuple[str | None, str]:
+        """The base to judge against on the installed torch, and why it is not ``base``.
+
+        Before 2.13 stock split has the founding double count itself, so a
+        canary built over it is judged against the fixed path instead: what
+        is caught is then the injected bug together with stock's own, which
+        on those versions is the same shape.
+        """
+        if self.needs_clamp and self.base and Version(torch.__version__.split("+")[0]) < Version("2.13"):
+            fixed = self.base.rsplit(".", 1)[0] + ".fixed"
+            return fixed, f"judged against {fixed}: stock split before 2.13 double counts itself"
+        return self.base, ""
 
 
 def split_canaries() -> list[Canary]:

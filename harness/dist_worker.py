@@ -254,7 +254,8 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
         record = _Record(params, counter)
         if impl is not None:
             impl.install(params, ctx.mesh)
-        trainer = Trainer(case, params, step_with=getattr(impl, "optimizer_step", None)) if has_step(case) else None
+        trainer = Trainer(case, params, step_with=getattr(impl, "optimizer_step", None),
+                          clip_with=getattr(impl, "clip_grad_norm", None)) if has_step(case) else None
         plain_out = "R"
         for k in range(sched.backwards):
             if k and k % sched.microbatches == 0:

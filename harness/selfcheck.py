@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-from packaging.version import Version
 
 from harness.canaries import Canary, all_canaries
 from harness.paths import resolve
@@ -28,18 +26,15 @@ class CanaryResult:
     skipped: str = ""
 
 
-def _has_clamp() -> bool:
-    return Version(torch.__version__.split("+")[0]) >= Version("2.13")
-
-
 def run_canary(c: Canary, seed: int = 0) -> CanaryResult:
-    if c.needs_clamp and not _has_clamp():
-        return CanaryResult(c.name, False, None, 0.0, "", skipped="stock split before 2.13 double counts itself; no clean base")
+    base_name, note = c.base_here()
     path = c.make()
     available = path.availability()
     if not available.ok:
         return CanaryResult(c.name, False, None, 0.0, "", skipped=f"unavailable here: {available.reason}")
-    base = resolve(c.base)[0] if c.base else None
+    base = resolve(base_name)[0] if base_name else None
+    if base is not None and not base.availability().ok:
+        return CanaryResult(c.name, False, None, 0.0, "", skipped=f"base {base_name} unavailable: {base.availability().reason}")
     result = Result()
     start = time.monotonic()
     try:
@@ -50,8 +45,9 @@ def run_canary(c: Canary, seed: int = 0) -> CanaryResult:
             close()
     tally = result.paths[path.name]
     d = result.divergences[0] if result.divergences else None
+    detail = d.detail if d else f"not caught in {c.budget} examples ({tally.run} in contract)"
     return CanaryResult(c.name, d is not None, tally.first_hit_examples, time.monotonic() - start,
-                        d.detail if d else f"not caught in {c.budget} examples")
+                        f"{detail}; {note}" if note else detail)
 
 
 def selfcheck(seed: int = 0, progress=lambda s: None) -> list[CanaryResult]:

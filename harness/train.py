@@ -71,13 +71,16 @@ class Trainer:
     """Holds the optimizer (its state lives across steps) for one run of one case."""
 
     def __init__(self, case: Case, params: dict[str, torch.Tensor], oracle: bool = False,
-                 step_with: Callable[[Any, dict[str, torch.Tensor]], None] | None = None) -> None:
-        """``step_with(optimizer, params)``, when given, runs the optimizer step
-        in place of ``optimizer.step()`` (a fixed reference's grad hygiene)."""
+                 step_with: Callable[[Any, dict[str, torch.Tensor]], None] | None = None,
+                 clip_with: Callable[..., torch.Tensor] | None = None) -> None:
+        """``step_with(optimizer, params)`` and ``clip_with`` (the signature of
+        ``clip_grad_norm_``), when given, replace ``optimizer.step()`` and
+        ``clip_grad_norm_``: a fixed reference's workarounds."""
         s = case.schedule
         self.case = case
         self.params = params
         self.step_with = step_with
+        self.clip_with = clip_with or torch.nn.utils.clip_grad_norm_
         self.clip = s.clip
         self.max_norm = s.max_norm
         impl = "for_loop" if oracle else s.optimizer_impl
@@ -102,7 +105,7 @@ class Trainer:
         with_grad = [p for p in self.params.values() if p.grad is not None]
         if self.clip and with_grad:
             kwargs = {} if self.foreach is None else {"foreach": self.foreach}
-            total = torch.nn.utils.clip_grad_norm_(with_grad, self.max_norm, norm_type=float(self.clip), **kwargs)
+            total = self.clip_with(with_grad, self.max_norm, norm_type=float(self.clip), **kwargs)
             seen["total norm"] = snap(total)
             for n, p in self.params.items():
                 if p.grad is not None:

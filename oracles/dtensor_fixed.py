@@ -23,8 +23,9 @@ torch bug of its own, seen on plain tensors by ``eager.accumulate``). A
 buffer of our own per grad cannot alias.
 
 Use: ``install(params)`` after creating the parameters (the harness
-calls ``install(params, mesh)``), and ``optimizer_step(optimizer, params)``
-in place of ``optimizer.step()``. Parameters are assumed contiguous, as
+calls ``install(params, mesh)``), ``optimizer_step(optimizer, params)``
+in place of ``optimizer.step()`` and ``clip_grad_norm`` in place of
+``torch.nn.utils.clip_grad_norm_``. Parameters are assumed contiguous, as
 ``nn.Parameter`` makes them; a grad for a non-contiguous parameter is left
 alone.
 """
@@ -78,6 +79,20 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: dict[str, torch.Ten
     finally:
         for p, g in users.items():
             p.grad = g
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
+    """``clip_grad_norm_`` that scales each grad with its own ``mul_``.
+
+    Before torch 2.12, DTensor's rule for ``_foreach_mul_`` treats the op as
+    non-linear, so a Partial grad is all-reduced into a temporary, the
+    temporary is scaled and dropped, and the grad itself stays unclipped
+    (the total norm is still right). ``mul_`` by a Replicate scalar is
+    linear and keeps Partial, so the per-tensor loop clips correctly on
+    every version, with no collective.
+    """
+    kwargs["foreach"] = False
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, **kwargs)
 
 
 def install(params: dict[str, torch.Tensor], mesh: Any = None) -> None:
