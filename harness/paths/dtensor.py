@@ -277,7 +277,7 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
                 n: _assemble(obs, problems, k, f"after step {n}", [s["after_step"].get(n) for s in steps], world)
                 for n in steps[0]["after_step"]
             }
-        _judge_accumulation(obs, k, steps[0], local_mode)
+        _judge_accumulation(obs, k, steps[0], local_mode, world)
     return obs
 
 
@@ -350,9 +350,10 @@ def _problem(obs: Observation, problems: set[str], kind: str, k: int, what: str,
 
 
 # Collectives an in-place ``grad += arriving`` needs on a 1-d mesh, to bring
-# the arriving grad to ``.grad``'s placement.
-def _sum_needs(arrival: str, into: str) -> int:
-    if arrival == into or arrival == "R":
+# the arriving grad to ``.grad``'s placement. A mesh of one rank redistributes
+# locally.
+def _sum_needs(arrival: str, into: str, world: int) -> int:
+    if arrival == into or arrival == "R" or world == 1:
         return 0  # Replicate -> anything is a local slice or a local zeroing
     return 1  # Partial -> Replicate/Shard, Shard -> Replicate/other Shard: one collective
 
@@ -368,7 +369,7 @@ def _long(pl: str | None) -> str:
     return _NAMES.get(pl, pl)
 
 
-def _judge_accumulation(obs: Observation, k: int, step: dict[str, Any], local_mode: bool) -> None:
+def _judge_accumulation(obs: Observation, k: int, step: dict[str, Any], local_mode: bool, world: int) -> None:
     """Violations of the AccumulateGrad invariants in rank 0's record of backward ``k``."""
     in_windows = 0
     for n, r in step["acc"].items():
@@ -390,7 +391,7 @@ def _judge_accumulation(obs: Observation, k: int, step: dict[str, Any], local_mo
                 f"{n}.grad is {_long(post)} after backward {k}, expected {_long(want)}: the grad reached "
                 f"AccumulateGrad as {_long(arrival)}{layout} and .grad was {_long(prev)}; {why}",
                 key=f"placement {arrival}->{post} into {prev} contiguous={r.get('arrival_contiguous')}"))
-        need = 0 if prev is None else _sum_needs(arrival, prev)
+        need = 0 if prev is None else _sum_needs(arrival, prev, world)
         got = sum(window.values())
         if got != need:
             ops = ", ".join(f"{v} {op}" for op, v in sorted(window.items())) or "none"

@@ -101,6 +101,26 @@ def test_fixed_path_fuzzes_clean():
     assert not result.divergences, result.divergences[0].detail
 
 
+def test_a_one_rank_mesh_expects_no_collectives():
+    """On a mesh of one rank DTensor redistributes locally; expecting the
+    all-reduce of a 2-rank mesh was a harness false positive (--world-size 1,
+    the only NCCL layout a single GPU allows)."""
+    fixed = DTensorPath("dtensor.fixed", "oracles.dtensor_fixed", world_size=1)
+    try:
+        # x @ w @ w with a Shard(0) w and a zeroed .grad: the grad arrives
+        # Shard(1) and is summed into Shard(0), an all-to-all on 2 ranks.
+        case = Case(params=(Param("w0", (3, 3), placement="shard0"),), inputs=(Input("x0", (2, 3)),),
+                    nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "matmul", (Use("n0"), Use("w0")))),
+                    outputs=(Use("n1"),), schedule=Schedule(grad_init="zero"))
+        assert not check(case, fixed)
+        result = Result()
+        fuzz_path(fixed, examples=60, deadline=None, seed=1, result=result, save_dir=None)
+        assert result.paths["dtensor.fixed"].run > 40
+        assert not result.divergences, result.divergences[0].detail
+    finally:
+        fixed.close()
+
+
 @pytest.mark.parametrize("placement", ["replicate", "shard0", "shard1"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 def test_dtensor_placed_parameters_agree_with_the_oracle(placement, layout):
