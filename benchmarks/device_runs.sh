@@ -3,9 +3,11 @@
 # gate issues, in the groups one device call can hold (each under 10 minutes):
 #
 #   bash benchmarks/device_runs.sh gate       # issue 7: gate exit 0, then 1 without a ledger entry
-#   bash benchmarks/device_runs.sh dtensor    # issue 4: cold-start stock detection, fixed over 500
+#   bash benchmarks/device_runs.sh dtensor    # issue 4: cold-start stock detection, then dtensor-fixed
+#   bash benchmarks/device_runs.sh dtensor-fixed  # issue 4: fixed over 500, corpus replay, clip repro
 #   bash benchmarks/device_runs.sh pipeline   # issue 6: the nested double count through zero bubble
-#   bash benchmarks/device_runs.sh nccl       # issue 4 on NCCL (needs 2 GPUs)
+#   bash benchmarks/device_runs.sh pipeline-ranks2  # issue 6: zero-bubble schedules on 2 ranks
+#   bash benchmarks/device_runs.sh nccl       # issue 4 on NCCL: 2 ranks with 2 GPUs, else 1 rank
 #
 # Every command's output lands in $OUT/<step>.log and one line per step in
 # $OUT/summary.txt, so a step that runs out of time still leaves the others.
@@ -28,7 +30,9 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())" \
     | tee -a "$OUT/summary.txt"
 
-for group in "$@"; do
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+group=${args[i]}
 case $group in
 gate)
     step gate-2.11 300 python -m harness gate --minutes 1 --paths eager,split,dtensor.stock,graphed.stock,graphed.fixed \
@@ -48,17 +52,23 @@ dtensor)
         step "dtensor-stock-seed$seed" 120 python -m harness fuzz --paths dtensor.stock --examples 300 --seed "$seed" --db none \
             --dtensor-backend gloo --progress none --save "$OUT/found-dstock-$seed" --json "$OUT/dtensor-stock-$seed.json"
     done
+    args+=(dtensor-fixed)
+    ;;
+dtensor-fixed)
     step dtensor-fixed 200 python -m harness fuzz --paths dtensor.fixed --examples 500 --seed 1 --db none \
         --dtensor-backend gloo --progress none --save "$OUT/found-dfixed" --json "$OUT/dtensor-fixed.json"
     step dtensor-replay 120 python -m harness replay cases/dtensor -v --paths dtensor --dtensor-backend gloo
+    step dtensor-clip-repro 60 torchrun --nproc-per-node 2 cases/dtensor/clip_foreach_partial_grad_unscaled.py
     ;;
 nccl)
+    # NCCL wants a GPU per rank: with one GPU the world is one rank.
+    ws=$(python -c "import torch; print(min(2, torch.cuda.device_count()))")
     step nccl-stock 150 python -m harness fuzz --paths dtensor.stock --examples 300 --seed 0 --db none \
-        --dtensor-backend nccl --progress none --save "$OUT/found-nstock" --json "$OUT/nccl-stock.json"
+        --dtensor-backend nccl --world-size "$ws" --progress none --save "$OUT/found-nstock" --json "$OUT/nccl-stock.json"
     step nccl-fixed 200 python -m harness fuzz --paths dtensor.fixed --examples 500 --seed 1 --db none \
-        --dtensor-backend nccl --progress none --save "$OUT/found-nfixed" --json "$OUT/nccl-fixed.json"
-    step nccl-replay 120 python -m harness replay cases/dtensor -v --paths dtensor --dtensor-backend nccl
-    step nccl-torchrun 120 torchrun --nproc-per-node 2 cases/dtensor/partial_grad_transposed_to_replicate.py
+        --dtensor-backend nccl --world-size "$ws" --progress none --save "$OUT/found-nfixed" --json "$OUT/nccl-fixed.json"
+    step nccl-replay 120 python -m harness replay cases/dtensor -v --paths dtensor --dtensor-backend nccl --world-size "$ws"
+    step nccl-torchrun 120 torchrun --nproc-per-node "$ws" cases/dtensor/partial_grad_transposed_to_replicate.py
     ;;
 pipeline)
     # The pipeline paths run on the CPU; hiding the GPU keeps the comparison with the CPU runs fair.
@@ -70,8 +80,13 @@ pipeline)
         --paths pipeline.ZBVZeroBubble,pipeline.InterleavedZeroBubble
     step pipeline-repro 60 env CUDA_VISIBLE_DEVICES= python cases/pipeline/nested_weight_double_count_zero_bubble.py
     ;;
+pipeline-ranks2)
+    step pipeline-ranks2 240 env CUDA_VISIBLE_DEVICES= python -m harness fuzz --paths \
+        pipeline.ZBVZeroBubble.ranks2.stock,pipeline.InterleavedZeroBubble.ranks2.stock,pipeline.ZBVZeroBubble.ranks2.fixed,pipeline.InterleavedZeroBubble.ranks2.fixed \
+        --examples 300 --seed 1 --db none --progress none --save "$OUT/found-ranks2" --json "$OUT/pipeline-ranks2.json"
+    ;;
 *)
-    echo "unknown group '$group'; known: gate dtensor pipeline nccl" >&2
+    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl" >&2
     exit 2
     ;;
 esac
