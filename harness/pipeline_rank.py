@@ -130,7 +130,58 @@ def probe(world_size: int) -> dict[str, Any]:
                 where[n] = [int(mapping[i]) for i in range(n)]
         layouts[name] = ok
         placement[name] = where
-    return {"layouts": layouts, "placement": placement, "reasons": reasons}
+    out: dict[str, Any] = {"layouts": layouts, "placement": placement, "reasons": reasons}
+    if world_size == 1:
+        out["same_rank"] = same_rank_p2p()
+    return out
+
+
+# Point-to-point calls of torch.distributed: on a group of one, any of them
+# can only address this rank itself.
+P2P_CALLS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+
+
+def same_rank_p2p() -> dict[str, Any]:
+    """Whether each multi-stage schedule runs two stages held by one rank:
+    one step of the smallest such layout (stages 0 and 1 on this rank), on
+    the group the one-process paths use (the default group, world size 1).
+
+    ``self_send``: schedule -> the error, where the step raised inside a
+    torch.distributed point-to-point call. On a group of one its peer can
+    only be this rank: the runtime sent between its own two stages through
+    the process group, which gloo cannot do (it has no pair to itself).
+    torch 2.11's ``PipelineScheduleMulti._initialize_stages`` does this: it
+    batches every local stage's ``_get_init_p2p_neighbors_ops()`` (a send
+    and a recv to each neighbour stage's rank, same rank or not); 2.13 warms
+    up only neighbours on other ranks. ``works``: the schedules whose step
+    ran. A step that fails any other way is in neither: that is for the
+    cases to find, not a limit of the layout."""
+    import traceback
+
+    from torch.distributed.pipelining import PipelineStage
+
+    works: list[str] = []
+    self_send: dict[str, str] = {}
+    for name, cls in discover().items():
+        if single_stage(cls):
+            continue
+        for m in range(1, MAX_MICROBATCHES + 1):
+            try:
+                s = _make_schedule(cls, [PipelineStage(_Probe(), i, 2, torch.device("cpu")) for i in (0, 1)], m,
+                                   lambda o, t: o.sum())
+                break
+            except Exception:  # the schedule's own constraint
+                continue
+        else:
+            continue  # takes no two stages on one rank
+        try:
+            s.step(torch.ones(m, 1), target=torch.zeros(m, 1), return_outputs=False)
+            works.append(name)
+        except Exception as e:
+            if any(f.name in P2P_CALLS and f.filename.endswith("distributed_c10d.py")
+                   for f in traceback.extract_tb(e.__traceback__)):
+                self_send[name] = f"{type(e).__name__}: {_first_line(e)}"
+    return {"works": works, "self_send": self_send}
 
 
 def _first_line(e: BaseException) -> str:

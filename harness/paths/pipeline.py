@@ -20,6 +20,12 @@ Which layouts a schedule takes (how many stages, how many microbatches,
 which rank holds which stage) is found by constructing it on the ranks
 (``pipeline_rank.probe``), not from a table; fuzzing draws only those
 (``PipelineContract.pipeline_layouts``), and a case outside them is skipped.
+One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``),
+finds a runtime that sends between a rank's own stages through the process
+group (torch 2.11's ``_initialize_stages`` warm-up; gloo has no pair to
+itself): there, layouts with two adjacent stages on one rank (every
+multi-stage layout in one process, the V placement on two ranks) are
+outside the contract, with that reason.
 
 Observable: parameter grads only after each ``step()`` (a schedule
 interleaves the microbatches of a step, so there is no moment "after
@@ -76,6 +82,13 @@ def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
     return _probed[world_size]
 
 
+def same_rank_self_send(schedule: str) -> str | None:
+    """The error if this torch's runtime for ``schedule`` sends between two
+    stages held by one rank through the process group (found once per
+    process by ``pipeline_rank.same_rank_p2p`` on the one-rank pool), else None."""
+    return probe(1).get("same_rank", {}).get("self_send", {}).get(schedule)
+
+
 class PipelinePath:
     def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0, name: str = "") -> None:
         flavour = "stock" if impl == STOCK else "fixed" if impl == FIXED else "custom"
@@ -88,10 +101,38 @@ class PipelinePath:
     @property
     def contract(self) -> PipelineContract:  # type: ignore[override]
         try:
-            layouts = tuple(sorted(tuple(x) for x in probe(self.world_size)["layouts"].get(self.schedule, ())))
+            unrunnable = self._unrunnable()
+            layouts = tuple(x for x in self._layouts() if x not in unrunnable)
         except Exception:
             layouts = ()
         return PipelineContract(retained_grads=False, pipeline_layouts=layouts)
+
+    def _layouts(self) -> tuple[tuple[int, int], ...]:
+        """The (stages, microbatches) the schedule's constructor takes here."""
+        return tuple(sorted(tuple(x) for x in probe(self.world_size)["layouts"].get(self.schedule, ())))
+
+    def _unrunnable(self) -> dict[tuple[int, int], str]:
+        """Layouts the schedule takes that this torch cannot run here, with why:
+        two adjacent stages on one rank, where the schedule's runtime sends
+        between them through gloo (``same_rank_self_send``)."""
+        placement = probe(self.world_size)["placement"].get(self.schedule, {})
+        out: dict[tuple[int, int], str] = {}
+        for n, m in self._layouts():
+            where = list(placement.get(n, ()))
+            pair = next(((i, r) for i, (r, q) in enumerate(zip(where, where[1:])) if r == q), None)
+            if pair is None:
+                continue
+            error = same_rank_self_send(self.schedule)
+            if error is None:
+                return {}
+            i, r = pair
+            fix = "torch 2.13, whose runtime passes them directly"
+            if self.world_size == 1:
+                fix = f"pipeline.{self.schedule}.ranks2.* where it puts them on different ranks, or {fix}"
+            out[(n, m)] = (f"{self.schedule} on {self.world_size} rank(s) puts stages {i} and {i + 1} on rank {r}: "
+                           f"this torch's schedule runtime sends between two stages on one rank through gloo, which "
+                           f"has no pair to itself (torch 2.11 _initialize_stages; probe: {error}); use {fix}")
+        return out
 
     def availability(self) -> Availability:
         import torch.distributed as dist
@@ -116,6 +157,13 @@ class PipelinePath:
             why = info.get("reasons", {}).get(self.schedule, "")
             return Availability(False, f"{self.schedule} takes no layout of at most 4 stages on "
                                        f"{self.world_size} rank(s){': ' + why if why else ''}")
+        try:
+            unrunnable = self._unrunnable()
+        except Exception as e:
+            return Availability(False, str(e)[:300])
+        if all(tuple(x) in unrunnable for x in layouts):
+            return Availability(False, next(iter(unrunnable.values())))
+        layouts = [x for x in layouts if tuple(x) not in unrunnable]
         stages = sorted({s for s, _ in layouts})
         return Availability(True, f"{self.world_size} rank(s), {'/'.join(map(str, stages))} stages; "
                                   f"stage: {'PipelineStage as installed' if self.impl == STOCK else self.impl}")
@@ -133,8 +181,8 @@ class PipelinePath:
         layouts = self.contract.pipeline_layouts
         have = (len(case.stages) + 1, s.microbatches)
         if have not in layouts:
-            return (f"{self.schedule} on {self.world_size} rank(s) takes (stages, microbatches) in "
-                    f"{list(layouts)}, not {have}")
+            return self._unrunnable().get(have) or (f"{self.schedule} on {self.world_size} rank(s) takes (stages, "
+                                                    f"microbatches) in {list(layouts)}, not {have}")
         need = requires_grad(case)
         if not any(need[u.ref] for u in case.outputs):
             return "no output requires grad (nothing for the schedule to train)"

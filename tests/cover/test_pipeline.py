@@ -139,6 +139,82 @@ def test_a_case_outside_the_schedules_layouts_is_skipped_with_the_reason():
     assert p.supports(chain((2,))) is None
 
 
+def test_two_stages_on_one_rank_run_on_this_torch():
+    """The probe ran one step of two stages on one rank for every
+    multi-stage schedule, and each worked (2.13 passes them directly)."""
+    multi = {name for name, layouts in probe(1)["layouts"].items() if any(n == 2 for n, _ in layouts)}
+    assert {"ZBVZeroBubble", "InterleavedZeroBubble"} <= multi
+    assert probe(1)["same_rank"] == {"works": sorted(multi, key=list(discover()).index), "self_send": {}}
+
+
+# What torch 2.11's PipelineScheduleMulti._initialize_stages does before any
+# forward: every local stage's neighbour warm-up ops in one batch, whatever
+# rank the neighbour is on (torch/distributed/pipelining/schedules.py as of
+# pytorch commit 00722e648b7; PR #160210). Put back into this torch's warm-up.
+EMULATE_211 = r"""
+import json, sys
+import torch.distributed as dist
+from torch.distributed.pipelining import schedules as S
+from torch.distributed.pipelining._utils import InferenceMode
+from harness import pipeline_rank
+
+def warmup_211(self, stages, has_backward, p2p_done):
+    if not p2p_done:
+        ops = [op for stage in stages for op in stage._get_init_p2p_neighbors_ops()]
+        S._wait_batch_p2p(S._batch_p2p(ops))
+    for stage in stages:
+        stage._inference_mode = InferenceMode.DYNAMIC
+
+S._PipelineSchedule._warmup_p2p = warmup_211
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+print(json.dumps(pipeline_rank.probe(1)["same_rank"]))
+"""
+
+
+def test_the_probe_finds_a_runtime_that_sends_between_stages_on_one_rank(tmp_path):
+    from torch.distributed.pipelining import schedules
+
+    if not hasattr(schedules._PipelineSchedule, "_warmup_p2p"):
+        pytest.skip("this torch has no separate p2p warm-up to put 2.11's back into")
+    import json
+
+    run = subprocess.run([sys.executable, "-c", EMULATE_211, str(tmp_path / "store")], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["works"] == [] and set(found["self_send"]) == set(probe(1)["same_rank"]["works"])
+    assert all("RuntimeError" in e for e in found["self_send"].values()), found  # gloo: "Pair is not connected"
+
+
+def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contract(monkeypatch):
+    import harness.paths.pipeline as pipeline
+
+    error = "RuntimeError: [enforce fail at pair.cc:789] state_ >= CONNECTED. 1 vs 4. Pair is not connected"
+    monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule: error)
+    # One process: every multi-stage layout has stages 0 and 1 on rank 0.
+    looped = PipelinePath("InterleavedZeroBubble", FIXED)
+    reason = looped.supports(chain((2,)))
+    assert reason is not None and "stages 0 and 1 on rank 0" in reason and "no pair to itself" in reason
+    assert "pipeline.InterleavedZeroBubble.ranks2.*" in reason and error in reason
+    assert {n for n, _ in looped.contract.pipeline_layouts} == {1}  # fuzzing draws one stage only
+    assert looped.availability().ok
+    one = chain(())
+    assert looped.supports(one) is None
+    obs = looped.run(one)  # a one-stage case still runs
+    assert obs.failure is None and len(obs.steps) == one.schedule.microbatches
+    # ZBV takes only two stages on one rank: nothing left, the path says why.
+    zbv = PipelinePath("ZBVZeroBubble", FIXED)
+    assert not zbv.availability().ok and "no pair to itself" in zbv.availability().reason
+    assert zbv.contract.pipeline_layouts == () and "stages 0 and 1 on rank 0" in zbv.supports(chain((2,)))
+    # Two ranks: the V placement holds stages 1 and 2 on rank 1; looped placements hold no neighbours.
+    v = PipelinePath("ZBVZeroBubble", FIXED, world_size=2).supports(chain((1, 2, 3), microbatches=4))
+    assert v is not None and "stages 1 and 2 on rank 1" in v and "ranks2.*" not in v
+    two = PipelinePath("InterleavedZeroBubble", FIXED, world_size=2)
+    assert two.supports(chain((2,))) is None and two.supports(chain((1, 2, 3), microbatches=4)) is None
+    monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule: None)
+    assert looped.supports(chain((2,))) is None and zbv.availability().ok
+
+
 # --- stock against fixed -----------------------------------------------------------
 
 
