@@ -100,8 +100,39 @@ def stage_backward(outputs: Any, output_grads: Any, input_values: list[Any], wei
     return tuple(dinputs)
 
 
+class _OwnedLayout(torch.nn.Module):
+    """The stage module with outputs in fresh row-major tensors.
+
+    torch 2.11 checks each forward output's strides against the metadata of
+    its first-step inference, strides of size-1 dims included, and the two
+    can disagree for a view (a ``chunk`` of width 1: (2, 1) at run time,
+    (1, 1) inferred), so the schedule raises ``PipeliningShapeError`` on a
+    case eager runs fine. A row-major copy has the same strides both times;
+    autograd passes the grads through the copy unchanged.
+    """
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.inner(*args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return type(out)(_row_major(o) for o in out)
+        return _row_major(out)
+
+
+def _row_major(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor) or t.stride() == torch.empty(t.shape, device="meta").stride():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 class FixedPipelineStage(PipelineStage):
     """``PipelineStage`` with the backward above; schedules use it unchanged."""
+
+    def __init__(self, submodule: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        super().__init__(_OwnedLayout(submodule), *args, **kwargs)
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
         weights = list(self.submod.parameters())
