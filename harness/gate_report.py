@@ -95,7 +95,7 @@ def junit(rep: dict[str, Any]) -> str:
     return ET.tostring(suite, encoding="unicode")
 
 
-def _heatmaps(row: dict[str, Any]) -> str:
+def _heatmaps(row: dict[str, Any], path: Any) -> str:
     """Expected, actual and difference of the diverging grad, as one inline PNG."""
     try:
         import matplotlib
@@ -104,7 +104,7 @@ def _heatmaps(row: dict[str, Any]) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "<p><em>Install the <code>report</code> extra (matplotlib) for heatmaps.</em></p>"
-    grads = _grads_for(row)
+    grads = _grads_for(row, path)
     if grads is None:
         return ""
     expected, actual = grads
@@ -133,18 +133,16 @@ def _has_numpy() -> bool:
     return True
 
 
-def _grads_for(row: dict[str, Any]):
+def _grads_for(row: dict[str, Any], path: Any):
     """Re-run the case to get the two grads (reports store the case, not tensors)."""
     d = row.get("divergence") or {}
-    if not row.get("case") or d.get("kind") != "value" or not d.get("param"):
+    if path is None or not row.get("case") or d.get("kind") != "value" or not d.get("param"):
         return None
-    from harness.paths import resolve
     from harness.spec import Case
     from oracles.eager import observe
 
     case = Case.from_json(row["case"])
     try:
-        (path,) = [p for p in resolve(row["path"]) if p.name == row["path"]]
         obs = path.run(case)
     except Exception:
         return None
@@ -158,10 +156,18 @@ def _grads_for(row: dict[str, Any]):
     return e, a
 
 
+def _resolve_quietly(name: str) -> list[Any]:
+    from harness.paths import resolve
+
+    try:
+        return resolve(name)
+    except Exception:
+        return []
+
+
 def html_page(rep: dict[str, Any]) -> str:
     from harness import repro
-    from harness.paths import resolve
-    from harness.runner import _machinery
+    from harness.runner import _machinery, close_paths
     from harness.spec import Case
 
     parts = [
@@ -179,15 +185,29 @@ def html_page(rep: dict[str, Any]) -> str:
         parts.append(f"<tr class='{r['status']}'><td>{STATUS_WORDS[r['status']]}</td><td>{html.escape(r['path'])}</td>"
                      f"<td>{html.escape(r['bug'] or r['signature'] or '')}</td><td>{html.escape(r['detail'][:500])}</td></tr>")
     parts.append("</table>")
-    for i, r in enumerate(x for x in _sorted(rep["rows"]) if x.get("case") and x.get("divergence")):
-        parts.append(f"<h2 id='d{i}'>{html.escape(STATUS_WORDS[r['status']])}: {html.escape(r['path'])} "
-                     f"{html.escape(r['bug'] or r['signature'] or '')}</h2><p>{html.escape(r['detail'])}</p>")
-        parts.append(_heatmaps(r))
-        try:
-            (path,) = [p for p in resolve(r["path"]) if p.name == r["path"]]
-            text = repro.script(Case.from_json(r["case"]), r["path"], _machinery(path), title=r["detail"][:120])
-            parts.append("<details><summary>standalone repro script</summary><pre>" + html.escape(text) + "</pre></details>")
-        except Exception as e:  # a report never dies for want of a script
-            parts.append(f"<p>(no repro script: {html.escape(str(e))})</p>")
+    # One section per distinct finding: a known bug replayed from many corpus
+    # cases would otherwise re-run (and plot) the same thing dozens of times.
+    sections: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in _sorted(rep["rows"]):
+        if r.get("case") and r.get("divergence"):
+            sections.setdefault((r["status"], r["path"], r["bug"] or r["signature"] or ""), []).append(r)
+    paths: dict[str, Any] = {}
+    try:
+        for i, ((status, name, what), rows) in enumerate(sections.items()):
+            r = rows[0]
+            if name not in paths:
+                paths[name] = next((p for p in _resolve_quietly(name) if p.name == name), None)
+            path = paths[name]
+            more = f" ({len(rows)} rows; the first is shown)" if len(rows) > 1 else ""
+            parts.append(f"<h2 id='d{i}'>{html.escape(STATUS_WORDS[status])}: {html.escape(name)} "
+                         f"{html.escape(what)}</h2><p>{html.escape(r['detail'])}{more}</p>")
+            parts.append(_heatmaps(r, path))
+            try:
+                text = repro.script(Case.from_json(r["case"]), name, _machinery(path), title=r["detail"][:120])
+                parts.append("<details><summary>standalone repro script</summary><pre>" + html.escape(text) + "</pre></details>")
+            except Exception as e:  # a report never dies for want of a script
+                parts.append(f"<p>(no repro script: {html.escape(str(e))})</p>")
+    finally:
+        close_paths([p for p in paths.values() if p is not None])
     parts.append("</body></html>")
     return "\n".join(parts)
