@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.build import magnitude_bounds
-from harness.observation import Divergence, Observation, signature
+from harness.observation import Divergence, Observation, keys
 from harness.paths.base import Contract
 from harness.spec import Case
 from harness.train import first_inexact
@@ -86,19 +86,19 @@ def compare(case: Case, oracle: Observation, obs: Observation, contract: Contrac
         found.append(
             Divergence(obs.path, "error", None, f.k if f.k >= 0 else None, None, None, None,
                        f"raised {what} (the eager oracle ran this case fine)",
-                       signature(obs.path, "error", what))
+                       **keys(obs.path, "error", what))
         )
     for m in obs.mutations:
         what = f"changed {m.what}"
         found.append(
             Divergence(obs.path, "mutation", None, m.k, m.max_abs, None, None,
                        f"{m.what} changed by up to {m.max_abs:g} during backward {m.k}, but nobody wrote to it",
-                       signature(obs.path, "mutation", m.what.split(" ")[0]))
+                       **keys(obs.path, "mutation", m.what.split(" ")[0]))
         )
     for v in obs.violations:
         found.append(
             Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
-                       signature(obs.path, v.kind, v.key or v.what))
+                       **keys(obs.path, v.kind, v.key or v.what))
         )
     done: set[str] = set()
     inexact = first_inexact(case)
@@ -142,13 +142,13 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
         if a is None:
             detail = f"{label}: no grad after backward {k}, expected max |grad| {float(e.abs().max()):g}"
             return Divergence(path, "value", label, k, float(e.abs().max()), 1.0, 0.0, detail,
-                              signature(path, "value", f"{role} missing"))
+                              **keys(path, "value", f"{role} missing"))
         detail = f"{label}: got a grad after backward {k} where autograd gives none (max {float(a.abs().max()):g})"
         return Divergence(path, "value", label, k, float(a.abs().max()), None, None, detail,
-                          signature(path, "value", f"{role} unexpected"))
+                          **keys(path, "value", f"{role} unexpected"))
     if e.shape != a.shape:
         detail = f"{label}: shape {tuple(a.shape)} after backward {k}, expected {tuple(e.shape)}"
-        return Divergence(path, "value", label, k, None, None, None, detail, signature(path, "value", f"{role} shape"))
+        return Divergence(path, "value", label, k, None, None, None, detail, **keys(path, "value", f"{role} shape"))
     diff = (a - e).abs()
     if relative is not None:  # after a training step: optimizer arithmetic, no term bounds
         allowed = relative * (1 + float(e.abs().max()) if e.numel() else 1)
@@ -177,7 +177,7 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
     )
     shape_of_bug = _bug_shape(ratio, explain)
     return Divergence(path, "value", label, k, max_abs, max_rel, ratio, detail,
-                      signature(path, "value", f"{role} {shape_of_bug}"))
+                      **keys(path, "value", f"{role} {shape_of_bug}"))
 
 
 def _bug_shape(ratio: float | None, explain: str) -> str:

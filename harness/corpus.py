@@ -43,8 +43,9 @@ class Entry:
         """Is a divergence of ``path`` on this torch version a known, expected one?"""
         v = Version(torch_version.split("+")[0])
         for e in self.meta.get("expect", []):
-            # "path" is a name or a pattern ("pipeline.*.stock": every schedule's stock path)
-            if fnmatch.fnmatchcase(path, e.get("path", "")) and v in SpecifierSet(e.get("torch", ""), prereleases=True):
+            # "path" is a name, a pattern ("pipeline.*.stock": every schedule's stock
+            # path) or several, comma-separated, as in the ledger
+            if any(fnmatch.fnmatchcase(path, p.strip()) for p in e.get("path", "").split(",")) and v in SpecifierSet(e.get("torch", ""), prereleases=True):
                 return True
         return False
 

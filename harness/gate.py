@@ -14,7 +14,6 @@ against the ledger and the installed torch version:
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -105,7 +104,7 @@ def run_gate(
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
     try:
-        seen_as = _replay(live, entries, led, version, report, progress)
+        seen_as, shapes = _replay(live, entries, led, version, report, progress)
     finally:
         close_paths(live)
     if minutes > 0 and live:
@@ -118,8 +117,10 @@ def run_gate(
                 continue
             seen.add((d.path, d.signature))
             # A ledger bug matches by its recorded signatures, or by any signature
-            # its own cases showed in the replay just now.
-            bug = led.match(d.path, d.signature, version=version) or seen_as.get((d.path, d.signature))
+            # its own cases showed in the replay just now, on this path or (by
+            # shape) on another path the bug's entry covers.
+            bug = led.match(d.path, d.signature, version=version) or seen_as.get((d.path, d.signature)) \
+                or _by_shape(led, shapes, d, version)
             status = _classify(bug, version, True) if bug else "new"
             report.rows.append(_row(status, d, bug, "fuzz"))
     report.seconds = time.monotonic() - start
@@ -132,7 +133,7 @@ def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) ->
 
 
 def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, report: GateReport,
-            progress) -> dict[tuple[str, str], ledger_mod.Bug]:
+            progress) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
     from oracles.eager import observe
 
     reproduced: dict[str, list[Divergence]] = {}
@@ -169,14 +170,15 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
     live_names = {p.name for p in live}
     by_id = {b.id: b for b in led.bugs}
     seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
+    shapes = {(i, d.shape) for i, divs in reproduced.items() for d in divs if d.shape}
     for d, file in unmatched:
-        b = seen_as.get((d.path, d.signature))
+        b = seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
         if b is not None:
             reproduced[b.id].append(d)
         else:  # the ledger is the gate's authority; a case's own meta.expect is not
             report.rows.append(_row("new", d, None, f"corpus {file}"))
     for b in led.bugs:
-        if not any(fnmatch.fnmatchcase(n, b.path) for n in live_names):
+        if not any(b.covers(n) for n in live_names):
             continue
         divs = reproduced.get(b.id, [])
         if b.id not in ran:
@@ -190,7 +192,15 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
                     f"ledger says torch {b.torch} is affected, but its cases agree here"}[status]
             report.rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
                                    f"corpus {', '.join(b.cases)}", upstream=b.upstream))
-    return seen_as
+    return seen_as, shapes
+
+
+def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergence, version: str) -> ledger_mod.Bug | None:
+    """A bug whose entry covers ``d``'s path and whose own cases showed ``d``'s
+    shape on some path in this run; one affecting ``version`` wins."""
+    hits = [b for b in led.for_path(d.path) if (b.id, d.shape) in shapes]
+    hits.sort(key=lambda b: {"in": 0, "before": 1, "after": 2}[b.relation(version)])
+    return hits[0] if hits else None
 
 
 def _is_case_of(led: ledger_mod.Ledger, bug: ledger_mod.Bug, file: str) -> bool:

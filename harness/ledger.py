@@ -32,6 +32,11 @@ class Bug:
     cases: tuple[str, ...] = ()  # corpus files, relative to the ledger
     signatures: tuple[str, ...] = ()
 
+    def covers(self, path: str) -> bool:
+        """A bug's path is a name, a pattern ("pipeline.*.stock": every schedule's
+        stock path), or several of them separated by commas."""
+        return any(fnmatch.fnmatchcase(path, p.strip()) for p in self.path.split(","))
+
     def relation(self, version: str) -> str:
         """``in`` the affected range, ``after`` it (fixed since) or ``before`` it."""
         v = Version(version.split("+")[0])
@@ -48,8 +53,7 @@ class Ledger:
     root: str = ""
 
     def for_path(self, path: str) -> list[Bug]:
-        # A bug's path is a name or a pattern ("pipeline.*.stock": every schedule's stock path).
-        return [b for b in self.bugs if fnmatch.fnmatchcase(path, b.path)]
+        return [b for b in self.bugs if b.covers(path)]
 
     def match(self, path: str, signature: str, case_file: str | None = None, version: str | None = None) -> Bug | None:
         """The bug a divergence belongs to. Coarse signatures can fit several

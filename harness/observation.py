@@ -98,14 +98,25 @@ class Divergence:
     signature: str = ""
     case: dict[str, Any] | None = None
     flaky: bool = False
+    shape: str = ""  # the signature without the path: the same bug seen through another path
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _norm(what: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"\b[wxnpb]\d+\b", "#", what))
+
+
 def signature(path: str, kind: str, what: str) -> str:
     """A de-duplication key that ignores generated names and exact numbers."""
-    norm = re.sub(r"\b[wxnpb]\d+\b", "#", what)
-    norm = re.sub(r"\d+(\.\d+)?", "N", norm)
-    digest = hashlib.sha1(f"{path}|{kind}|{norm}".encode()).hexdigest()[:10]
+    digest = hashlib.sha1(f"{path}|{kind}|{_norm(what)}".encode()).hexdigest()[:10]
     return f"{path}-{kind}-{digest}"
+
+
+def keys(path: str, kind: str, what: str) -> dict[str, str]:
+    """``signature`` and ``shape`` for a Divergence: the shape leaves the path
+    out, so a ledger bug filed under a path pattern (every zero-bubble
+    schedule) can be recognised on a schedule its own cases never ran on."""
+    shape = hashlib.sha1(f"{kind}|{_norm(what)}".encode()).hexdigest()[:10]
+    return {"signature": signature(path, kind, what), "shape": f"{kind}-{shape}"}

@@ -110,3 +110,21 @@ def test_canaries_over_stock_split_are_judged_against_fixed_before_the_clamp(mon
         base, note = c.base_here()
         assert base == c.base.replace(".stock", ".fixed") and "before 2.13" in note
         assert resolve(base)
+
+
+def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_path):
+    """Ledger entries for a family (every zero-bubble schedule) replay their
+    cases only where the layout fits; a fuzz finding of the same shape on a
+    sibling path is that bug, not a new one. Outside the entry's paths it is not."""
+    from harness.paths.split import SplitPath
+    from harness.runner import check
+
+    a = SplitPath("split.stock", "harness.canaries:double_count_nested", stock_contract=True)
+    b = SplitPath("canary.sibling", "harness.canaries:double_count_nested", stock_contract=True)
+    (da,), (db,) = check(nested(), a)[:1], check(nested(), b)[:1]
+    assert da.signature != db.signature and da.shape == db.shape
+    led = ledger.Ledger([ledger.Bug("fam", "split.stock, canary.sib*", f">={V}", "double count")], str(tmp_path))
+    assert gate._by_shape(led, {("fam", da.shape)}, db, torch.__version__).id == "fam"
+    assert gate._by_shape(led, {("fam", "value-0000000000")}, db, torch.__version__) is None
+    other = ledger.Ledger([ledger.Bug("fam", "split.stock", f">={V}", "double count")], str(tmp_path))
+    assert gate._by_shape(other, {("fam", da.shape)}, db, torch.__version__) is None
