@@ -181,8 +181,8 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
         if not any(b.covers(n) for n in live_names):
             continue
         divs = reproduced.get(b.id, [])
-        if b.id not in ran:
-            continue
+        if b.id not in ran or not divs and b.relation(version) == "before":
+            continue  # a bug that starts after this version and is absent here is no news
         status = _classify(b, version, bool(divs))
         if divs:
             for d in _unique(divs):
