@@ -17,3 +17,12 @@ def test_ci_runs_the_readme_install_and_test_commands():
     ci = open(os.path.join(ROOT, ".ci", "run")).read().splitlines()
     assert install.split(" && ")[0] in ci
     assert ci[-1] == test
+
+
+def test_the_readme_bug_table_lists_every_ledger_entry():
+    import json
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    bugs = json.load(open(os.path.join(ROOT, "cases", "ledger.json")))["bugs"]
+    missing = [b["id"] for b in bugs if f"| `{b['id']}` | `{b['path']}` | `{b['torch']}` |" not in readme]
+    assert not missing, f"README's ledger table is stale for {missing}: regenerate it from cases/ledger.json"
