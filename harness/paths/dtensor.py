@@ -79,6 +79,19 @@ class DTensorContract(Contract):
     dtensor_placements: bool = True
 
 
+def _has_strategy(op: Any) -> bool:
+    """Can this torch's DTensor propagate shardings for ``op`` at all? Its op
+    coverage grows from version to version; asking it beats a version table."""
+    try:
+        from torch.distributed.tensor import DTensor
+
+        prop = DTensor._op_dispatcher.sharding_propagator
+    except Exception:
+        return True
+    tables = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
+    return any(op in getattr(prop, t, {}) for t in tables)
+
+
 class DTensorPath:
     contract = DTensorContract(retained_grads=True)
 
@@ -131,6 +144,9 @@ class DTensorPath:
         if s.optimizer == "rprop" and (s.optimizer_impl != "for_loop" or mode_of(case) == "dtensor"):
             return ("rprop on DTensor: its foreach form needs _foreach_copy_ (no sharding strategy), its loop form "
                     "an index_put_ DTensor refuses on sharded parameters; run only as a for-loop on Replicate parameters")
+        if s.optimizer == "rprop" and not _has_strategy(torch.ops.aten.index_put_.default):
+            return ("rprop's loop form needs index_put_, for which this torch's DTensor has no sharding strategy "
+                    "(NotImplementedError on every path; 2.13 has one)")
         if mode_of(case) == "dtensor":
             if any((p.placement or "partial") == "partial" for p in case.params):
                 return "mixes to_local/Partial parameters with DTensor-placed ones"

@@ -352,3 +352,21 @@ def test_pool_never_forks_on_a_machine_with_gpus(monkeypatch):
     assert pool.WorkerPool(2, "gloo")._context().get_start_method() == "forkserver"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pool.WorkerPool(2, "gloo")._context().get_start_method() == "fork"
+
+
+def test_rprop_runs_only_where_dtensor_can_shard_index_put():
+    """rprop's loop form needs index_put_; torch 2.11's DTensor has no
+    strategy for it and raises on every path, so the case is outside the
+    contract there, by asking DTensor rather than a version table."""
+    from harness.paths.dtensor import _has_strategy
+
+    assert _has_strategy(torch.ops.aten.mm.default)
+    assert not _has_strategy(torch.ops.aten._cdist_backward.default)
+    case = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+                schedule=Schedule(optimizer="rprop", optimizer_impl="for_loop"))
+    why = DTensorPath("dtensor.fixed", "oracles.dtensor_fixed").supports(case)
+    if _has_strategy(torch.ops.aten.index_put_.default):
+        assert why is None
+    else:
+        assert "index_put_" in why
