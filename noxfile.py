@@ -13,7 +13,7 @@ import glob
 
 import nox
 
-TORCH = ["2.13.0", "2.14.1"]
+TORCH = ["2.11.0", "2.13.0", "2.14.1"]
 nox.options.reuse_existing_virtualenvs = True
 
 
