@@ -154,10 +154,17 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
                     break
             for d in divs:
                 d.case = entry.case.to_json()
-            bug = next((b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)), None)
-            if bug is not None:
-                ran.add(bug.id)
-                reproduced.setdefault(bug.id, []).extend(divs)
+            owners = [b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)]
+            if owners:
+                # A case filed under several bugs: each divergence goes to the one
+                # whose recorded signatures name it, else to the first.
+                if not divs:  # the case agrees: evidence about the bug it is first filed under
+                    ran.add(owners[0].id)
+                    reproduced.setdefault(owners[0].id, [])
+                for d in divs:
+                    b = next((b for b in owners if d.signature in b.signatures), owners[0])
+                    ran.add(b.id)
+                    reproduced.setdefault(b.id, []).append(d)
                 continue
             for d in divs:
                 b = led.match(p.name, d.signature, version=version)

@@ -128,3 +128,19 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
     assert gate._by_shape(led, {("fam", "value-0000000000")}, db, torch.__version__) is None
     other = ledger.Ledger([ledger.Bug("fam", "split.stock", f">={V}", "double count")], str(tmp_path))
     assert gate._by_shape(other, {("fam", da.shape)}, db, torch.__version__) is None
+
+
+def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names_it(tmp_path):
+    from harness.runner import check
+
+    paths = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested"))
+    sigs = {d.signature for d in check(nested(), paths[0])}
+    cases = tmp_path / "cases"
+    corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
+    common = {"path": "split.stock", "torch": f">={V}", "cases": ["split/nested.json"]}
+    bugs = [{"id": "first", "summary": "listed first", **common},
+            {"id": "named", "summary": "names the signature", "signatures": sorted(sigs), **common}]
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    report = gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"), minutes=0,
+                           run_selfcheck=False)
+    assert {(r.status, r.bug) for r in report.rows} == {("known", "named")}
