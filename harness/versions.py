@@ -1,7 +1,10 @@
 """Gate reports from several torch versions side by side.
 
 Rows are ledger bugs and new findings, columns are torch versions; a cell
-is the gate's status for that row on that version.
+is the gate's status for that row on that version. A ledger bug is one row
+however many paths show it (a known row names a concrete path, a fixed row
+the entry's pattern): the question is whether the bug is there, and each
+report has the paths.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ def table(reports: list[dict[str, Any]]) -> str:
         for row in rep["rows"]:
             if row["status"] == "unavailable":
                 key = f"{row['path']} (path)"
+            elif row["bug"]:
+                key = row["bug"]
             else:
-                key = f"{row['path']}: {row['bug'] or row['signature'] or row['detail'][:50]}"
+                key = f"{row['path']}: {row['signature'] or row['detail'][:50]}"
             cell = rows.setdefault(key, {})
             if cell.get(rep["torch"]) not in ("NEW", "REGRESSION", "known"):
                 cell[rep["torch"]] = SHORT[row["status"]]

@@ -78,7 +78,11 @@ def test_baseline_and_version_table():
     assert "    b1: known -> fixed" in lines
     t = table([new, old])
     assert t.splitlines()[0] == "| row | 2.11.0 | 2.13.0 |"
-    assert "| split.stock: b1 | known | fixed |" in t
+    assert "| b1 | known | fixed |" in t
+    # one row per bug, whichever paths show it; the worst status wins a cell
+    other = {"torch": "2.13.0", "rows": [{"path": "pipeline.X.stock", "bug": "b1", "signature": None, "detail": "",
+                                          "status": "known"}] + new["rows"]}
+    assert "| b1 | known | known |" in table([other, old])
 
 
 def test_malformed_ledger_names_file_and_field(tmp_path):
