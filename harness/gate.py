@@ -112,6 +112,9 @@ def run_gate(
         for name, t in result.paths.items():
             report.examples[name] = report.examples.get(name, 0) + t.examples
         seen = {(r.path, r.signature) for r in report.rows}
+        # Bugs whose own cases agreed in the replay just now: a coarse signature
+        # is no evidence that one of them came back (a regression needs more).
+        fixed_here = {r.bug for r in report.rows if r.status == "fixed"}
         for d in result.divergences:
             if (d.path, d.signature) in seen:
                 continue
@@ -119,8 +122,10 @@ def run_gate(
             # A ledger bug matches by its recorded signatures, or by any signature
             # its own cases showed in the replay just now, on this path or (by
             # shape) on another path the bug's entry covers.
-            bug = led.match(d.path, d.signature, version=version) or seen_as.get((d.path, d.signature)) \
-                or _by_shape(led, shapes, d, version)
+            bug = led.match(d.path, d.signature, version=version)
+            if bug is not None and bug.id in fixed_here:
+                bug = None
+            bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
             status = _classify(bug, version, True) if bug else "new"
             report.rows.append(_row(status, d, bug, "fuzz"))
     report.seconds = time.monotonic() - start

@@ -11,6 +11,7 @@ import torch
 
 from harness import corpus, gate, gate_report, ledger
 from harness.paths import Options, resolve
+from harness.spec import Case, Input, Node, Param, Use
 from harness.versions import table
 from tests.helpers import nested
 
@@ -148,3 +149,26 @@ def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names
     report = gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"), minutes=0,
                            run_selfcheck=False)
     assert {(r.status, r.bug) for r in report.rows} == {("known", "named")}
+
+
+def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(tmp_path):
+    """A ledger bug fixed before this version, whose own case agrees in the
+    replay, does not claim a fuzz finding by signature alone: that finding
+    is new (it still fails the gate), not the old bug come back."""
+    from harness.runner import check
+
+    paths = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested"))
+    plain = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                 nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
+    assert not check(plain, paths[0])
+    cases = tmp_path / "cases"
+    corpus.save(cases / "split", "plain", corpus.Entry(plain, {"title": "agrees"}))
+    old = {"id": "old", "path": "split.stock", "torch": "<2.0", "summary": "fixed long ago",
+           "cases": ["split/plain.json"], "signatures": sorted({d.signature for d in check(nested(), paths[0])})}
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": [old]}))
+    report = gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"), minutes=0.1,
+                           run_selfcheck=False)
+    fuzz = [r for r in report.rows if r.source == "fuzz"]
+    assert any(r.signature in old["signatures"] for r in fuzz), [r.detail for r in fuzz]
+    assert {r.status for r in fuzz} == {"new"} and report.failed
+    assert [r.status for r in report.rows if r.source != "fuzz"] == ["fixed"]
