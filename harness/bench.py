@@ -161,7 +161,6 @@ def bench_family(name: str, paths: list[Any], *, examples: int, warmup: int, see
 
 def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool | None) -> list[dict[str, Any]]:
     from harness.canaries import all_canaries
-    from harness.paths import resolve
     from harness.runner import Result, close_paths
     from harness.target import Target, TargetRun
 
@@ -169,11 +168,10 @@ def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool
     for c in all_canaries():
         if names and c.name not in names:
             continue
-        base_name, note = c.base_here()
-        row: dict[str, Any] = {"canary": c.name, "base": base_name, **({"note": note} if note else {})}
-        base = resolve(base_name)[0] if base_name else None
-        if base is not None and not base.availability().ok:
-            row["skipped"] = f"base {base_name} unavailable: {base.availability().reason}"
+        base, note, skipped = c.resolve_base()
+        row: dict[str, Any] = {"canary": c.name, "base": base.name if base else None, **({"note": note} if note else {})}
+        if skipped:
+            row["skipped"] = skipped
             out.append(row)
             continue
         hits = []

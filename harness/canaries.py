@@ -111,6 +111,18 @@ class Canary:
             return fixed, f"judged against {fixed}: stock split before 2.13 double counts itself"
         return self.base, ""
 
+    def resolve_base(self) -> tuple[Any, str, str]:
+        """The base path to judge against here (None: none), the note of
+        ``base_here``, and why the canary cannot run ("" if it can)."""
+        from harness.paths import resolve
+
+        name, note = self.base_here()
+        if not name:
+            return None, note, ""
+        base = resolve(name)[0]
+        available = base.availability()
+        return base, note, "" if available.ok else f"base {name} unavailable: {available.reason}"
+
 
 def split_canaries() -> list[Canary]:
     from harness.paths.split import SplitPath

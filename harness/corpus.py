@@ -33,6 +33,13 @@ class CorpusError(ValueError):
         self.file = str(file)
 
 
+def covers(patterns: str, path: str) -> bool:
+    """Does ``path`` fall under ``patterns``: a path name, a pattern
+    ("pipeline.*.stock": every schedule's stock path), or several of them
+    separated by commas? The ledger and ``meta.expect`` both name paths so."""
+    return any(fnmatch.fnmatchcase(path, p.strip()) for p in patterns.split(","))
+
+
 @dataclass
 class Entry:
     case: Case
@@ -43,9 +50,7 @@ class Entry:
         """Is a divergence of ``path`` on this torch version a known, expected one?"""
         v = Version(torch_version.split("+")[0])
         for e in self.meta.get("expect", []):
-            # "path" is a name, a pattern ("pipeline.*.stock": every schedule's stock
-            # path) or several, comma-separated, as in the ledger
-            if any(fnmatch.fnmatchcase(path, p.strip()) for p in e.get("path", "").split(",")) and v in SpecifierSet(e.get("torch", ""), prereleases=True):
+            if covers(e.get("path", ""), path) and v in SpecifierSet(e.get("torch", ""), prereleases=True):
                 return True
         return False
 

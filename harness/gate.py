@@ -210,9 +210,7 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
 def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergence, version: str) -> ledger_mod.Bug | None:
     """A bug whose entry covers ``d``'s path and whose own cases showed ``d``'s
     shape on some path in this run; one affecting ``version`` wins."""
-    hits = [b for b in led.for_path(d.path) if (b.id, d.shape) in shapes]
-    hits.sort(key=lambda b: {"in": 0, "before": 1, "after": 2}[b.relation(version)])
-    return hits[0] if hits else None
+    return ledger_mod.first([b for b in led.for_path(d.path) if (b.id, d.shape) in shapes], version)
 
 
 def _is_case_of(led: ledger_mod.Ledger, bug: ledger_mod.Bug, file: str) -> bool:

@@ -8,7 +8,6 @@ report and a one-line summary. The gate classifies every result against it.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from harness.corpus import CorpusError
+from harness.corpus import CorpusError, covers
 
 LEDGER_VERSION = 1
 
@@ -33,9 +32,7 @@ class Bug:
     signatures: tuple[str, ...] = ()
 
     def covers(self, path: str) -> bool:
-        """A bug's path is a name, a pattern ("pipeline.*.stock": every schedule's
-        stock path), or several of them separated by commas."""
-        return any(fnmatch.fnmatchcase(path, p.strip()) for p in self.path.split(","))
+        return covers(self.path, path)
 
     def relation(self, version: str) -> str:
         """``in`` the affected range, ``after`` it (fixed since) or ``before`` it."""
@@ -63,9 +60,15 @@ class Ledger:
             if signature in b.signatures
             or case_file and any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(case_file) for c in b.cases)
         ]
-        if version is not None:
-            hits.sort(key=lambda b: {"in": 0, "before": 1, "after": 2}[b.relation(version)])
-        return hits[0] if hits else None
+        return first(hits, version)
+
+
+def first(hits: list[Bug], version: str | None) -> Bug | None:
+    """Of the bugs a divergence fits, the one affecting ``version`` (coarse
+    signatures and shapes can fit several bugs of one path)."""
+    if version is not None:
+        hits = sorted(hits, key=lambda b: {"in": 0, "before": 1, "after": 2}[b.relation(version)])
+    return hits[0] if hits else None
 
 
 def load(file: str) -> Ledger:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 
 from harness.canaries import Canary, all_canaries
-from harness.paths import resolve
 from harness.runner import Result, fuzz_path
 
 
@@ -27,14 +26,13 @@ class CanaryResult:
 
 
 def run_canary(c: Canary, seed: int = 0) -> CanaryResult:
-    base_name, note = c.base_here()
     path = c.make()
     available = path.availability()
     if not available.ok:
         return CanaryResult(c.name, False, None, 0.0, "", skipped=f"unavailable here: {available.reason}")
-    base = resolve(base_name)[0] if base_name else None
-    if base is not None and not base.availability().ok:
-        return CanaryResult(c.name, False, None, 0.0, "", skipped=f"base {base_name} unavailable: {base.availability().reason}")
+    base, note, skipped = c.resolve_base()
+    if skipped:
+        return CanaryResult(c.name, False, None, 0.0, "", skipped=skipped)
     result = Result()
     start = time.monotonic()
     try:
