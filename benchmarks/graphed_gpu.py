@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from harness.paths.base import Contract  # noqa: E402
 from harness.paths.graphed import paths as graphed_paths  # noqa: E402
 from harness.paths import Options  # noqa: E402
-from harness.runner import Result, check, fuzz_path  # noqa: E402
-from harness.spec import Case  # noqa: E402
+from harness.engine.runner import Result, check, fuzz_path  # noqa: E402
+from harness.case.spec import Case  # noqa: E402
 
 START = time.monotonic()
 RESULTS: dict = {}
@@ -238,7 +238,7 @@ def s_fixed():
 
 
 def s_canary():
-    from harness.spec import Event, Input, Node, Param, Schedule, Use
+    from harness.case.spec import Event, Input, Node, Param, Schedule, Use
     from tests.standins import weakref_canary
 
     def _pressure_case(microbatches: int = 4) -> Case:
@@ -287,7 +287,7 @@ def s_compile():
         if not path.availability().ok:
             RESULTS["compile"] = out
             return
-        from harness import corpus
+        from harness.out import corpus
         seed_case = corpus.load(os.path.join(ROOT, "cases/graphed/make_graphed_callables_static_grad_alias.json")).case
         out["seed_case"] = [d.detail for d in check(seed_case, path)]
         save()
@@ -314,9 +314,10 @@ def s_compile():
 
 def s_compile_cases():
     """Pinned cases for the compile findings: harness check, and standalone scripts with and without held grads."""
-    from harness import corpus, repro
+    from harness.out import corpus
+    from harness.out import repro
     from harness.paths.graphed import compiled
-    from harness.spec import Input, Node, Param, Schedule, Use
+    from harness.case.spec import Input, Node, Param, Schedule, Use
 
     def mm(x_grad: bool, **sched) -> Case:
         return Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=x_grad),),

@@ -7,7 +7,7 @@ accidental export (or removal) fails CI.
 
 from harness.observation import Divergence, Observation
 from harness.paths import Options, Path, register_path, resolve
-from harness.runner import check, fuzz, replay
-from harness.spec import Case
+from harness.engine.runner import check, fuzz, replay
+from harness.case.spec import Case
 
 __all__ = ["Case", "Divergence", "Observation", "Options", "Path", "check", "fuzz", "register_path", "replay", "resolve"]

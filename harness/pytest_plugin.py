@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-_session: Any = None  # this process's harness.session.Session (one per xdist worker)
+_session: Any = None  # this process's harness.engine.session.Session (one per xdist worker)
 _paths_cache: dict[str, Any] = {}
 
 
@@ -96,8 +96,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("gradfuzz_paths") is None:
         return
-    from harness import corpus
-    from harness.session import plan
+    from harness.out import corpus
+    from harness.engine.session import plan
 
     paths = _selected(config)
     exact = {"exact": True, "tolerance": False, "both": None}[config.getoption("gradfuzz_mode")]
@@ -138,9 +138,9 @@ class GradfuzzCollector(pytest.Collector):
 def _worker_session(config: pytest.Config) -> Any:
     global _session
     if _session is None:
-        from harness.database import open_database
-        from harness.session import Session, _single_thread
-        from harness.target import Stop
+        from harness.engine.database import open_database
+        from harness.engine.session import Session, _single_thread
+        from harness.engine.target import Stop
 
         run_dir = config.getoption("gradfuzz_run_dir")
         stop = Stop(os.path.join(run_dir, "stop") if run_dir else None)
@@ -159,7 +159,7 @@ def _worker_session(config: pytest.Config) -> Any:
 def _write_status(config: pytest.Config) -> None:
     run_dir = config.getoption("gradfuzz_run_dir")
     if run_dir and _session is not None:
-        from harness.session import write_status
+        from harness.engine.session import write_status
 
         write_status(os.path.join(run_dir, f"status-{_session.worker}.json"), _session.snapshot())
 
@@ -224,8 +224,8 @@ class ReplayItem(pytest.Item):
     def runtest(self) -> None:
         import torch
 
-        from harness import corpus
-        from harness.runner import check
+        from harness.out import corpus
+        from harness.engine.runner import check
 
         entry = corpus.load(self.file)
         reason = self.gpath.supports(entry.case)
@@ -300,7 +300,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _session is not None:
         _session.done = True
         _write_status(session.config)
-    from harness.runner import close_paths
+    from harness.engine.runner import close_paths
 
     for paths in _paths_cache.values():
         close_paths(paths)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.build import Built
+from harness.build.tensors import Built
 from harness.observation import Grads, Observation, Step, snap
-from harness.spec import Case
-from harness.train import Trainer, ends_step, has_step
+from harness.case.spec import Case
+from harness.build.train import Trainer, ends_step, has_step
 
 
 class OracleError(RuntimeError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.spec import Case, Input, Node, Param, Schedule, Use
+from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 
 
 def nested(microbatches: int = 1, grad_init: str = "none") -> Case:

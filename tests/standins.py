@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from harness.isolation import IsolatedPath
+from harness.workers.isolation import IsolatedPath
 from harness.paths.graphed import GraphedPath
 from oracles import graphed_fixed
 

@@ -16,11 +16,11 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-from harness.build import Built
-from harness.lifetime import Lifetime
+from harness.build.tensors import Built
+from harness.build.lifetime import Lifetime
 from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
-from harness.spec import Case
-from harness.train import Trainer, ends_step, has_step
+from harness.case.spec import Case
+from harness.build.train import Trainer, ends_step, has_step
 
 
 @dataclass(frozen=True)

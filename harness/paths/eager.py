@@ -10,7 +10,7 @@ import torch
 
 from harness.observation import Grads, Observation
 from harness.paths.base import Availability, Contract, run_schedule
-from harness.spec import Case
+from harness.case.spec import Case
 
 
 def _backward(outs, cots, inputs, params) -> Grads:

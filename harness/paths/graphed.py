@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from harness.build import Built
-from harness.isolation import IsolatedPath, progress
+from harness.build.tensors import Built
+from harness.workers.isolation import IsolatedPath, progress
 from harness.observation import Grads, Observation
 from harness.paths.base import Availability, Contract, run_schedule
-from harness.spec import Case
+from harness.case.spec import Case
 
 STOCK = "torch.cuda:make_graphed_callables"
 FIXED = "oracles.graphed_fixed:make_graphed_callables"

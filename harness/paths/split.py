@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.observation import Grads, Observation
 from harness.paths.base import Availability, Contract, run_schedule
-from harness.spec import Case
+from harness.case.spec import Case
 
 STOCK = "torch.distributed.pipelining._backward"
 

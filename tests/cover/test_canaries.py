@@ -7,10 +7,10 @@ from packaging.version import Version
 
 from harness.paths import resolve
 from harness.paths.split import SplitPath
-from harness.repro import forward_source
-from harness.runner import Result, fuzz_path
-from harness.spec import Case
-from harness.canaries import CANARIES
+from harness.out.repro import forward_source
+from harness.engine.runner import Result, fuzz_path
+from harness.case.spec import Case
+from harness.canaries.split import CANARIES
 
 STOCK_HAS_CLAMP = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 

@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from harness import corpus
+from harness.out import corpus
 from harness.paths import resolve
-from harness.runner import check
+from harness.engine.runner import check
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "cases")
 FILES = corpus.discover([ROOT])
@@ -69,7 +69,7 @@ def test_malformed_corpus_files_name_file_and_field(tmp_path, text, words):
 def test_ledger_and_case_expectations_agree():
     """Each ledger bug's cases expect exactly the ledger's range on its path,
     and every expectation in a case is backed by a ledger entry."""
-    from harness import ledger
+    from harness.gate import ledger
 
     led = ledger.load(os.path.join(ROOT, "ledger.json"))
     backed = set()

@@ -17,12 +17,12 @@ import pytest
 import torch
 from packaging.version import Version
 
-from harness import corpus
+from harness.out import corpus
 from harness.observation import Observation
 from harness.paths import resolve
-from harness.paths.dtensor import DTensorPath, _assemble, canaries
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case, Input, Node, Param, Schedule, Use
+from harness.paths.dtensor.path import DTensorPath, _assemble, canaries
+from harness.engine.runner import Result, check, fuzz_path
+from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEED = os.path.join(ROOT, "cases", "dtensor", "partial_grad_transposed_to_replicate.json")
@@ -263,7 +263,7 @@ def test_torchrun_rank0_drives_and_the_other_rank_follows(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     r = subprocess.run(
         [torchrun, "--nproc-per-node", "2", "-m", "harness", "fuzz", "--paths", "dtensor.stock",
-         "--dtensor-impl", "harness.canaries_dtensor:partial_to_replicate", "--examples", "300", "--seed", "0",
+         "--dtensor-impl", "harness.canaries.dtensor:partial_to_replicate", "--examples", "300", "--seed", "0",
          "--save", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
@@ -299,12 +299,12 @@ def test_tensor_parallel_styles_through_parallelize_module(styles):
 def test_forkserver_pool_as_used_with_nccl():
     """With CUDA the workers come from a forkserver (CUDA cannot be used in a
     forked child); the same start on CPU runs cases and leaves nothing behind."""
-    from harness import pool
+    from harness.workers import pool
     from harness.paths import dtensor
 
     workers = pool.WorkerPool(2, "gloo", start_method="forkserver")
     dtensor._groups[(2, "forkserver-test")] = workers
-    path = DTensorPath("dtensor.forkserver", "harness.canaries_dtensor:partial_to_replicate", backend="forkserver-test")
+    path = DTensorPath("dtensor.forkserver", "harness.canaries.dtensor:partial_to_replicate", backend="forkserver-test")
     try:
         divs = check(corpus.load(SEED).case, path)
         assert {d.kind for d in divs} == {"placement", "collective"}
@@ -320,7 +320,7 @@ def test_placements_and_training_steps_are_case_data():
     cases keep their JSON), and bad values are errors naming the field."""
     import json
 
-    from harness.spec import SpecError
+    from harness.case.spec import SpecError
 
     case = layout_case("transposed", "shard1", microbatches=2)
     assert "placement" not in layout_case("transposed").dumps() and "optimizer" not in case.dumps()
@@ -346,7 +346,7 @@ def test_pool_never_forks_on_a_machine_with_gpus(monkeypatch):
     without GPUs may fork its gloo workers."""
     import torch
 
-    from harness import pool
+    from harness.workers import pool
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pool.WorkerPool(2, "gloo")._context().get_start_method() == "forkserver"
@@ -358,7 +358,7 @@ def test_rprop_runs_only_where_dtensor_can_shard_index_put():
     """rprop's loop form needs index_put_; torch 2.11's DTensor has no
     strategy for it and raises on every path, so the case is outside the
     contract there, by asking DTensor rather than a version table."""
-    from harness.paths.dtensor import _has_strategy
+    from harness.paths.dtensor.path import _has_strategy
 
     assert _has_strategy(torch.ops.aten.mm.default)
     assert not _has_strategy(torch.ops.aten._cdist_backward.default)

@@ -5,9 +5,10 @@ import json
 import multiprocessing
 import os
 
-from harness import corpus, findings
-from harness.database import MaskingDatabase
-from harness.spec import Case
+from harness.out import corpus
+from harness.out import findings
+from harness.engine.database import MaskingDatabase
+from harness.case.spec import Case
 from hypothesis.database import InMemoryExampleDatabase
 from tests.helpers import nested
 
@@ -19,7 +20,7 @@ def _entry(case: Case, title: str = "t") -> corpus.Entry:
 def _bigger(case: Case) -> Case:
     from dataclasses import replace
 
-    from harness.spec import Node, Use
+    from harness.case.spec import Node, Use
 
     extra = Node(f"n{len(case.nodes)}", "relu", (Use(case.outputs[0].ref),))
     return replace(case, nodes=case.nodes + (extra,), outputs=(Use(extra.name),))
@@ -95,10 +96,10 @@ def test_masking_database_keeps_examples_that_pass_only_because_they_are_known()
 def test_a_failure_saved_yesterday_is_replayed_first_today(tmp_path):
     """Directory database: the second session's first example is the saved failure."""
     from harness.paths.split import SplitPath
-    from harness.session import fuzz
+    from harness.engine.session import fuzz
 
     def session(seed):
-        path = SplitPath("split.stock", "harness.canaries:drops_accumulated", stock_contract=True)
+        path = SplitPath("split.stock", "harness.canaries.split:drops_accumulated", stock_contract=True)
         return fuzz([path], examples=40, seed=seed, save_dir=str(tmp_path / "found"), exact=True,
                     db=str(tmp_path / "db"))
 

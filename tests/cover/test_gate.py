@@ -9,10 +9,13 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from harness import corpus, gate, gate_report, ledger
+from harness.out import corpus
+from harness.gate import run as gate
+from harness.gate import report as gate_report
+from harness.gate import ledger
 from harness.paths import Options, resolve
-from harness.spec import Case, Input, Node, Param, Use
-from harness.versions import table
+from harness.case.spec import Case, Input, Node, Param, Use
+from harness.gate.versions import table
 from tests.helpers import nested
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -39,9 +42,9 @@ def _world(tmp_path, torch_range: str | None):
 
 
 @pytest.mark.parametrize("impl, torch_range, status, fails", [
-    ("harness.canaries:double_count_nested", f">={V}", "known", False),
-    ("harness.canaries:double_count_nested", "<2.0", "regression", True),
-    ("harness.canaries:double_count_nested", None, "new", True),
+    ("harness.canaries.split:double_count_nested", f">={V}", "known", False),
+    ("harness.canaries.split:double_count_nested", "<2.0", "regression", True),
+    ("harness.canaries.split:double_count_nested", None, "new", True),
     ("oracles.split_fixed", "<2.0", "fixed", False),
     ("oracles.split_fixed", f">={V}", "not_reproduced", False),
 ])
@@ -57,7 +60,7 @@ def test_classification(tmp_path, impl, torch_range, status, fails):
 
 def test_reports_render_from_the_json(tmp_path):
     cases, led = _world(tmp_path, None)
-    paths = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested")) + resolve("split.fixed")
+    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested")) + resolve("split.fixed")
     rep = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False).to_json()
     suite = ET.fromstring(gate_report.junit(rep))
     assert suite.get("failures") == "1" and len(suite.findall("testcase")) >= 2
@@ -104,7 +107,7 @@ def test_selfcheck_fails_naming_the_canaries_when_detection_is_broken():
 def test_canaries_over_stock_split_are_judged_against_fixed_before_the_clamp(monkeypatch):
     """On torch < 2.13 stock split has the founding bug itself; a canary over
     it must still run (against the fixed path), not be skipped."""
-    from harness.canaries import all_canaries
+    from harness.canaries.split import all_canaries
 
     over_stock = [c for c in all_canaries() if c.needs_clamp]
     assert {c.name for c in over_stock} >= {"double_count_nested", "loses_tied_site"}
@@ -122,10 +125,10 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
     cases only where the layout fits; a fuzz finding of the same shape on a
     sibling path is that bug, not a new one. Outside the entry's paths it is not."""
     from harness.paths.split import SplitPath
-    from harness.runner import check
+    from harness.engine.runner import check
 
-    a = SplitPath("split.stock", "harness.canaries:double_count_nested", stock_contract=True)
-    b = SplitPath("canary.sibling", "harness.canaries:double_count_nested", stock_contract=True)
+    a = SplitPath("split.stock", "harness.canaries.split:double_count_nested", stock_contract=True)
+    b = SplitPath("canary.sibling", "harness.canaries.split:double_count_nested", stock_contract=True)
     (da,), (db,) = check(nested(), a)[:1], check(nested(), b)[:1]
     assert da.signature != db.signature and da.shape == db.shape
     led = ledger.Ledger([ledger.Bug("fam", "split.stock, canary.sib*", f">={V}", "double count")], str(tmp_path))
@@ -136,9 +139,9 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
 
 
 def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names_it(tmp_path):
-    from harness.runner import check
+    from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested"))
+    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
     sigs = {d.signature for d in check(nested(), paths[0])}
     cases = tmp_path / "cases"
     corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
@@ -155,9 +158,9 @@ def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(
     """A ledger bug fixed before this version, whose own case agrees in the
     replay, does not claim a fuzz finding by signature alone: that finding
     is new (it still fails the gate), not the old bug come back."""
-    from harness.runner import check
+    from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested"))
+    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
     plain = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
                  nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
     assert not check(plain, paths[0])

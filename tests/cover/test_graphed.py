@@ -14,10 +14,11 @@ import sys
 import pytest
 import torch
 
-from harness import corpus, repro
+from harness.out import corpus
+from harness.out import repro
 from harness.paths import resolve
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case, Event, Input, Node, Param, Schedule, SpecError, Use
+from harness.engine.runner import Result, check, fuzz_path
+from harness.case.spec import Case, Event, Input, Node, Param, Schedule, SpecError, Use
 from tests.standins import isolated, standin
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

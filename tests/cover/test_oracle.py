@@ -5,8 +5,8 @@ import dataclasses
 import torch
 from hypothesis import given, settings
 
-from harness.build import Built
-from harness.strategies import cases
+from harness.build.tensors import Built
+from harness.generate import cases
 from oracles.eager import observe
 
 

@@ -1,8 +1,8 @@
 import pytest
 
 from harness.paths import Options, UsageError, resolve
-from harness.runner import check, fuzz
-from harness.spec import Case, Hook, Input, Node, Param, Use
+from harness.engine.runner import check, fuzz
+from harness.case.spec import Case, Hook, Input, Node, Param, Use
 from tests.helpers import nested
 
 
@@ -13,7 +13,7 @@ def test_family_names_expand_and_unknown_names_are_usage_errors():
 
 
 def test_split_impl_option_points_split_stock_at_a_fork():
-    (path,) = resolve("split.stock", Options(split_impl="harness.canaries:double_count_nested"))
+    (path,) = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
     assert path.availability().ok
     assert check(nested(), path), "the fork double counts x @ w @ w"
     (bad,) = resolve("split.stock", Options(split_impl="no_such_module_xyz"))
@@ -63,7 +63,7 @@ def test_mutation_of_a_held_grad_is_reported():
 
             return run_schedule(case, self.name, backward)
 
-    from harness.compare import compare
+    from harness.compare.values import compare
     from oracles.eager import observe
 
     case = nested(microbatches=2)

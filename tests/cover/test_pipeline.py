@@ -18,17 +18,18 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from harness import corpus, pipeline_repro
-from harness.build import Built
+from harness.out import corpus
+from harness.out import pipeline_repro
+from harness.build.tensors import Built
 from harness.paths import resolve
-from harness.paths.pipeline import FIXED, PipelinePath, observation, probe
-from harness.pipeline_rank import discover
-from harness.pool import Outcome
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case, Input, Node, Param, Schedule, SpecError, Use
-from harness.stages import StageModule, Value, cut
-from harness.strategies import cases
-from harness.pipeline_canaries import CANARIES
+from harness.paths.pipeline.path import FIXED, PipelinePath, observation, probe
+from harness.paths.pipeline.rank import discover
+from harness.workers.pool import Outcome
+from harness.engine.runner import Result, check, fuzz_path
+from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
+from harness.build.stages import StageModule, Value, cut
+from harness.generate import cases
+from harness.canaries.pipeline import CANARIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PIPELINE_CASES = os.path.join(ROOT, "cases", "pipeline")
@@ -156,7 +157,7 @@ import json, sys
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as S
 from torch.distributed.pipelining._utils import InferenceMode
-from harness import pipeline_rank
+from harness.paths.pipeline import rank as pipeline_rank
 
 def warmup_211(self, stages, has_backward, p2p_done):
     if not p2p_done:
@@ -187,7 +188,7 @@ def test_the_probe_finds_a_runtime_that_sends_between_stages_on_one_rank(tmp_pat
 
 
 def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contract(monkeypatch):
-    import harness.paths.pipeline as pipeline
+    import harness.paths.pipeline.path as pipeline
 
     error = "RuntimeError: [enforce fail at pair.cc:789] state_ >= CONNECTED. 1 vs 4. Pair is not connected"
     monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule: error)

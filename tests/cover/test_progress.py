@@ -5,7 +5,7 @@ import time
 
 from rich.console import Console
 
-from harness.progress import Display, plain_line, render
+from harness.cli.progress import Display, plain_line, render
 
 NOW = time.time()
 VIEW = {

@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-from harness import corpus
+from harness.out import corpus
 from tests.redis_server import redis_server
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-CANARY = ["--paths", "split.stock", "--split-impl", "harness.canaries:drops_accumulated", "--mode", "exact"]
+CANARY = ["--paths", "split.stock", "--split-impl", "harness.canaries.split:drops_accumulated", "--mode", "exact"]
 
 
 def gradfuzz(*args, cwd, timeout=180):
@@ -126,7 +126,7 @@ def test_pytest_plugin_adds_fuzz_targets_replay_items_and_skips_unavailable_path
 def test_pytest_plugin_items_are_plain_hypothesis_tests():
     """What a driver of Hypothesis tests (HypoFuzz) needs: a pytest.Function whose obj is @given."""
     from harness.paths import resolve
-    from harness.target import Target
+    from harness.engine.target import Target
 
     test = Target(resolve("split.fixed"), exact=True).plain_test(max_examples=5)
     assert getattr(test, "is_hypothesis_test", False)

@@ -3,9 +3,9 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from harness.build import EXACT_LIMIT, magnitude_bounds
-from harness.spec import Case, SpecError
-from harness.strategies import cases
+from harness.build.tensors import EXACT_LIMIT, magnitude_bounds
+from harness.case.spec import Case, SpecError
+from harness.generate import cases
 from tests.helpers import nested
 
 

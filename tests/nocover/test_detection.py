@@ -11,8 +11,8 @@ import pytest
 
 from harness.paths import resolve
 from harness.paths.split import SplitPath
-from harness.runner import Result, fuzz, fuzz_path
-from harness.canaries import CANARIES
+from harness.engine.runner import Result, fuzz, fuzz_path
+from harness.canaries.split import CANARIES
 
 pytestmark = pytest.mark.slow
 

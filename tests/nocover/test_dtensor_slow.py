@@ -12,9 +12,9 @@ import textwrap
 import pytest
 
 from harness.paths import Options, resolve
-from harness.paths.dtensor import DTensorPath, canaries
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case
+from harness.paths.dtensor.path import DTensorPath, canaries
+from harness.engine.runner import Result, check, fuzz_path
+from harness.case.spec import Case
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,7 +71,7 @@ def test_world_size_4():
     fixed.close()
     assert not result.divergences, result.divergences[0].detail
     (canary,) = canaries()
-    path = DTensorPath("canary.ws4", "harness.canaries_dtensor:partial_to_replicate", world_size=4)
+    path = DTensorPath("canary.ws4", "harness.canaries.dtensor:partial_to_replicate", world_size=4)
     result = Result()
     fuzz_path(path, examples=300, deadline=None, seed=0, result=result, save_dir=None)
     path.close()
@@ -85,7 +85,7 @@ def test_pools_under_pytest_xdist_do_not_clash(tmp_path):
     test.write_text(textwrap.dedent("""
         import pytest
         from harness.paths import resolve
-        from harness.runner import Result, fuzz_path
+        from harness.engine.runner import Result, fuzz_path
 
         @pytest.mark.parametrize("seed", [11, 12, 13, 14])
         def test_fuzz(seed):

@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
-from harness import corpus
+from harness.out import corpus
 from harness.paths import resolve
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case
+from harness.engine.runner import Result, check, fuzz_path
+from harness.case.spec import Case
 from tests.standins import weakref_canary
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

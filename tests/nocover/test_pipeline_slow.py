@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from harness.paths.pipeline import FIXED, PipelinePath, probe
-from harness.pipeline_canaries import CANARIES
-from harness.runner import Result, fuzz_path
+from harness.paths.pipeline.path import FIXED, PipelinePath, probe
+from harness.canaries.pipeline import CANARIES
+from harness.engine.runner import Result, fuzz_path
 
 pytestmark = pytest.mark.slow
 

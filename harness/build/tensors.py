@@ -1,0 +1,156 @@
+"""Case -> concrete tensors and a forward function.
+
+All data is drawn from generators seeded by the case, in float64, so the
+oracle and every path see the same numbers (paths cast to the case dtype).
+In exact mode the data are small integers: with linear ops every float32
+result is exact, and any difference at all is a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.case.ops import OPS
+from harness.case.validate import infer_shapes
+from harness.case.spec import Case, Use
+
+INT_RANGE = 3  # exact-mode data are integers in [-INT_RANGE, INT_RANGE]
+EXACT_LIMIT = 2**24  # float32 represents every integer below this exactly
+
+
+class Built:
+    """The tensors a case describes, and its forward.
+
+    ``k`` numbers backwards over the whole schedule (step * microbatches +
+    microbatch), so every backward gets its own inputs and grad outputs.
+    """
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.shapes = infer_shapes(case)
+        self.dtype = getattr(torch, case.dtype)
+        # The intermediates of the last forward that ``retain_grad`` was called on.
+        self.retained: dict[str, torch.Tensor] = {}
+
+    def _draw(self, purpose: int, shape: tuple[int, ...], nonzero: bool = False) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.case.seed * 7919 + purpose)
+        if self.case.exact:
+            t = torch.randint(-INT_RANGE, INT_RANGE + 1, shape, generator=g).to(torch.float64)
+            if nonzero:
+                t = torch.where(t == 0, torch.ones_like(t), t)
+            return t
+        return torch.randn(shape, generator=g, dtype=torch.float64)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return {p.name: self._draw(1000 + i, p.shape) for i, p in enumerate(self.case.params)}
+
+    def prefill(self) -> dict[str, torch.Tensor]:
+        return {p.name: self._draw(2000 + i, p.shape) for i, p in enumerate(self.case.params)}
+
+    def inputs(self, k: int) -> dict[str, torch.Tensor]:
+        return {x.name: self._draw(10_000 * (k + 1) + i, x.shape) for i, x in enumerate(self.case.inputs)}
+
+    def cotangents(self, k: int) -> list[torch.Tensor]:
+        # Nonzero, so that a grad cannot hide behind a zero cotangent.
+        return [
+            self._draw(10_000 * (k + 1) + 500 + i, self.output_shape(u), nonzero=True)
+            for i, u in enumerate(self.case.outputs)
+        ]
+
+    def output_shape(self, use: Use) -> tuple[int, ...]:
+        shape = self.shapes[use.ref]
+        if shape and isinstance(shape[0], tuple):
+            shape = shape[use.index]
+        if use.transpose:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+        return shape  # type: ignore[return-value]
+
+    def forward(
+        self,
+        values: dict[str, torch.Tensor],
+        *,
+        bound: bool = False,
+        on_node: Callable[[str, torch.Tensor], None] | None = None,
+    ) -> list[torch.Tensor]:
+        """Run the SSA list over ``values`` (params and inputs by name).
+
+        Hooks and ``retain_grad`` are installed as the case says. ``bound``
+        runs the magnitude-bound network instead: nonlinearities become the
+        identity, so on absolute values every result and grad bounds the
+        size of the terms the real network sums.
+        """
+        env: dict[str, Any] = dict(values)
+        self.retained = {}
+        hooks = {h.node: h for h in self.case.hooks}
+        for node in self.case.nodes:
+            op = OPS[node.op]
+            args = [_resolve(env, u) for u in node.args]
+            fn = op.bound if bound and op.bound is not None else op.run
+            out = fn(args, dict(node.attrs))
+            if isinstance(out, list):
+                out = tuple(out)
+            env[node.name] = out
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                h = hooks.get(node.name)
+                if h is not None:
+                    out.register_hook(_hook(h.kind, abs(h.factor) if bound else h.factor))
+                if node.name in self.case.retain_grad:
+                    out.retain_grad()
+                    self.retained[node.name] = out
+            if on_node is not None:
+                for i, t in enumerate(out if isinstance(out, tuple) else (out,)):
+                    on_node(f"{node.name}[{i}]" if isinstance(out, tuple) else node.name, t)
+        return [_resolve(env, u) for u in self.case.outputs]
+
+
+def _resolve(env: dict[str, Any], use: Use) -> torch.Tensor:
+    t = env[use.ref]
+    if use.index is not None:
+        t = t[use.index]
+    return t.mT if use.transpose else t
+
+
+def _hook(kind: str, factor: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    if kind == "scale":
+        return lambda g: g * factor
+    return lambda g: None
+
+
+def magnitude_bounds(case: Case) -> dict[str, torch.Tensor]:
+    """Per-element bounds on |grad| of each parameter, summed over the schedule.
+
+    Used for exact mode (reject cases whose numbers could leave float32's
+    exact-integer range) and for tolerance mode (a tolerance proportional to
+    the size of the terms summed, not one global epsilon).
+    """
+    b = Built(case)
+    params = {n: t.abs().requires_grad_() for n, t in b.params().items()}
+    total = {n: torch.zeros_like(t) for n, t in params.items()}
+    if case.schedule.grad_init == "prefilled":
+        total = {n: t.abs() for n, t in b.prefill().items()}
+    peak = max([0.0] + [float(t.detach().abs().max()) for t in params.values()])
+    for k in range(case.schedule.backwards):
+        inputs = {n: t.abs().requires_grad_() for n, t in b.inputs(k).items()}
+        inner: list[torch.Tensor] = []
+        outs = b.forward({**params, **inputs}, bound=True, on_node=lambda _, t: inner.append(t))
+        cots = [c.abs() for c in b.cotangents(k)]
+        for o in inner + outs + list(inputs.values()):
+            peak = max(peak, float(o.detach().abs().max()) if o.numel() else 0.0)
+        live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+        if not live:
+            continue
+        leaves = list(params.values()) + list(inputs.values()) + [t for t in inner if t.requires_grad]
+        grads = torch.autograd.grad([o for o, _ in live], leaves, [c for _, c in live], allow_unused=True)
+        for (n, _), g in zip(params.items(), grads):
+            if g is not None:
+                total[n] = total[n] + g
+        for g in grads:
+            if g is not None and g.numel():
+                peak = max(peak, float(g.abs().max()))
+    for t in total.values():
+        if t.numel():
+            peak = max(peak, float(t.max()))
+    total["__peak__"] = torch.tensor(peak)
+    return total

@@ -1,0 +1,122 @@
+"""The training step of a schedule: ``clip_grad_norm_`` then an optimizer step.
+
+One implementation for the oracle and every path, so they cannot disagree
+about what the step means; each applies it to its own tensors (the oracle
+to float64 leaves with the grads it summed itself, ``run_schedule`` to its
+parameters, the DTensor ranks to DTensor parameters whose grads may still
+be Partial). The oracle always uses the for-loop implementation; paths use
+the one the case names (torch's default, for-loop, foreach or fused).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.case.spec import Case
+
+CLIP_NORMS = ("1", "2", "inf")
+OPTIMIZER_IMPLS = ("", "for_loop", "foreach", "fused")
+# name -> (torch.optim class name, extra constructor arguments)
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sgd": ("SGD", {}),
+    "momentum": ("SGD", {"momentum": 0.9}),
+    "nesterov": ("SGD", {"momentum": 0.9, "nesterov": True}),
+    "adam": ("Adam", {}),
+    "amsgrad": ("Adam", {"amsgrad": True}),
+    "adamw": ("AdamW", {}),
+    "adamax": ("Adamax", {}),
+    "nadam": ("NAdam", {}),
+    "radam": ("RAdam", {}),
+    "adagrad": ("Adagrad", {}),
+    "adadelta": ("Adadelta", {}),
+    "rmsprop": ("RMSprop", {}),
+    "asgd": ("ASGD", {}),
+    "rprop": ("Rprop", {}),
+}
+FUSED = frozenset({"sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "adagrad"})
+# Updates driven by the sign of the grad: a grad that is zero in exact
+# arithmetic and 1e-16 in floats moves the parameter by a full step, so these
+# are drawn only in exact mode.
+SIGN_BASED = frozenset({"rprop"})
+
+
+def has_step(case: Case) -> bool:
+    s = case.schedule
+    return bool(getattr(s, "clip", "") or getattr(s, "optimizer", ""))
+
+
+def ends_step(case: Case, k: int) -> bool:
+    """Is backward ``k`` the last microbatch of a step (where the step runs)?"""
+    return has_step(case) and (k + 1) % case.schedule.microbatches == 0
+
+
+def first_inexact(case: Case) -> int | None:
+    """The first backward whose grads depend on a training step (None: none do).
+
+    After an optimizer step the parameters are no longer small integers, and
+    a clipped grad kept by ``zero_grad="keep"`` is scaled by an irrational
+    factor: from there on values are compared with a relative tolerance.
+    """
+    s = case.schedule
+    if s.steps < 2 or not has_step(case):
+        return None
+    if s.optimizer or s.zero_grad == "keep":
+        return s.microbatches
+    return None
+
+
+class Trainer:
+    """Holds the optimizer (its state lives across steps) for one run of one case."""
+
+    def __init__(self, case: Case, params: dict[str, torch.Tensor], oracle: bool = False,
+                 step_with: Callable[[Any, dict[str, torch.Tensor]], None] | None = None,
+                 clip_with: Callable[..., torch.Tensor] | None = None) -> None:
+        """``step_with(optimizer, params)`` and ``clip_with`` (the signature of
+        ``clip_grad_norm_``), when given, replace ``optimizer.step()`` and
+        ``clip_grad_norm_``: a fixed reference's workarounds."""
+        s = case.schedule
+        self.case = case
+        self.params = params
+        self.step_with = step_with
+        self.clip_with = clip_with or torch.nn.utils.clip_grad_norm_
+        self.clip = s.clip
+        self.max_norm = s.max_norm
+        impl = "for_loop" if oracle else s.optimizer_impl
+        self.foreach = {"foreach": True, "for_loop": False}.get(impl)
+        self.optimizer = None
+        trainable = [p for p in params.values() if p.requires_grad]
+        if s.optimizer and trainable:
+            cls_name, extra = OPTIMIZERS[s.optimizer]
+            kwargs: dict[str, Any] = {"lr": s.lr, **extra}
+            if impl == "fused":
+                kwargs["fused"] = True
+            elif impl:
+                kwargs["foreach"] = impl == "foreach"
+            self.optimizer = getattr(torch.optim, cls_name)(trainable, **kwargs)
+
+    def step(self, snap: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+        """Clip, then step; returns ``snap`` of what the user could look at,
+        each taken right when it is final: the total norm and the clipped
+        grads after clipping, each parameter and its ``.grad`` after the
+        optimizer (which must leave ``.grad`` as it found it)."""
+        seen: dict[str, Any] = {}
+        with_grad = [p for p in self.params.values() if p.grad is not None]
+        if self.clip and with_grad:
+            kwargs = {} if self.foreach is None else {"foreach": self.foreach}
+            total = self.clip_with(with_grad, self.max_norm, norm_type=float(self.clip), **kwargs)
+            seen["total norm"] = snap(total)
+            for n, p in self.params.items():
+                if p.grad is not None:
+                    seen[f"{n}.grad clipped"] = snap(p.grad)
+        if self.optimizer is not None:
+            if self.step_with is not None:
+                self.step_with(self.optimizer, self.params)
+            else:
+                self.optimizer.step()
+            for n, p in self.params.items():
+                if p.requires_grad:
+                    seen[n] = snap(p)
+                    seen[f"{n}.grad after optimizer.step()"] = None if p.grad is None else snap(p.grad)
+        return seen

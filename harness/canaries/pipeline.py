@@ -1,0 +1,76 @@
+"""Deliberately broken pipeline stages: the pipeline paths must catch each.
+
+``PreClamp`` is torch's own ``PipelineStage`` with the founding bug put
+back into its split backward (torch before 2.13: a weight nested on one
+path counted once per captured intermediate), judged against
+``pipeline.<schedule>.stock``; it ships for ``gradfuzz selfcheck``. The
+others are ``oracles.pipeline_fixed.FixedPipelineStage`` with one bug put
+back, so a divergence can only come from that bug. Ranks import them by
+name (``harness.canaries.pipeline:DoubleWeight``), as a user's own stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch.distributed.pipelining import PipelineStage
+
+from oracles.pipeline_fixed import FixedPipelineStage
+
+
+class PreClamp(PipelineStage):
+    """Stock ``PipelineStage`` whose input/weight split is
+    ``harness.canaries.split.double_count_nested`` (pre-2.13 behaviour)."""
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+        from harness.canaries.split import double_count_nested as split
+
+        if backward_type == "input":
+            return split.stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                              bwd_kwargs["input_values"], self.submod.parameters())
+        if backward_type == "weight":
+            return split.stage_backward_weight(self.submod.parameters(), bwd_kwargs["param_groups"]), None
+        return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+
+
+class DoubleWeight(FixedPipelineStage):
+    """The weight pass adds each weight grad twice (the founding double count,
+    for every weight of a split stage)."""
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+        if backward_type == "weight":
+            groups = bwd_kwargs["param_groups"]
+            for g in groups:
+                g["grads"] = [2 * x for x in g["grads"]]
+        return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+
+
+class Overwrite(FixedPipelineStage):
+    """Each microbatch's weight grads replace ``.grad`` instead of adding to it:
+    earlier microbatches (and earlier steps under zero_grad "keep") are lost."""
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+        for p in self.submod.parameters():
+            p.grad = None
+        return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+
+
+class NoInputGrad(FixedPipelineStage):
+    """A non-first stage hands back zero input grads: every earlier stage
+    trains on nothing."""
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+        grads, groups = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        if backward_type in ("full", "input") and not self.is_first:
+            grads = tuple(None if g is None else torch.zeros_like(g) for g in grads)
+        return grads, groups
+
+
+CANARIES = {
+    "pre_clamp": "harness.canaries.pipeline:PreClamp",
+    "double_weight": "harness.canaries.pipeline:DoubleWeight",
+    "overwrite": "harness.canaries.pipeline:Overwrite",
+    "no_input_grad": "harness.canaries.pipeline:NoInputGrad",
+}

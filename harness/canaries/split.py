@@ -1,0 +1,153 @@
+"""Canaries: deliberately wrong implementations the harness must catch.
+
+They ship with the package because ``gradfuzz selfcheck`` (and ``gate``,
+which runs it first) proves on the user's own installation that detection
+still works: a gate that silently lost its teeth after an upgrade must not
+pass.
+
+Two wrap torch's stock functions and undo one thing they get right, so each
+reproduces a real bug shape exactly; one wraps our fixed implementation.
+They are judged relative to their base (the fuzzer counts a case only when
+the base agrees with the oracle), so what is caught is the injected bug,
+not some other bug the base may have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed.pipelining._backward as stock
+from packaging.version import Version
+
+from oracles import split_fixed
+
+
+class _LooksSingle(list):
+    """A list of intermediates whose len() is 1: stock 2.13+ then skips the
+    prehook that clamps saved grads, which is the pre-2.13 behaviour."""
+
+    def __len__(self) -> int:
+        return 1
+
+
+class double_count_nested:
+    """The founding bug (seed 001): a weight nested on one path (x @ w @ w)
+    is counted once per captured intermediate that reaches it."""
+
+    @staticmethod
+    def stage_backward_input(*args, **kwargs):
+        dinputs, groups = stock.stage_backward_input(*args, **kwargs)
+        for g in groups:
+            g["intermediates"] = _LooksSingle(g["intermediates"])
+        return dinputs, groups
+
+    stage_backward_weight = staticmethod(stock.stage_backward_weight)
+
+
+class loses_tied_site:
+    """Keeps only the first place where a weight's paths meet the input path,
+    so a weight used at several sites loses all but one."""
+
+    @staticmethod
+    def stage_backward_input(*args, **kwargs):
+        dinputs, groups = stock.stage_backward_input(*args, **kwargs)
+        for g in groups:
+            if g.get("grads") is not None and len(g["intermediates"]) > 1:
+                g["intermediates"] = g["intermediates"][:1]
+                g["grads"] = g["grads"][:1]
+        return dinputs, groups
+
+    stage_backward_weight = staticmethod(stock.stage_backward_weight)
+
+
+class drops_accumulated:
+    """Overwrites .grad in the weight pass, dropping what earlier
+    microbatches (or a prefilled grad) accumulated."""
+
+    stage_backward_input = staticmethod(split_fixed.stage_backward_input)
+
+    @staticmethod
+    def stage_backward_weight(weights, param_groups, retain_graph=False):
+        weights = list(weights)
+        saved = {id(w): w.grad for w in weights}
+        for w in weights:
+            w.grad = None
+        out = split_fixed.stage_backward_weight(weights, param_groups, retain_graph)
+        for w in weights:
+            if w.grad is None:
+                w.grad = saved[id(w)]
+        return out
+
+
+CANARIES = {
+    "double_count_nested": ("harness.canaries.split:double_count_nested", "split.stock"),
+    "loses_tied_site": ("harness.canaries.split:loses_tied_site", "split.stock"),
+    "drops_accumulated": ("harness.canaries.split:drops_accumulated", "split.fixed"),
+}
+
+
+@dataclass(frozen=True)
+class Canary:
+    """A broken path, the path it is judged against, and a detection budget."""
+
+    name: str
+    make: Callable[[], Any]
+    base: str | None
+    budget: int = 300
+    needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
+
+    def base_here(self) -> tuple[str | None, str]:
+        """The base to judge against on the installed torch, and why it is not ``base``.
+
+        Before 2.13 stock split has the founding double count itself, so a
+        canary built over it is judged against the fixed path instead: what
+        is caught is then the injected bug together with stock's own, which
+        on those versions is the same shape.
+        """
+        if self.needs_clamp and self.base and Version(torch.__version__.split("+")[0]) < Version("2.13"):
+            fixed = self.base.rsplit(".", 1)[0] + ".fixed"
+            return fixed, f"judged against {fixed}: stock split before 2.13 double counts itself"
+        return self.base, ""
+
+    def resolve_base(self) -> tuple[Any, str, str]:
+        """The base path to judge against here (None: none), the note of
+        ``base_here``, and why the canary cannot run ("" if it can)."""
+        from harness.paths import resolve
+
+        name, note = self.base_here()
+        if not name:
+            return None, note, ""
+        base = resolve(name)[0]
+        available = base.availability()
+        return base, note, "" if available.ok else f"base {name} unavailable: {available.reason}"
+
+
+def split_canaries() -> list[Canary]:
+    from harness.paths.split import SplitPath
+
+    return [
+        Canary(name, lambda name=name, impl=impl: SplitPath(f"canary.{name}", impl, stock_contract=True),
+               base, needs_clamp=base == "split.stock")
+        for name, (impl, base) in CANARIES.items()
+    ]
+
+
+def all_canaries() -> list[Canary]:
+    """Every canary: the split ones here, plus a ``canaries()`` function of
+    any optional path module (graphed's CPU stand-in, DTensor's layout fix-up)."""
+    import importlib
+
+    found = split_canaries()
+    for mod in ("harness.paths.dtensor.path", "harness.paths.graphed", "harness.paths.pipeline.path"):
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        extra = getattr(module, "canaries", None)
+        if callable(extra):
+            found.extend(extra())
+    return found

@@ -1,0 +1,59 @@
+"""Custom autograd Functions used by generated modules.
+
+They exist because custom backward code is where grad layouts go wrong: a
+backward that returns a transposed (non-contiguous) grad or a view into a
+larger buffer is legal, and machinery downstream (AccumulateGrad's layout
+fix-up, DTensor placements, static graph buffers) must cope with it. This
+module imports only torch: ``harness.out.repro`` pastes its source into
+standalone scripts.
+"""
+
+import torch
+
+
+class LayoutMatmul(torch.autograd.Function):
+    """``a @ b`` whose backward returns grads in a chosen memory layout."""
+
+    @staticmethod
+    def forward(ctx, a, b, layout):
+        ctx.save_for_backward(a, b)
+        ctx.layout = layout
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        if ctx.layout == "transposed":
+            # Same values as the contiguous form, strides swapped.
+            ga, gb = (b @ g.mT).mT, (g.mT @ a).mT
+        elif ctx.layout == "buffer_view":
+            # Each grad is a slice of a larger buffer, at a storage offset.
+            ga = torch.zeros((2,) + a.shape, dtype=g.dtype, device=g.device)[1]
+            gb = torch.zeros((2,) + b.shape, dtype=g.dtype, device=g.device)[1]
+            ga.copy_(g @ b.mT)
+            gb.copy_(a.mT @ g)
+        else:
+            ga, gb = g @ b.mT, a.mT @ g
+        return ga, gb, None
+
+
+class Pair(torch.autograd.Function):
+    """Two outputs from two inputs: ``(a * b, a + b)``."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b, a + b
+
+    @staticmethod
+    def backward(ctx, g_mul, g_add):
+        a, b = ctx.saved_tensors
+        ga = torch.zeros_like(a)
+        gb = torch.zeros_like(b)
+        if g_mul is not None:
+            ga = ga + g_mul * b
+            gb = gb + g_mul * a
+        if g_add is not None:
+            ga = ga + g_add
+            gb = gb + g_add
+        return ga, gb

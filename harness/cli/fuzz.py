@@ -1,0 +1,204 @@
+"""``gradfuzz fuzz`` as a session: in this process, or ``-n N`` through pytest-xdist.
+
+Both ways a session saves each finding the moment it is confirmed (one
+corpus file per signature), keeps an example database that outlives the
+run, shows progress, and on Ctrl-C stops between examples, prints the
+summary so far, writes ``--json`` and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import fields
+from typing import Any
+
+from harness.paths import Options, UsageError
+
+
+def add_arguments(f: argparse.ArgumentParser) -> None:
+    f.add_argument("-n", "--numprocesses", metavar="N|auto",
+                   help="run the fuzz targets on N processes through pytest-xdist ('auto': one per core)")
+    f.add_argument("--db", metavar="DIR|redis://HOST:PORT/N|none",
+                   help="Hypothesis example database: saved failures are replayed first "
+                        "(default .gradfuzz/examples; redis:// shares one campaign between machines)")
+    f.add_argument("--shards", type=int, help="shards per fuzz target with -n (default: one per process)")
+    f.add_argument("--progress", choices=("auto", "live", "plain", "none"), default="auto",
+                   help="live display on a terminal, plain periodic lines otherwise (default auto)")
+    f.add_argument("--progress-every", type=float, default=10.0, metavar="S",
+                   help="seconds between plain progress lines (default 10)")
+    f.add_argument("--keep-run-dir", action="store_true", help=argparse.SUPPRESS)
+
+
+def _option_overrides(options: Options) -> dict[str, Any]:
+    default = Options()
+    return {f.name: getattr(options, f.name) for f in fields(Options)
+            if f.name != "extra" and getattr(options, f.name) != getattr(default, f.name)}
+
+
+def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: list | None = None) -> int:
+    from harness.out import report
+    from harness.engine.database import DatabaseError
+    from harness.paths import resolve
+    from harness.cli.progress import Display
+
+    if paths is None:
+        paths = resolve(args.paths, options)  # unknown names are a usage error before anything starts
+    if args.examples is not None and args.minutes is not None:
+        raise UsageError("give --examples or --minutes, not both")
+    n = args.numprocesses
+    if n is not None and n != "auto" and not (n.isdigit() and int(n) >= 0):
+        raise UsageError(f"-n {n!r}: expected a number of processes or 'auto'")
+    try:
+        if n is None or n == "0":
+            result, extra = _in_process(args, paths, exact, Display)
+        else:
+            unavailable = {p.name: a.reason for p in paths if not (a := p.availability()).ok}
+            result, extra = _parallel(args, options, n, Display, unavailable)
+    except DatabaseError as e:
+        raise UsageError(str(e)) from None
+    interrupted = extra.get("interrupted", False)
+    text = report.summary(result)
+    if interrupted:
+        text = text.replace("gradfuzz: fuzzed", "gradfuzz: INTERRUPTED; so far fuzzed", 1)
+    counts = extra.get("counts", {})
+    if counts:
+        text += "\nfinds by signature (this session):"
+        for sig, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+            d = extra.get("details", {}).get(sig, {})
+            first = f", first after {d['examples']} example(s) ({d['seconds']:.2f}s)" if d.get("examples") is not None else ""
+            text += f"\n  {sig}: {c}x{first}"
+    for e in result.errors:
+        text += f"\nerror: {e}"
+    print(text, flush=True)
+    if args.json:
+        data = report.to_json(result)
+        data.update(interrupted=interrupted, counts=counts, findings=extra.get("details", {}),
+                    workers=extra.get("workers", 1),
+                    seconds=round(extra.get("seconds", 0.0), 3), cpu_s=round(extra.get("cpu_s", 0.0), 3))
+        from harness.out.corpus import atomic_write
+
+        atomic_write(args.json, json.dumps(data, indent=1) + "\n")
+    if interrupted:
+        return 130
+    if result.divergences:
+        return 1
+    return 2 if result.errors else 0
+
+
+def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Display: Any) -> tuple[Any, dict]:
+    from harness.engine import session as sessions
+    from harness.engine.database import open_database
+    from harness.engine.target import Stop
+
+    stop = Stop()
+    s = sessions.Session(save_dir=args.save, db_spec=args.db, database=open_database(args.db), stop=stop,
+                         seed=args.seed)
+    display = Display(s.snapshot, args.progress, args.progress_every)
+    s.on_event = display.event
+    previous = _on_sigint(stop, display)
+    start = time.monotonic()
+    display.start()
+    try:
+        sessions.fuzz(paths, examples=args.examples, minutes=args.minutes, seed=args.seed, exact=exact,
+                      session=s)
+    finally:
+        display.close()
+        signal.signal(signal.SIGINT, previous)
+    return s.result, {"counts": s.counts, "details": s.details, "interrupted": s.interrupted or stop.requested,
+                      "seconds": time.monotonic() - start}
+
+
+def _on_sigint(stop: Any, display: Any) -> Any:
+    """First Ctrl-C: stop between examples and report; the second: now."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.set()
+        display.stopping = True
+        print("\ngradfuzz: interrupted: finishing the current example, saving, then the summary "
+              "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+
+    return signal.signal(signal.SIGINT, handler)
+
+
+def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
+              unavailable: dict[str, str]) -> tuple[Any, dict]:
+    from harness.engine import parallel
+    from harness.engine.database import open_database
+    from harness.engine.session import combine, read_statuses
+
+    open_database(args.db)  # a bad --db is a usage error here, not in every worker
+    run_dir = parallel.new_run_dir()
+    cmd = parallel.pytest_command(
+        run_dir, workers=n, paths=args.paths, examples=args.examples, minutes=args.minutes, seed=args.seed,
+        mode=args.mode, db=args.db, save=args.save, shards=args.shards, options=_option_overrides(options),
+        extra_paths=list(options.extra))
+    ctl = parallel.Controller(cmd, run_dir, n)
+    ctl.unavailable = unavailable
+    display = Display(ctl.view, args.progress, args.progress_every)
+
+    class _Stop:
+        requested = False
+
+        def set(self) -> None:
+            self.requested = True
+            ctl.request_stop()
+
+    stop = _Stop()
+
+    def handler(signum: int, frame: Any) -> None:
+        first = not stop.requested
+        stop.set()
+        display.stopping = True
+        if first:
+            print("\ngradfuzz: interrupted: workers finish their current example and save "
+                  "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    start = time.monotonic()
+    ctl.start()
+    display.start()
+    try:
+        rc = ctl.wait()
+    finally:
+        display.close()
+        signal.signal(signal.SIGINT, previous)
+    snaps = read_statuses(run_dir)
+    result, extra = combine(snaps)
+    result.unavailable.update(unavailable)
+    extra["workers"] = len(snaps)
+    extra["seconds"] = time.monotonic() - start
+    extra["interrupted"] = extra["interrupted"] or stop.requested
+    if not snaps or rc not in (0, 1):
+        if not stop.requested or not snaps:
+            result.errors.append(f"pytest-xdist session exited {rc}; its log ({ctl.log}):\n{ctl.log_tail()}")
+    parallel.cleanup(run_dir, keep=args.keep_run_dir or bool(result.errors))
+    return result, extra
+
+
+def add_merge_parser(sub: Any) -> None:
+    m = sub.add_parser("merge", help="merge the findings of several machines (corpus dirs, redis://) into one corpus")
+    m.add_argument("sources", nargs="+", metavar="DIR|redis://HOST:PORT/N",
+                   help="corpus directories (copied from each machine) or a campaign's Redis")
+    m.add_argument("--into", default="cases/found", metavar="DIR", help="the corpus to merge into (default cases/found)")
+    m.set_defaults(func=cmd_merge)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from harness.out import findings
+    from harness.engine.database import DatabaseError
+
+    try:
+        summary = findings.merge(args.sources, args.into)
+    except DatabaseError as e:
+        raise UsageError(str(e)) from None
+    print(f"gradfuzz: merged {len(args.sources)} source(s) into {summary['into']}: "
+          f"{summary['signatures']} signature(s), {summary['new']} new")
+    for sig, count in sorted(summary["counts"].items(), key=lambda kv: -kv[1]):
+        print(f"  {sig}: found {count}x")
+    return 0

@@ -1,0 +1,250 @@
+"""``gradfuzz``: fuzz, replay, repro, paths.
+
+Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+# torch warns at import when NumPy is absent; gradfuzz does not need NumPy.
+warnings.filterwarnings("ignore", message=".*NumPy.*")
+
+from harness.out import corpus
+from harness.out import repro
+from harness.out.corpus import CorpusError
+from harness.paths import Options, UsageError, resolve
+from harness.case.spec import SpecError
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options(
+        split_impl=args.split_impl,
+        graphed_impl=args.graphed_impl,
+        dtensor_impl=args.dtensor_impl,
+        dtensor_backend=args.dtensor_backend,
+        world_size=args.world_size,
+        timeout=args.timeout,
+        extra=tuple(args.path or ()),
+    )
+
+
+def _add_path_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--paths", help="comma-separated path names or families (default: all)")
+    p.add_argument("--split-impl", metavar="MODULE[:ATTR]", help="split implementation tested as split.stock")
+    p.add_argument("--graphed-impl", metavar="MODULE:ATTR", help="make_graphed_callables-like callable tested as graphed.stock")
+    p.add_argument("--dtensor-impl", metavar="MODULE[:ATTR]",
+                   help="grad-layout handling (an object with install(params, mesh)) tested as dtensor.stock")
+    p.add_argument("--dtensor-backend", choices=("gloo", "nccl"),
+                   help="process-group backend of the dtensor paths (default: nccl with a GPU per rank, else gloo)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks for process-group paths (default 2)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per case before a multi-process path is declared hung")
+    p.add_argument("--path", action="append", metavar="MODULE:ATTR", help="add a third-party path (repeatable)")
+    p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    paths = resolve(args.paths, _options(args))
+    if args.examples is not None and args.minutes is not None:
+        raise UsageError("give --examples or --minutes, not both")
+    exact = {"exact": True, "tolerance": False, "both": None}[args.mode]
+    from harness.cli import fuzz as fuzz_command  # sessions: -n N, --db, live progress, findings saved as they happen
+
+    return fuzz_command.run(args, _options(args), exact, paths)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness.out import report
+    from harness.engine import runner
+
+    paths = resolve(args.paths, _options(args))
+    files = corpus.discover(args.targets or ["cases"])
+    if not files:
+        raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets or ['cases'])}")
+    result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None)
+    print(report.summary(result, verb=f"replayed {len(files)} case(s),"))
+    if args.json:
+        report.write_json(result, args.json)
+    return 1 if result.divergences else 0
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    from harness.engine import runner
+
+    entry = corpus.load(args.case)
+    paths = resolve(args.paths or entry.meta.get("found_with", {}).get("path") or None, _options(args))
+    status = 0
+    for p in paths:
+        a = p.availability()
+        if not a.ok:
+            print(f"{p.name}: not run, unavailable here: {a.reason}")
+            continue
+        reason = p.supports(entry.case)
+        if reason:
+            print(f"{p.name}: not run, case outside its contract: {reason}")
+            continue
+        divs = runner.check(entry.case, p)
+        print(f"{p.name}: {'DIVERGES' if divs else 'agrees with the oracle'}")
+        for d in divs:
+            print(f"  {d.kind} [{d.signature}] {d.detail}")
+        if divs:
+            status = 1
+        if args.script:
+            print(repro.script(entry.case, p.name, runner._machinery(p)))
+    return status
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    for p in resolve(args.paths, _options(args)):
+        a = p.availability()
+        state = "available" if a.ok else "UNAVAILABLE"
+        print(f"{p.name:<22} {state:<12} {a.reason}")
+    return 0
+
+
+def cmd_selfcheck(args: argparse.Namespace) -> int:
+    from harness.gate.selfcheck import selfcheck
+
+    if args.tolerance_slack is not None:
+        import os
+
+        os.environ["GRADFUZZ_TOLERANCE_SLACK"] = str(args.tolerance_slack)
+    results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr))
+    missed = [r for r in results if not r.caught and not r.skipped]
+    for r in results:
+        state = f"skipped: {r.skipped}" if r.skipped else ("caught" if r.caught else "NOT CAUGHT")
+        print(f"  {r.name:<28} {state}" + (f" after {r.examples} examples ({r.seconds:.1f}s)" if r.caught else ""))
+    print(f"gradfuzz selfcheck: {len(results) - len(missed)}/{len(results)} canaries " + ("ok" if not missed else
+          "MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
+    return 1 if missed else 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from harness.gate import run as gate
+    from harness.gate import report as gate_report
+    from harness.out.corpus import atomic_write
+
+    if args.tolerance_slack is not None:
+        os.environ["GRADFUZZ_TOLERANCE_SLACK"] = str(args.tolerance_slack)
+    paths = resolve(args.paths, _options(args))
+    report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=args.minutes,
+                           seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck,
+                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+    rep = report.to_json()
+    print(gate_report.terminal(rep))
+    if args.baseline:
+        try:
+            base = json.loads(open(args.baseline).read())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"--baseline {args.baseline}: cannot read a gate report ({e})") from None
+        print("\n".join(gate.compare_baseline(rep, base)))
+    if args.json:
+        atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
+    if args.junit:
+        atomic_write(args.junit, gate_report.junit(rep))
+    md = gate_report.markdown(rep)
+    if args.markdown:
+        atomic_write(args.markdown, md)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(md)
+    if args.html:
+        atomic_write(args.html, gate_report.html_page(rep))
+    return 1 if report.failed else 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.gate.versions import table
+
+    reports = []
+    for f in args.reports:
+        try:
+            reports.append(json.loads(open(f).read()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"{f}: not a gate report ({e})") from None
+    print(table(reports))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fuzz", help="generate cases and compare every path with eager autograd")
+    _add_path_args(f)
+    f.add_argument("--examples", type=int, help="examples per path (default 100)")
+    f.add_argument("--minutes", type=float, help="total time budget, split over the paths")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--save", metavar="DIR", default="cases/found", help="where shrunk failures go (default cases/found)")
+    f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
+                   help="exact: small-integer data, any difference is a bug; tolerance: float data, nonlinear ops")
+    from harness.cli import bench
+    from harness.cli import fuzz as fuzz_command
+
+    fuzz_command.add_arguments(f)
+    f.set_defaults(func=cmd_fuzz)
+    bench.add_parser(sub)
+    fuzz_command.add_merge_parser(sub)
+
+    r = sub.add_parser("replay", help="replay corpus cases on every available path")
+    _add_path_args(r)
+    r.add_argument("targets", nargs="*", help="corpus files or directories (default: cases)")
+    r.add_argument("-v", "--verbose", action="store_true")
+    r.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("repro", help="re-run one corpus case and show the divergence")
+    _add_path_args(p)
+    p.add_argument("case")
+    p.add_argument("--script", action="store_true", help="also print the standalone repro script")
+    p.set_defaults(func=cmd_repro)
+
+    g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger")
+    _add_path_args(g)
+    g.add_argument("--minutes", type=float, default=2.0, help="fuzzing budget after the replay (default 2)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--corpus", nargs="*", default=["cases"], help="corpus directories (default cases)")
+    g.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
+    g.add_argument("--save", metavar="DIR", default="cases/found", help="where new findings go")
+    g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
+    g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
+    g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
+    g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
+    g.add_argument("--no-selfcheck", action="store_true", help="skip the canaries (not recommended)")
+    g.add_argument("--tolerance-slack", type=float, help=argparse.SUPPRESS)
+    g.set_defaults(func=cmd_gate)
+
+    sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
+    _add_path_args(sc)
+    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--tolerance-slack", type=float,
+                    help="loosen every comparison by this factor (to see selfcheck fail when detection is broken)")
+    sc.set_defaults(func=cmd_selfcheck)
+
+    t = sub.add_parser("table", help="one table from gate reports of several torch versions")
+    t.add_argument("reports", nargs="+", metavar="REPORT.json")
+    t.set_defaults(func=cmd_table)
+
+    ps = sub.add_parser("paths", help="list the paths and whether each is available here")
+    _add_path_args(ps)
+    ps.set_defaults(func=cmd_paths)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, CorpusError, SpecError) as e:
+        print(f"gradfuzz: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

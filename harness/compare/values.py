@@ -1,0 +1,282 @@
+"""Observation pairs -> Divergences a person can act on.
+
+Exact mode: any difference is a bug. Tolerance mode: each element's
+tolerance is proportional to the size of the terms summed into it
+(``magnitude_bounds``), never one global epsilon. A value divergence says
+how many elements differ, the largest absolute and relative difference, a
+fitted ratio (2.0 = counted twice) and, where the actual grad is a clean
+combination of the per-microbatch grads, which combination
+("2*g2 instead of g1 + g2" is a stale buffer).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from harness.build.tensors import magnitude_bounds
+from harness.observation import Divergence, Observation, keys
+from harness.paths.base import Contract
+from harness.case.spec import Case
+from harness.build.train import first_inexact
+
+EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
+# Values after a training step (clip_grad_norm_, an optimizer) and grads that
+# depend on one: relative to the tensor's largest element. Real bugs (a grad
+# counted twice, a missed reduction) are differences of order one.
+REL_AFTER_STEP = {"float32": 1e-4, "float64": 1e-9}
+SLACK = 128  # rounding steps allowed per unit of term magnitude
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    exact: bool
+    eps: float
+    bounds: dict[str, torch.Tensor]
+    peak: float
+
+    @classmethod
+    def for_case(cls, case: Case, slack: float | None = None, lazy: bool = False) -> "Tolerance":
+        # GRADFUZZ_TOLERANCE_SLACK loosens every comparison, exact mode included:
+        # it exists to prove that selfcheck fails when detection is broken.
+        override = os.environ.get("GRADFUZZ_TOLERANCE_SLACK")
+        eps = EPS[case.dtype] * (slack or float(override or SLACK))
+        if case.exact and not override:
+            return cls(True, 0.0, {}, 0.0)
+        if lazy:
+            return _LazyTolerance(eps, case)
+        b = magnitude_bounds(case)
+        return cls(False, eps, b, float(b.pop("__peak__")))
+
+    def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
+        if self.exact:
+            return 0.0
+        bound = self.bounds.get(what)
+        if bound is not None and bound.shape == shape:
+            return self.eps * bound + self.eps * 1e-3 * self.peak + 1e-30
+        return self.eps * self.peak + 1e-30
+
+
+class _LazyTolerance(Tolerance):
+    """Term-size bounds computed on first need: most comparisons settle on
+    the cheap test in ``_value`` (every element within eps of its own size),
+    and the bounds cost a forward and backward of their own."""
+
+    def __init__(self, eps: float, case: Case) -> None:
+        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("_case", case)):
+            object.__setattr__(self, k, v)
+
+    def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
+        if self._case is not None:
+            b = magnitude_bounds(self._case)
+            object.__setattr__(self, "peak", float(b.pop("__peak__")))
+            object.__setattr__(self, "bounds", b)
+            object.__setattr__(self, "_case", None)
+        return super().allowed(what, shape)
+
+
+def compare(case: Case, oracle: Observation, obs: Observation, contract: Contract, tol: Tolerance | None = None) -> list[Divergence]:
+    tol = tol or Tolerance.for_case(case)
+    found: list[Divergence] = []
+    if obs.failure is not None:
+        f = obs.failure
+        what = f"{f.type}: {f.message}"
+        found.append(
+            Divergence(obs.path, "error", None, f.k if f.k >= 0 else None, None, None, None,
+                       f"raised {what} (the eager oracle ran this case fine)",
+                       **keys(obs.path, "error", what))
+        )
+    for m in obs.mutations:
+        what = f"changed {m.what}"
+        found.append(
+            Divergence(obs.path, "mutation", None, m.k, m.max_abs, None, None,
+                       f"{m.what} changed by up to {m.max_abs:g} during backward {m.k}, but nobody wrote to it",
+                       **keys(obs.path, "mutation", m.what.split(" ")[0]))
+        )
+    for v in obs.violations:
+        found.append(
+            Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
+                       **keys(obs.path, v.kind, v.key or v.what))
+        )
+    done: set[str] = set()
+    inexact = first_inexact(case)
+    for o_step, p_step in zip(oracle.steps, obs.steps):
+        k = o_step.k
+        groups = [("param", o_step.grads, p_step.grads), ("input grad", o_step.input_grads, p_step.input_grads)]
+        if contract.retained_grads:
+            groups.append(("retained grad", o_step.retained, p_step.retained))
+        outs = {f"output {i}": t for i, t in enumerate(o_step.outputs)}
+        p_outs = {f"output {i}": t for i, t in enumerate(p_step.outputs)}
+        groups.append(("output", outs, p_outs))
+        if case.schedule.param_hooks:
+            groups.append(("hook", _hooks_expected(case, oracle, k), p_step.seen))
+        if o_step.after_step:
+            groups.append(("after step", o_step.after_step, p_step.after_step))
+        for role, expected, actual in groups:
+            if actual is None:  # not observable at this backward (a pipeline schedule's mid-step grads)
+                continue
+            relative = REL_AFTER_STEP[case.dtype] if role == "after step" or (inexact is not None and k >= inexact) else None
+            for name, e in expected.items():
+                key = f"{role}:{name}"
+                if key in done:
+                    continue
+                a = actual.get(name)
+                d = _value(case, obs.path, role, name, k, e, a, tol, oracle, relative)
+                if d is not None:
+                    done.add(key)
+                    found.append(d)
+    return found
+
+
+def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
+           relative: float | None = None) -> Divergence | None:
+    label = name if role in ("param", "output") else f"{role} {name}"
+    if e is None and a is None:
+        return None
+    if e is None or a is None:
+        present = a if e is None else e
+        if float(present.abs().max()) == 0 if present.numel() else True:
+            return None  # None and an all-zero grad mean the same to a user
+        if a is None:
+            detail = f"{label}: no grad after backward {k}, expected max |grad| {float(e.abs().max()):g}"
+            return Divergence(path, "value", label, k, float(e.abs().max()), 1.0, 0.0, detail,
+                              **keys(path, "value", f"{role} missing"))
+        detail = f"{label}: got a grad after backward {k} where autograd gives none (max {float(a.abs().max()):g})"
+        return Divergence(path, "value", label, k, float(a.abs().max()), None, None, detail,
+                          **keys(path, "value", f"{role} unexpected"))
+    if e.shape != a.shape:
+        detail = f"{label}: shape {tuple(a.shape)} after backward {k}, expected {tuple(e.shape)}"
+        return Divergence(path, "value", label, k, None, None, None, detail, **keys(path, "value", f"{role} shape"))
+    diff = (a - e).abs()
+    if relative is not None:  # after a training step: optimizer arithmetic, no term bounds
+        allowed = relative * (1 + float(e.abs().max()) if e.numel() else 1)
+    elif not tol.exact and bool((diff <= tol.eps * e.abs()).all()):
+        return None  # within eps of each element's own size, so within eps x term size (bounds >= |e|)
+    else:
+        allowed = tol.allowed(name if role == "param" else "", e.shape)
+    bad = diff > allowed
+    if not bool(bad.any()):
+        return None
+    max_abs = float(diff.max())
+    rel = diff / e.abs().clamp_min(1e-30)
+    max_rel = float(rel[bad].max())
+    ee = float((e * e).sum())
+    ratio = float((a * e).sum()) / ee if ee > 0 else None
+    at = tuple(int(i) for i in torch.nonzero(bad)[0]) if e.dim() else ()
+    explain = (_explain(case, role, name, k, a, oracle) or _explain_sites(case, name, k, a, oracle)) if role == "param" else ""
+    tol_txt = ("exact mode: any difference is a bug" if tol.exact else f"tolerance {tol.eps:.1e} x term size") \
+        if relative is None else f"after a training step: tolerance {relative:.0e} x the largest element"
+    detail = (
+        f"{label} after backward {k}: {int(bad.sum())} of {e.numel()} elements differ; "
+        f"max abs diff {max_abs:g}, max rel diff {max_rel:g} (first at index {at}: "
+        f"expected {float(e[at]):g}, got {float(a[at]):g}; {tol_txt})"
+        + (f"; ratio actual/expected {ratio:.4g}" if ratio is not None else "")
+        + (f"; {explain}" if explain else "")
+    )
+    shape_of_bug = _bug_shape(ratio, explain)
+    return Divergence(path, "value", label, k, max_abs, max_rel, ratio, detail,
+                      **keys(path, "value", f"{role} {shape_of_bug}"))
+
+
+def _bug_shape(ratio: float | None, explain: str) -> str:
+    """The coarse shape of a value bug, for de-duplication: stable across the
+    sizes, names and microbatch counts of the cases that show it."""
+    if "use site" in explain:
+        return "a use site counted wrong"
+    if "stale or overwritten" in explain:
+        return "last backward repeated"
+    if explain.startswith("actual =") and "+" in explain.split(",")[0]:
+        return "microbatches mixed"
+    if explain.startswith("actual ="):  # one backward's grad, scaled: "actual = 2*g1, expected g1"
+        return f"one backward counted {explain.split('*')[0].split('=')[1].strip()} times"
+    return _ratio_class(ratio)
+
+
+def _ratio_class(ratio: float | None) -> str:
+    if ratio is None:
+        return "ratio=none"
+    nearest = round(ratio * 2) / 2
+    return f"ratio~{nearest:g}" if abs(ratio - nearest) < 0.02 else "ratio=irregular"
+
+
+def _explain_sites(case: Case, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> str:
+    """Express the actual grad in per-use-site grads: "use at n0 counted 2 times"."""
+    from harness.compare.sites import site_contributions
+
+    m = case.schedule.microbatches
+    start = 0 if case.schedule.zero_grad == "keep" else (k // m) * m
+    if start != k or case.schedule.grad_init == "prefilled":
+        return ""  # one backward's sites only; accumulation is _explain's job
+    try:
+        sites = site_contributions(case, k).get(name, [])
+    except Exception:  # an explanation is a bonus; never let it mask the finding
+        return ""
+    if len(sites) < 2 or len(sites) > 8:
+        return ""
+    A = torch.stack([t.reshape(-1) for _, t in sites], dim=1)
+    y = actual.reshape(-1, 1)
+    coef = torch.linalg.lstsq(A, y).solution.reshape(-1)
+    if float((A @ coef.reshape(-1, 1) - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
+        return ""
+    rounded = [round(float(c), 3) for c in coef]
+    odd = [f"the {lbl} counted {c:g} times" for c, (lbl, _) in zip(rounded, sites) if abs(c - 1) > 1e-6]
+    if not odd:
+        return ""
+    return "; ".join(odd) + f" (each of {len(sites)} use sites should count once)"
+
+
+def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> str:
+    """Express the actual grad as a combination of per-backward grads, if it is one."""
+    m = case.schedule.microbatches
+    start = 0 if case.schedule.zero_grad == "keep" else (k // m) * m
+    terms: list[tuple[str, torch.Tensor]] = []
+    for j in range(start, k + 1):
+        g = oracle.contributions[j].get(name)
+        if g is not None:
+            terms.append((f"g{j + 1}", g))
+    if not terms or len(terms) > 8:
+        return ""
+    A = torch.stack([t.reshape(-1) for _, t in terms], dim=1)
+    y = actual.reshape(-1, 1)
+    init = y.new_zeros(y.shape)
+    if case.schedule.grad_init == "prefilled" and start == 0:
+        # The prefilled grad is a known constant part of the expected value.
+        init = (oracle.steps[k].grads[name].reshape(-1, 1) - A.sum(dim=1, keepdim=True))
+    try:
+        coef = torch.linalg.lstsq(A, y - init).solution.reshape(-1)
+    except RuntimeError:
+        return ""
+    if float((A @ coef.reshape(-1, 1) + init - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
+        return ""
+    rounded = [round(float(c), 3) for c in coef]
+    if all(abs(c - 1) < 1e-6 for c in rounded):
+        return ""
+    parts = [f"{c:g}*{lbl}" for c, (lbl, _) in zip(rounded, terms) if abs(c) > 1e-9] or ["0"]
+    got = " + ".join(parts)
+    want = " + ".join(lbl for lbl, _ in terms)
+    note = ""
+    nonzero = [(c, lbl) for c, (lbl, _) in zip(rounded, terms) if abs(c) > 1e-9]
+    if len(terms) > 1 and len(nonzero) == 1 and nonzero[0][1] == terms[-1][0]:
+        note = f" (the last backward's grad counted {nonzero[0][0]:g} times: a stale or overwritten buffer)"
+    return f"actual = {got}, expected {want}{note}"
+
+
+def _hooks_expected(case: Case, oracle: Observation, k: int) -> dict[str, torch.Tensor | None]:
+    """What the schedule's parameter hooks should see in backward ``k``:
+    ``register_hook`` the grad this backward brings, the post-accumulate hook
+    the accumulated ``.grad``."""
+    from harness.build.lifetime import HOOK_SEEN
+
+    expected: dict[str, torch.Tensor | None] = {}
+    for p in case.params:
+        if not p.requires_grad:
+            continue
+        for kind in case.schedule.param_hooks:
+            key = f"{p.name} {HOOK_SEEN[kind]}"
+            if HOOK_SEEN[kind] == "register_hook":
+                expected[key] = oracle.contributions[k].get(p.name)
+            else:
+                expected[key] = oracle.steps[k].grads.get(p.name) if oracle.contributions[k].get(p.name) is not None else None
+    return expected

@@ -1,0 +1,138 @@
+"""``gradfuzz fuzz -n N``: the controller of a pytest-xdist session.
+
+The fuzz targets run as pytest items (``harness.pytest_plugin``) on N xdist
+workers; this process only starts pytest, shows progress from the workers'
+status files, and turns Ctrl-C into a ``stop`` file that the workers honour
+between examples. pytest runs in its own process group, so a terminal's
+Ctrl-C reaches only us; a second Ctrl-C (or workers that do not stop within
+``grace`` seconds) ends the group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import entry_points
+from typing import Any
+
+from harness.engine.session import combine, read_statuses
+
+RUNS_DIR = os.path.join(".gradfuzz", "runs")
+
+
+def _plugin_args() -> list[str]:
+    """Load the plugin explicitly only where its entry point is not installed."""
+    installed = any(ep.value == "harness.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "harness.pytest_plugin"]
+
+
+def pytest_command(run_dir: str, *, workers: str, paths: str | None, examples: int | None, minutes: float | None,
+                   seed: int, mode: str, db: str | None, save: str | None, shards: int | None,
+                   options: dict[str, Any], extra_paths: list[str]) -> list[str]:
+    ini = os.path.join(run_dir, "pytest.ini")
+    with open(ini, "w") as fh:
+        fh.write("[pytest]\n")  # not the project's ini: no testpaths, addopts or markers of someone else's
+    cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", run_dir, "-p", "no:cacheprovider",
+           "-q", "-n", workers, *_plugin_args(),
+           "--gradfuzz-paths", paths or "all", "--gradfuzz-seed", str(seed), "--gradfuzz-mode", mode,
+           "--gradfuzz-run-dir", run_dir, "--gradfuzz-corpus", "",
+           "--gradfuzz-save", save or ""]
+    if db is not None:
+        cmd += ["--gradfuzz-db", db]
+    if examples is not None:
+        cmd += ["--gradfuzz-examples", str(examples)]
+    if minutes is not None:
+        cmd += ["--gradfuzz-minutes", str(minutes)]
+    if shards is not None:
+        cmd += ["--gradfuzz-shards", str(shards)]
+    for name, value in options.items():
+        cmd += ["--gradfuzz-option", f"{name}={value}"]
+    for p in extra_paths:
+        cmd += ["--gradfuzz-path", p]
+    cmd.append(run_dir)
+    return cmd
+
+
+class Controller:
+    """Starts the xdist session and reads its workers' state."""
+
+    def __init__(self, cmd: list[str], run_dir: str, workers: str, grace: float = 30.0) -> None:
+        self.cmd = cmd
+        self.run_dir = run_dir
+        self.workers = workers
+        self.grace = grace
+        self.started = time.time()
+        self.stopping = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = os.path.join(run_dir, "pytest.log")
+        self.unavailable: dict[str, str] = {}  # known to the caller; workers only skip them
+
+    def start(self) -> "Controller":
+        env = dict(os.environ)
+        env.setdefault("PYTHONWARNINGS", "ignore::UserWarning")
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, env=env)
+        return self
+
+    def view(self) -> dict[str, Any]:
+        snaps = read_statuses(self.run_dir)
+        result, extra = combine(snaps)
+        deadline = next((s["deadline"] for s in snaps if s.get("deadline")), None)
+        budget = next((s["examples_budget"] for s in snaps if s.get("examples_budget")), None)
+        paths = {n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": t.seconds}
+                 for n, t in result.paths.items()}
+        return {"started": self.started, "deadline": deadline, "examples_budget": budget, "paths": paths,
+                "unavailable": {**self.unavailable, **result.unavailable}, "counts": extra["counts"], "details": extra["details"],
+                "saved": result.saved, "errors": result.errors, "workers": max(len(snaps), 1),
+                "from_status": True}
+
+    def request_stop(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            open(os.path.join(self.run_dir, "stop"), "w").close()
+        else:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        stop_seen: float | None = None
+        while True:
+            try:
+                rc = self.proc.wait(timeout=0.2)
+                return rc
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stopping:
+                stop_seen = stop_seen or time.monotonic()
+                if time.monotonic() - stop_seen > self.grace:
+                    self.kill()
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log, errors="replace") as fh:
+                return "".join(fh.readlines()[-n:])
+        except OSError:
+            return ""
+
+
+def new_run_dir() -> str:
+    os.makedirs(RUNS_DIR, exist_ok=True)
+    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=RUNS_DIR)
+
+
+def cleanup(run_dir: str, keep: bool) -> None:
+    if not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,242 @@
+"""A fuzzing session: targets, their budget, findings saved as they happen.
+
+The same ``Session`` object serves an in-process run (``gradfuzz fuzz``
+without ``-n``) and each pytest-xdist worker (``-n N``, through
+``harness.pytest_plugin``). It owns the ``Result`` the report is made
+from, saves every confirmed finding at once (``harness.out.findings``: one
+file per signature, counts bumped), and turns its state into a JSON
+snapshot: the live display reads snapshots, xdist workers write theirs to
+status files, and the controller rebuilds one ``Result`` from them, even
+after an interrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import fields
+from typing import Any, Callable
+
+from harness.out import findings
+from harness.engine.database import publish_finding
+from harness.observation import Divergence
+from harness.paths import Path
+from harness.engine.runner import Result, Tally, close_paths, finding_entry, split_available
+from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
+
+
+def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1) -> list[Target]:
+    """Group paths that share a case distribution; one target per group and shard."""
+    groups: dict[tuple, list[Path]] = {}
+    for p in paths:
+        groups.setdefault(strategy_flags(p), []).append(p)
+    return [Target(ps, exact=exact, seed=seed, shard=s) for ps in groups.values() for s in range(shards)]
+
+
+class Session:
+    def __init__(self, *, save_dir: str | None, db_spec: str | None = None, database: Any = None,
+                 stop: Stop | None = None, seed: int = 0, worker: str = "main",
+                 on_event: Callable[[str], None] | None = None) -> None:
+        self.result = Result()
+        self.save_dir = save_dir
+        self.db_spec = db_spec
+        self.database = database
+        self.stop = stop or Stop()
+        self.seed = seed
+        self.worker = worker
+        self.on_event = on_event
+        self.counts: dict[str, int] = {}  # signature -> finds in this session
+        self.details: dict[str, dict[str, Any]] = {}
+        self.started = time.time()
+        self.cpu0 = time.process_time()
+        self.deadline: float | None = None  # wall clock (time.time())
+        self.examples_budget: int | None = None
+        self.interrupted = False
+        self.done = False
+        self.runs: list[TargetRun] = []
+
+    # -- findings -------------------------------------------------------------
+
+    def on_finding(self, f: Finding) -> None:
+        first = f.divergences[0]
+        sig = first.signature
+        self.counts[sig] = self.counts.get(sig, 0) + 1
+        self.details.setdefault(sig, {"path": f.path.name, "kind": first.kind, "detail": first.detail,
+                                      "flaky": f.flaky, "examples": f.examples, "seconds": round(f.seconds, 3)})
+        saved = ""
+        if self.save_dir:
+            source = f"gradfuzz fuzz --paths {f.path.name} --seed {self.seed}"
+            entry, script = finding_entry(f.path, f.case, f.divergences, source)
+            rec = findings.record(self.save_dir, sig, entry, script)
+            if rec.file not in self.result.saved:
+                self.result.saved.append(rec.file)
+            self.details[sig]["file"] = rec.file
+            self.details[sig]["count_in_corpus"] = rec.count
+            saved = f" -> {rec.file} (found {rec.count}x)"
+            if self.db_spec:
+                try:
+                    meta = dict(entry.meta, counts={findings.writer_id(): self.counts[sig]})
+                    publish_finding(self.db_spec, sig, {"case": f.case.to_json(), "meta": meta}, script)
+                except Exception as e:  # the corpus file is saved; the shared log is a convenience
+                    self.result.errors.append(f"publishing {sig} to {self.db_spec}: {e}")
+        if self.on_event is not None:
+            flaky = " (FLAKY: did not reproduce)" if f.flaky else ""
+            self.on_event(f"[{f.path.name}] divergence {sig}: {first.detail}{flaky}{saved}")
+
+    # -- running --------------------------------------------------------------
+
+    def run_target(self, target: Target, *, examples: int | None, deadline: float | None,
+                   heartbeat: Callable[[], None] | None = None, relative_to: dict[str, Path] | None = None) -> TargetRun:
+        """``deadline`` is a ``time.monotonic()`` value."""
+        if relative_to:
+            target.relative_to = relative_to
+        run = TargetRun(target, self.result, examples=examples, deadline=deadline, database=self.database,
+                        stop=self.stop, on_finding=self.on_finding, heartbeat=heartbeat)
+        self.runs.append(run)
+        try:
+            run.run()
+        except Exception as e:  # a harness error (the oracle failed): report it, keep the session
+            self.result.errors.append(f"{target.name} (shard {target.shard}): {type(e).__name__}: {e}")
+        if run.interrupted:
+            self.interrupted = True
+        return run
+
+    def available(self, paths: list[Path]) -> list[Path]:
+        live, unavailable = split_available(paths)
+        self.result.unavailable.update(unavailable)
+        for name, why in unavailable.items():
+            if self.on_event is not None:
+                self.on_event(f"[{name}] not run: unavailable ({why})")
+        return live
+
+    # -- snapshots ------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "worker": self.worker,
+            "pid": os.getpid(),
+            "started": self.started,
+            "updated": time.time(),
+            "cpu_s": time.process_time() - self.cpu0,
+            "deadline": self.deadline,
+            "examples_budget": self.examples_budget,
+            "done": self.done,
+            "interrupted": self.interrupted,
+            "paths": {n: _tally_json(t) for n, t in r.paths.items()},
+            "unavailable": dict(r.unavailable),
+            "divergences": [d.to_json() for d in r.divergences],
+            "counts": dict(self.counts),
+            "details": dict(self.details),
+            "saved": list(r.saved),
+            "errors": list(r.errors),
+        }
+
+
+def _tally_json(t: Tally) -> dict[str, Any]:
+    return {"examples": t.examples, "run": t.run, "skipped": dict(t.skipped), "seconds": t.seconds,
+            "first_hit_examples": t.first_hit_examples, "first_hit_seconds": t.first_hit_seconds}
+
+
+_DIV_FIELDS = {f.name for f in fields(Divergence)}
+
+
+def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
+    """Worker snapshots -> one Result (tallies summed, seconds the longest)
+    and the combined counts/details for the display and the JSON record."""
+    result = Result()
+    counts: dict[str, int] = {}
+    details: dict[str, dict[str, Any]] = {}
+    interrupted = False
+    cpu = 0.0
+    for s in snapshots:
+        interrupted |= bool(s.get("interrupted"))
+        cpu += s.get("cpu_s", 0.0)
+        for name, t in s.get("paths", {}).items():
+            tally = result.paths.setdefault(name, Tally())
+            tally.examples += t["examples"]
+            tally.run += t["run"]
+            for reason, n in t["skipped"].items():
+                tally.skipped[reason] = tally.skipped.get(reason, 0) + n
+            tally.seconds = max(tally.seconds, t["seconds"])
+            if t.get("first_hit_seconds") is not None and (
+                    tally.first_hit_seconds is None or t["first_hit_seconds"] < tally.first_hit_seconds):
+                tally.first_hit_examples, tally.first_hit_seconds = t["first_hit_examples"], t["first_hit_seconds"]
+        result.unavailable.update(s.get("unavailable", {}))
+        result.divergences.extend(Divergence(**{k: v for k, v in d.items() if k in _DIV_FIELDS})
+                                  for d in s.get("divergences", []))
+        for f in s.get("saved", []):
+            if f not in result.saved:
+                result.saved.append(f)
+        result.errors.extend(s.get("errors", []))
+        for sig, n in s.get("counts", {}).items():
+            counts[sig] = counts.get(sig, 0) + n
+        for sig, d in s.get("details", {}).items():
+            details.setdefault(sig, d)
+    return result, {"counts": counts, "details": details, "interrupted": interrupted, "cpu_s": cpu}
+
+
+def write_status(file: str, snapshot: dict[str, Any]) -> None:
+    from harness.out.corpus import atomic_write
+
+    atomic_write(file, json.dumps(snapshot))
+
+
+def read_statuses(run_dir: str) -> list[dict[str, Any]]:
+    out = []
+    if not os.path.isdir(run_dir):
+        return out
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("status-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(run_dir, name)) as fh:
+                    out.append(json.load(fh))
+            except (OSError, ValueError):
+                continue  # replaced under us: the next poll reads the new one
+    return out
+
+
+def fuzz(paths: list[Path], *, examples: int | None = None, minutes: float | None = None, seed: int = 0,
+         save_dir: str | None = None, exact: bool | None = None, db: str | None = "none", stop: Stop | None = None,
+         on_event: Callable[[str], None] | None = None, session: Session | None = None) -> Session:
+    """An in-process session over ``paths`` (one shard per target)."""
+    from harness.engine.database import open_database
+
+    if examples is None and minutes is None:
+        examples = 100
+    session = session or Session(save_dir=save_dir, db_spec=db, database=open_database(db), stop=stop, seed=seed,
+                                 on_event=on_event)
+    _single_thread()
+    session.examples_budget = examples
+    start = time.monotonic()
+    if minutes is not None:
+        session.deadline = time.time() + minutes * 60
+    try:
+        live = session.available(paths)
+        targets = plan(live, exact=exact, seed=seed)
+        for i, t in enumerate(targets):
+            if session.stop():
+                session.interrupted = True
+                break
+            deadline = None
+            if minutes is not None:
+                share = (minutes * 60 - (time.monotonic() - start)) / (len(targets) - i)
+                deadline = time.monotonic() + max(share, 0.0)
+            session.run_target(t, examples=examples, deadline=deadline)
+    finally:
+        session.done = True
+        close_paths(paths)
+    return session
+
+
+def _single_thread() -> None:
+    """Cases are tiny: intra-op threads only contend with other workers."""
+    try:
+        import torch
+
+        if torch.get_num_threads() != 1 and not os.environ.get("GRADFUZZ_KEEP_THREADS"):
+            torch.set_num_threads(1)
+    except Exception:  # pragma: no cover - torch is a dependency
+        print("gradfuzz: could not limit torch threads", file=sys.stderr)

@@ -1,0 +1,366 @@
+"""Fuzz targets: paths that share a case distribution, fuzzed on one stream.
+
+A target is a group of paths drawn from the same strategy (same contract
+flags) plus a shard number, which picks its own seed stream. Each case is
+drawn once, the eager oracle runs once, and every path of the group is
+compared with it: for ``split`` that is one oracle for ``split.stock`` and
+``split.fixed``, not one per path.
+
+The run is a series of Hypothesis rounds, as in ``harness.engine.runner``: a round
+stops at the first new signature on some path; from then on the round
+*focuses* on that path (the others are not run), so Hypothesis shrinks
+against the path that showed the failure and cannot slip to another. The
+shrunk case is re-run to confirm it (or flag it flaky), saved at once
+through ``harness.out.findings`` (de-duplicated by signature), its signatures
+become known, and the next round looks for something else.
+
+Saved examples in the database are replayed first by every round (Phase
+``reuse``); once a saved example's signature is known it passes on
+purpose, and ``MaskingDatabase`` keeps Hypothesis from deleting it.
+
+``plain_test()`` is the same check as a plain Hypothesis test (no rounds,
+no known set): what the pytest plugin hands to drivers such as HypoFuzz.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky
+
+from harness.compare.values import Tolerance, compare
+from harness.engine.database import MaskingDatabase
+from harness.observation import Divergence
+from harness.paths import Path
+from harness.engine.runner import Result, Tally
+from harness.case.spec import Case
+from harness.generate import cases
+from oracles.eager import observe
+
+SHARD_STRIDE = 1_000_003
+
+
+class Stop:
+    """A cooperative stop: set in this process (a signal handler), or by
+    another process creating ``file``. Cheap enough to ask per example."""
+
+    def __init__(self, file: str | None = None) -> None:
+        self.file = file
+        self.requested = False
+        self._next = 0.0
+
+    def set(self) -> None:
+        self.requested = True
+
+    def __call__(self) -> bool:
+        if not self.requested and self.file is not None:
+            now = time.monotonic()
+            if now >= self._next:
+                self._next = now + 0.2
+                self.requested = os.path.exists(self.file)
+        return self.requested
+
+
+class _Stopped(BaseException):
+    """Raised inside a round to end it at once (interrupt or time up); a
+    BaseException so that Hypothesis lets it through untouched."""
+
+
+class _Found(AssertionError):
+    pass
+
+
+def strategy_flags(path: Path) -> tuple[tuple[str, bool], ...]:
+    """The ``cases()`` keywords a path's contract asks for."""
+    c = path.contract
+    layouts = tuple(getattr(c, "pipeline_layouts", ()))
+    return (("lifetime", bool(getattr(c, "lifetime_schedules", False))),
+            ("dtensor", bool(getattr(c, "dtensor_placements", False)))) + ((("pipeline", layouts),) if layouts else ())
+
+
+@dataclass
+class Profile:
+    """Where a target's time went, per phase (seconds), for ``gradfuzz bench``."""
+
+    cases: int = 0
+    body: float = 0.0  # inside the test function, everything below included
+    oracle: float = 0.0
+    tolerance: float = 0.0
+    compare: float = 0.0
+    paths: dict[str, float] = field(default_factory=dict)
+    path_runs: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Target:
+    """Paths fuzzed together on one stream of cases (one shard of it)."""
+
+    paths: list[Path]
+    exact: bool | None = None
+    seed: int = 0
+    shard: int = 0
+    relative_to: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return "+".join(sorted(p.name for p in self.paths))
+
+    @property
+    def mode(self) -> str:
+        return {None: "both", True: "exact", False: "tolerance"}[self.exact]
+
+    @property
+    def database_key(self) -> bytes:
+        """Stable across gradfuzz versions and shards: every shard (and every
+        machine of a campaign) replays what any of them saved."""
+        return f"gradfuzz:{self.name}:{self.mode}".encode()
+
+    def strategy(self) -> Any:
+        flags = dict(strategy_flags(self.paths[0]))
+        return cases(exact=self.exact, **flags)
+
+    def check(self, case: Case, only: Path | None = None, known: set[str] = frozenset(),  # type: ignore[assignment]
+              profile: Profile | None = None, tally: Callable[[Path, str | None], None] | None = None,
+              masked: list[bool] | None = None) -> tuple[Path, list[Divergence]] | None:
+        """The first path (or ``only``) with a divergence whose signature is
+        not in ``known``; None when they all agree with the oracle (or
+        diverge only in known ways: then ``masked`` gets a True)."""
+        clock = time.process_time
+        oracle = tol = None
+        for p in (only,) if only is not None else self.paths:
+            reason = p.supports(case)
+            if tally is not None:
+                tally(p, reason)
+            if reason is not None:
+                continue
+            if oracle is None:
+                t0 = clock()
+                oracle = observe(case)
+                t1 = clock()
+                tol = Tolerance.for_case(case, lazy=True)
+                t2 = clock()
+                if profile is not None:
+                    profile.oracle += t1 - t0
+                    profile.tolerance += t2 - t1
+            t0 = clock()
+            obs = p.run(case)
+            t1 = clock()
+            divs = compare(case, oracle, obs, p.contract, tol)
+            t2 = clock()
+            if profile is not None:
+                profile.paths[p.name] = profile.paths.get(p.name, 0.0) + (t1 - t0)
+                profile.path_runs[p.name] = profile.path_runs.get(p.name, 0) + 1
+                profile.compare += t2 - t1
+            fresh = [d for d in divs if d.signature not in known]
+            if masked is not None and len(fresh) < len(divs):
+                masked.append(True)
+            divs = fresh
+            if divs and p.name in self.relative_to:
+                base = self.relative_to[p.name]
+                if base.supports(case) is None and compare(case, oracle, base.run(case), base.contract, tol):
+                    continue  # the base diverges too: not the injected bug
+            if divs:
+                return p, divs
+        return None
+
+    def plain_test(self, database: ExampleDatabase | None = None, max_examples: int = 100,
+                   on_divergence: Callable[[Path, Case, list[Divergence]], None] | None = None) -> Any:
+        """One plain Hypothesis test: fails on any divergence of any path.
+
+        With ``database`` None it takes the active profile's database, as
+        coverage-guided drivers (HypoFuzz) require.
+        """
+        kw: dict[str, Any] = {} if database is None else {"database": database}
+
+        @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck), **kw)
+        @given(case=self.strategy())
+        def test_gradients_agree_with_eager(case: Case) -> None:
+            hit = self.check(case)
+            if hit is not None:
+                path, divs = hit
+                if on_divergence is not None:
+                    on_divergence(path, case, divs)
+                raise AssertionError(
+                    f"{path.name} diverges from eager autograd:\n"
+                    + "\n".join(f"  {d.kind} [{d.signature}] {d.detail}" for d in divs)
+                )
+
+        test_gradients_agree_with_eager._hypothesis_internal_database_key = self.database_key  # type: ignore[attr-defined]
+        return test_gradients_agree_with_eager
+
+
+@dataclass
+class Finding:
+    path: Path
+    case: Case
+    divergences: list[Divergence]
+    flaky: bool
+    examples: int  # cases this target had drawn when it first failed (before shrinking)
+    seconds: float
+
+
+@dataclass
+class _Round:
+    focus: Path | None = None
+    case: Case | None = None
+    divs: list[Divergence] | None = None
+
+
+class TargetRun:
+    """One target's session: rounds until the budget is spent or a stop.
+
+    ``examples``: cases to draw (each goes to every path of the target);
+    ``deadline``: a ``time.monotonic()`` value; ``on_finding`` is called as
+    soon as a finding is confirmed (the caller saves it); ``heartbeat`` at
+    most every ``beat`` seconds while running (status files, live display).
+    """
+
+    def __init__(self, target: Target, result: Result, *, examples: int | None = None,
+                 deadline: float | None = None, database: ExampleDatabase | None = None,
+                 stop: Stop | None = None, on_finding: Callable[[Finding], None] | None = None,
+                 heartbeat: Callable[[], None] | None = None, beat: float = 0.5, chunk: int = 200,
+                 detect_only: bool = False, record: list[Case] | None = None) -> None:
+        self.target = target
+        self.result = result
+        self.examples = examples
+        self.deadline = deadline
+        self.database = MaskingDatabase(database) if database is not None else None
+        self.stop = stop or Stop()
+        self.on_finding = on_finding
+        self.heartbeat = heartbeat
+        self.beat = beat
+        self.chunk = chunk
+        # detect_only: stop at the first failing example, unshrunk (time-to-detection statistics);
+        # record: every drawn case is appended (the benchmark re-times them phase by phase).
+        self.detect_only = detect_only
+        self.record = record
+        self.known: set[str] = set()
+        self.drawn = 0
+        self.profile = Profile()
+        self.findings: list[Finding] = []
+        self.interrupted = False
+        self.started = time.monotonic()
+        self._next_beat = 0.0
+        self.tallies = {p.name: result.paths.setdefault(p.name, Tally()) for p in target.paths}
+
+    # -- the per-example body ------------------------------------------------
+
+    def _tally(self, path: Path, reason: str | None) -> None:
+        t = self.tallies[path.name]
+        t.examples += 1
+        if reason is None:
+            t.run += 1
+        else:
+            t.skipped[reason] = t.skipped.get(reason, 0) + 1
+
+    def _body(self, case: Case, rnd: _Round) -> None:
+        now = time.monotonic()
+        if self.stop():
+            self.interrupted = True
+            raise _Stopped()
+        if self.deadline is not None and now >= self.deadline:
+            raise _Stopped()
+        if self.heartbeat is not None and now >= self._next_beat:
+            self._next_beat = now + self.beat
+            self._update_seconds(now)
+            self.heartbeat()
+        if self.database is not None:
+            self.database.masked = False
+        if rnd.focus is None:
+            self.drawn += 1
+            if self.record is not None:
+                self.record.append(case)
+        t0 = time.process_time()
+        masked: list[bool] = []
+        try:
+            hit = self.target.check(case, rnd.focus, self.known, self.profile, self._tally, masked)
+            if hit is None and masked and self.database is not None:
+                self.database.masked = True  # passing only because its signature is known: keep it saved
+        finally:
+            self.profile.body += time.process_time() - t0
+            self.profile.cases += 1
+        if hit is not None:
+            path, divs = hit
+            if rnd.focus is None:
+                t = self.tallies[path.name]
+                if t.first_hit_examples is None:
+                    t.first_hit_examples = self.drawn
+                    t.first_hit_seconds = time.monotonic() - self.started
+                rnd.focus = path
+                self._first = (self.drawn, time.monotonic() - self.started)
+            rnd.case, rnd.divs = case, divs
+            if self.detect_only:
+                raise _Stopped()
+            raise _Found(divs[0].detail)
+
+    def _update_seconds(self, now: float | None = None) -> None:
+        s = (now or time.monotonic()) - self.started
+        for t in self.tallies.values():
+            t.seconds = s
+
+    # -- rounds ---------------------------------------------------------------
+
+    def run(self) -> list[Finding]:
+        target = self.target
+        round_no = 0
+        try:
+            while not self.stop():
+                left = None if self.examples is None else self.examples - self.drawn
+                if left is not None and left <= 0:
+                    break
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    break
+                budget = min(self.chunk, left) if left is not None else self.chunk
+                rnd = _Round()
+                phases = (Phase.reuse, Phase.generate, Phase.target, Phase.shrink) if self.database is not None \
+                    else (Phase.generate, Phase.target, Phase.shrink)
+
+                @settings(max_examples=budget, database=self.database, deadline=None, verbosity=Verbosity.quiet,
+                          suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False)
+                @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE + round_no)
+                @given(target.strategy())
+                def fuzz_round(case: Case) -> None:
+                    self._body(case, rnd)
+
+                fuzz_round._hypothesis_internal_database_key = target.database_key  # type: ignore[attr-defined]
+                before = self.drawn
+                stopped = False
+                try:
+                    fuzz_round()
+                except _Stopped:
+                    stopped = True
+                except (_Found, Flaky):
+                    pass
+                if rnd.case is not None:
+                    self._confirm_and_record(rnd)
+                round_no += 1
+                if self.detect_only and self.findings:
+                    break
+                if stopped or (self.drawn == before and rnd.case is None):
+                    break  # the stream is exhausted (tiny strategies), or we were told to stop
+        finally:
+            self._update_seconds()
+        return self.findings
+
+    def _confirm_and_record(self, rnd: _Round) -> None:
+        assert rnd.case is not None and rnd.divs is not None and rnd.focus is not None
+        case, divs, path = rnd.case, rnd.divs, rnd.focus
+        again = self.target.check(case, path, self.known)
+        flaky = again is None
+        for d in divs:
+            d.case = case.to_json()
+            d.flaky = flaky
+            self.known.add(d.signature)
+        if again is not None:
+            self.known.update(d.signature for d in again[1])
+        self.result.divergences.extend(divs)
+        examples, seconds = getattr(self, "_first", (self.drawn, time.monotonic() - self.started))
+        f = Finding(path, case, divs, flaky, examples, seconds)
+        self.findings.append(f)
+        if self.on_finding is not None:
+            self.on_finding(f)

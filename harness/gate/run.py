@@ -1,0 +1,251 @@
+"""``gradfuzz gate``: the check a team runs when it upgrades torch.
+
+Self-check, corpus replay, a fuzzing budget, then every result classified
+against the ledger and the installed torch version:
+
+- ``new``: a divergence no ledger entry explains (fails the gate)
+- ``known``: a ledger bug, expected on this version (listed)
+- ``fixed``: a ledger bug this version no longer shows, past its range (good news)
+- ``regression``: a ledger bug back on a version past its range (fails)
+- ``not_reproduced``: in range, but its cases agree here (the ledger may be too wide)
+- ``unavailable``: a path that cannot run here, with why
+- ``selfcheck``: a canary that was not caught (fails: the gate has lost its teeth)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from harness.out import corpus
+from harness.gate import ledger as ledger_mod
+from harness.observation import Divergence
+from harness.paths import Path
+from harness.compare.values import Tolerance
+from harness.engine.runner import check, close_paths, fuzz, split_available
+from harness.gate.selfcheck import CanaryResult, selfcheck
+
+FAILING = ("new", "regression", "selfcheck")
+FLAKY_TRIES = 8
+SCHEMA = 1
+
+
+@dataclass
+class Row:
+    status: str
+    path: str
+    detail: str
+    bug: str | None = None
+    signature: str | None = None
+    source: str = ""  # "corpus FILE", "fuzz" or "selfcheck"
+    case: dict[str, Any] | None = None
+    divergence: dict[str, Any] | None = None
+    upstream: str = ""
+
+
+@dataclass
+class GateReport:
+    torch: str
+    rows: list[Row] = field(default_factory=list)
+    selfcheck: list[CanaryResult] = field(default_factory=list)
+    examples: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    schema: int = SCHEMA
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status in FAILING for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "torch": self.torch,
+            "passed": not self.failed,
+            "seconds": round(self.seconds, 2),
+            "examples": self.examples,
+            "counts": {s: sum(1 for r in self.rows if r.status == s) for s in
+                       ("new", "regression", "known", "fixed", "not_reproduced", "unavailable", "selfcheck")},
+            "rows": [asdict(r) for r in self.rows],
+            "selfcheck": [asdict(c) for c in self.selfcheck],
+        }
+
+
+def _classify(bug: ledger_mod.Bug, version: str, reproduced: bool) -> str:
+    rel = bug.relation(version)
+    if reproduced:
+        return {"in": "known", "after": "regression", "before": "new"}[rel]
+    return {"in": "not_reproduced", "after": "fixed", "before": "fixed"}[rel]
+
+
+def run_gate(
+    paths: list[Path],
+    *,
+    corpus_dirs: list[str],
+    ledger_file: str,
+    minutes: float,
+    seed: int = 0,
+    save_dir: str | None = None,
+    run_selfcheck: bool = True,
+    progress: Callable[[str], None] = lambda s: None,
+) -> GateReport:
+    start = time.monotonic()
+    version = torch.__version__
+    report = GateReport(torch=version)
+    led = ledger_mod.load(ledger_file)
+    entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
+    if run_selfcheck:
+        report.selfcheck = selfcheck(seed, progress)
+        for c in report.selfcheck:
+            if not c.caught and not c.skipped:
+                report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
+    live, unavailable = split_available(paths)
+    report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
+    try:
+        seen_as, shapes = _replay(live, entries, led, version, report, progress)
+    finally:
+        close_paths(live)
+    if minutes > 0 and live:
+        result = fuzz(live, minutes=minutes, seed=seed, save_dir=save_dir, progress=progress)
+        for name, t in result.paths.items():
+            report.examples[name] = report.examples.get(name, 0) + t.examples
+        seen = {(r.path, r.signature) for r in report.rows}
+        # Bugs whose own cases agreed in the replay just now: a coarse signature
+        # is no evidence that one of them came back (a regression needs more).
+        fixed_here = {r.bug for r in report.rows if r.status == "fixed"}
+        for d in result.divergences:
+            if (d.path, d.signature) in seen:
+                continue
+            seen.add((d.path, d.signature))
+            # A ledger bug matches by its recorded signatures, or by any signature
+            # its own cases showed in the replay just now, on this path or (by
+            # shape) on another path the bug's entry covers.
+            bug = led.match(d.path, d.signature, version=version)
+            if bug is not None and bug.id in fixed_here:
+                bug = None
+            bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
+            status = _classify(bug, version, True) if bug else "new"
+            report.rows.append(_row(status, d, bug, "fuzz"))
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) -> Row:
+    return Row(status, d.path, d.detail, bug.id if bug else None, d.signature, source, d.case,
+               {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "")
+
+
+def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, report: GateReport,
+            progress) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
+    from oracles.eager import observe
+
+    reproduced: dict[str, list[Divergence]] = {}
+    ran: set[str] = set()
+    unmatched: list[tuple[Divergence, str]] = []
+    for entry in entries:
+        oracle = tol = None
+        for p in live:
+            if p.supports(entry.case) is not None:
+                continue
+            oracle = oracle or observe(entry.case)
+            tol = tol or Tolerance.for_case(entry.case)  # once per case, not once per path
+            report.examples[p.name] = report.examples.get(p.name, 0) + 1
+            divs = check(entry.case, p, oracle, tol)
+            for _ in range(FLAKY_TRIES if entry.meta.get("flaky") and not divs else 0):
+                divs = check(entry.case, p, oracle, tol)  # an order-dependent bug gets a few tries
+                if divs:
+                    break
+            for d in divs:
+                d.case = entry.case.to_json()
+            owners = [b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)]
+            if owners:
+                # A case filed under several bugs: each divergence goes to the one
+                # whose recorded signatures name it, else to the first.
+                if not divs:  # the case agrees: evidence about the bug it is first filed under
+                    ran.add(owners[0].id)
+                    reproduced.setdefault(owners[0].id, [])
+                for d in divs:
+                    b = next((b for b in owners if d.signature in b.signatures), owners[0])
+                    ran.add(b.id)
+                    reproduced.setdefault(b.id, []).append(d)
+                continue
+            for d in divs:
+                b = led.match(p.name, d.signature, version=version)
+                if b is not None:
+                    reproduced.setdefault(b.id, []).append(d)
+                    ran.add(b.id)
+                else:  # decided once every ledger case has shown its signatures
+                    unmatched.append((d, entry.file))
+            progress(f"[gate] {p.name} {entry.file}: {len(divs)} divergence(s)")
+    live_names = {p.name for p in live}
+    by_id = {b.id: b for b in led.bugs}
+    seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
+    shapes = {(i, d.shape) for i, divs in reproduced.items() for d in divs if d.shape}
+    for d, file in unmatched:
+        b = seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
+        if b is not None:
+            reproduced[b.id].append(d)
+        else:  # the ledger is the gate's authority; a case's own meta.expect is not
+            report.rows.append(_row("new", d, None, f"corpus {file}"))
+    for b in led.bugs:
+        if not any(b.covers(n) for n in live_names):
+            continue
+        divs = reproduced.get(b.id, [])
+        if b.id not in ran or not divs and b.relation(version) == "before":
+            continue  # a bug that starts after this version and is absent here is no news
+        status = _classify(b, version, bool(divs))
+        if divs:
+            for d in _unique(divs):
+                report.rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
+        else:
+            word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
+                    f"ledger says torch {b.torch} is affected, but its cases agree here"}[status]
+            report.rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
+                                   f"corpus {', '.join(b.cases)}", upstream=b.upstream))
+    return seen_as, shapes
+
+
+def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergence, version: str) -> ledger_mod.Bug | None:
+    """A bug whose entry covers ``d``'s path and whose own cases showed ``d``'s
+    shape on some path in this run; one affecting ``version`` wins."""
+    return ledger_mod.first([b for b in led.for_path(d.path) if (b.id, d.shape) in shapes], version)
+
+
+def _is_case_of(led: ledger_mod.Ledger, bug: ledger_mod.Bug, file: str) -> bool:
+    return any(os.path.abspath(os.path.join(led.root, c)) == os.path.abspath(file) for c in bug.cases)
+
+
+def _unique(divs: list[Divergence]) -> list[Divergence]:
+    seen, out = set(), []
+    for d in divs:
+        if d.signature not in seen:
+            seen.add(d.signature)
+            out.append(d)
+    return out
+
+
+def compare_baseline(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """What changed since the baseline report, path by path: what a person upgrading asks."""
+    def index(r):
+        out = {}
+        for row in r.get("rows", []):
+            key = (row["path"], row.get("bug") or row.get("signature") or row["detail"][:60])
+            out[key] = row["status"]
+        return out
+
+    now, before = index(report), index(baseline)
+    lines = [f"compared with {baseline.get('torch')} -> {report.get('torch')}:"]
+    for path in sorted({k[0] for k in now} | {k[0] for k in before}):
+        changes = []
+        for key in sorted(set(now) | set(before)):
+            if key[0] != path:
+                continue
+            a, b = before.get(key, "absent"), now.get(key, "absent")
+            if a != b:
+                changes.append(f"    {key[1]}: {a} -> {b}")
+        lines.append(f"  {path}: " + ("no change" if not changes else f"{len(changes)} change(s)"))
+        lines.extend(changes)
+    return lines

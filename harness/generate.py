@@ -1,0 +1,356 @@
+"""Hypothesis strategies for cases that favour the founding patterns.
+
+Drawing is cheap by design: a case is a short list of small tuples
+("block", weight slot, variant) interpreted by plain Python into SSA nodes.
+Hypothesis shrinks the list (fewer blocks, lower slots: more tying), so a
+failure shrinks towards ``x @ w0 @ w0``-sized modules.
+
+The blocks are the patterns the seeds share: one weight at several sites
+(nested and in parallel branches), transposed uses, tied input/output
+projections, gains and biases that are parameters between tied uses,
+multi-output nodes, custom backwards with odd grad layouts, parameters
+combined before use, parameters shaped like the activations they meet,
+inputs without grad, view outputs, hooks and ``retain_grad``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from hypothesis import strategies as st
+
+from harness.case.ops import LAYOUTS
+from harness.case.spec import PARAM_HOOKS, Case, Event, Hook, Input, Node, Param, Schedule, Use
+
+BLOCKS = (
+    "linear",  # h @ w
+    "linear_t",  # h @ w.T
+    "gain",  # h * g, g shaped (D,) or like h
+    "bias",  # h + b
+    "branch",  # h @ w + h @ w' (w' may be w, or w.T)
+    "layout",  # LayoutMatmul(h, w) with a non-contiguous or offset grad
+    "pair",  # Pair(h, h * g) -> pick or combine results
+    "chunk",  # split h on the feature dim, recombine
+    "combined",  # h @ (w1 * w2) or h @ stack([w1, w2]).sum(0)
+    "reshape",  # h through a reshape round trip (views)
+    "nonlin",  # relu (exact) or tanh (tolerance mode)
+    "mix_input",  # h + x2 or h * x2, x2 an input without grad
+    "project",  # out projection tied to an in projection: h @ P, ..., h @ P.T
+    "hook",  # a tensor hook (scale or observe) on h
+    "retain",  # retain_grad on h
+)
+# Pressure allocations: the CUDA caching allocator's small blocks (512 B
+# granules in 2 MiB segments) and large ones, so freed graph-surface memory
+# gets handed to someone else.
+PRESSURE_SIZES = (4, 6, 12, 128, 4096, 2**16, 2**18, 2**20)
+EXACT_BUDGET = 2.0**16  # forward magnitude estimate; grads add batch, microbatch and cotangent factors
+
+
+@dataclass
+class _Builder:
+    dim: int
+    batch: int
+    exact: bool
+    params: list[Param] = field(default_factory=list)
+    inputs: list[Input] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
+    retain: list[str] = field(default_factory=list)
+    bound: float = 3.0
+
+    def param(self, shape: tuple[int, ...], slot: int, prefix: str = "w") -> str:
+        """Slot picks an existing parameter of this shape (tying) or makes one."""
+        same = [p.name for p in self.params if p.shape == shape]
+        if slot < len(same):
+            return same[slot]
+        name = f"{prefix}{len(self.params)}"
+        self.params.append(Param(name, shape))
+        return name
+
+    def node(self, op: str, *args: Use, **attrs) -> str:
+        name = f"n{len(self.nodes)}"
+        self.nodes.append(Node(name, op, tuple(args), tuple(sorted(attrs.items()))))
+        return name
+
+    def grows(self, factor: float) -> bool:
+        """In exact mode, refuse a block that could leave the exact range."""
+        if self.exact and self.bound * factor > EXACT_BUDGET:
+            return False
+        self.bound *= factor
+        return True
+
+
+def _apply(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    D, B = b.dim, b.batch
+    mm = 3.0 * D
+    if block in ("linear", "linear_t") and b.grows(mm):
+        w = b.param((D, D), slot)
+        return b.node("matmul", Use(h), Use(w, transpose=block == "linear_t"))
+    if block == "gain" and b.grows(3.0):
+        g = b.param((D,) if variant % 2 == 0 else (B, D), slot, prefix="g")
+        return b.node("mul", Use(h), Use(g)) if variant < 2 else b.node("mul", Use(g), Use(h))
+    if block == "bias" and b.grows(1.0):
+        bias = b.param((D,) if variant % 2 == 0 else (B, D), slot, prefix="b")
+        b.bound += 3.0
+        return b.node("add", Use(h), Use(bias))
+    if block == "branch" and b.grows(2 * mm):
+        w = b.param((D, D), slot)
+        other = w if variant % 3 != 2 else b.param((D, D), slot + 1)
+        left = b.node("matmul", Use(h), Use(w))
+        right = b.node("matmul", Use(h), Use(other, transpose=variant % 3 == 1))
+        return b.node("add", Use(left), Use(right))
+    if block == "layout" and b.grows(mm):
+        w = b.param((D, D), slot)
+        return b.node("layout_matmul", Use(h), Use(w), layout=LAYOUTS[variant % len(LAYOUTS)])
+    if block == "pair" and b.grows(9.0 * b.bound):
+        g = b.param((B, D), slot, prefix="g")
+        other = b.node("mul", Use(h), Use(g)) if variant % 2 else g
+        pair = b.node("pair", Use(h), Use(other))
+        if variant < 2:
+            return b.node("add", Use(pair, index=0), Use(pair, index=1))
+        return b.node("mul", Use(pair, index=variant % 2), Use(h))
+    if block == "chunk" and D % 2 == 0 and b.grows(b.bound):
+        c = b.node("chunk", Use(h), chunks=2, dim=1)
+        if variant % 2:
+            return b.node("cat", Use(c, index=1), Use(c, index=0), dim=1)
+        s = b.node("mul", Use(c, index=0), Use(c, index=1))
+        return b.node("cat", Use(s), Use(c, index=1), dim=1)
+    if block == "combined" and b.grows(mm * 3.0):
+        w1 = b.param((D, D), slot)
+        w2 = b.param((D, D), slot + 1)
+        if variant % 2:
+            comb = b.node("mul", Use(w1), Use(w2, transpose=variant % 4 == 3))
+        else:
+            st_ = b.node("stack", Use(w1), Use(w2), dim=0)
+            comb = b.node("sum", Use(st_), dim=0)
+        return b.node("matmul", Use(h), Use(comb))
+    if block == "reshape" and b.grows(1.0):
+        r = b.node("reshape", Use(h), shape=(D, B) if variant % 2 else (B * D,))
+        return b.node("reshape", Use(r), shape=(B, D))
+    if block == "nonlin" and b.grows(1.0):
+        return b.node("relu" if b.exact or variant % 2 else "tanh", Use(h))
+    if block == "mix_input" and b.grows(3.0):
+        x2 = next((x.name for x in b.inputs if not x.requires_grad), None)
+        if x2 is None:
+            x2 = f"x{len(b.inputs)}"
+            b.inputs.append(Input(x2, (B, D), requires_grad=False))
+        b.bound += 3.0
+        return b.node("add" if variant % 2 else "mul", Use(h), Use(x2))
+    if block == "project" and D != B and b.grows(mm * mm):
+        # Tied in/out projection between two widths: h @ P (D->B), h @ P.T back.
+        p = b.param((D, B), slot, prefix="p")
+        mid = b.node("matmul", Use(h), Use(p))
+        if variant % 2:
+            mid = b.node("relu", Use(mid))
+        return b.node("matmul", Use(mid), Use(p, transpose=True))
+    if block == "hook" and h.startswith("n") and all(k.node != h for k in b.hooks):
+        if b.exact or variant < 2:
+            factor = (2, -1, 1)[variant % 3]
+            b.hooks.append(Hook(h, "scale" if factor != 1 else "observe", factor))
+            b.grows(2.0)
+        else:
+            b.hooks.append(Hook(h, "observe", 1))
+        return h
+    if block == "retain" and h.startswith("n") and h not in b.retain:
+        b.retain.append(h)
+    return h
+
+
+class _Drawn:
+    """The strategies ``cases`` draws from, made once per size limit (same
+    draws, same shrinking, as building them inline)."""
+
+    _made: dict[tuple[int, int], "_Drawn"] = {}
+
+    def __init__(self, max_blocks: int, max_microbatches: int) -> None:
+        self.exact = st.booleans().map(lambda b: not b)
+        self.dim = st.sampled_from((3, 2, 4))
+        self.batch = st.sampled_from((2, 3))
+        self.x_grad = st.sampled_from((True, False))
+        self.blocks = st.lists(st.tuples(st.sampled_from(BLOCKS), st.integers(0, 2), st.integers(0, 3)),
+                               min_size=1, max_size=max_blocks)
+        self.out_kind = st.integers(0, 4)
+        self.microbatches = st.integers(1, max_microbatches)
+        self.steps = st.integers(1, 2)
+        self.grad_init = st.sampled_from(("none", "zero", "prefilled"))
+        self.zero_grad = st.sampled_from(("set_to_none", "zeros", "keep"))
+        self.seed = st.integers(0, 2**16)
+
+    @classmethod
+    def get(cls, max_blocks: int, max_microbatches: int) -> "_Drawn":
+        key = (max_blocks, max_microbatches)
+        if key not in cls._made:
+            cls._made[key] = cls(max_blocks, max_microbatches)
+        return cls._made[key]
+
+
+@st.composite
+def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
+          lifetime: bool = False, dtensor: bool = False,
+          pipeline: tuple[tuple[int, int], ...] = ()) -> Case:
+    """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
+    buffer-lifetime schedules (allocator pressure between backwards, held
+    outputs, parameter hooks); it draws after everything else, so cases
+    drawn without it are unchanged."""
+    # The strategies are built once (_Drawn), not per draw: building and
+    # validating them again for every case cost a third of generation.
+    s = _Drawn.get(max_blocks, max_microbatches)
+    if exact is None:
+        exact = draw(s.exact)  # shrinks towards exact mode
+    dim = draw(s.dim)
+    batch = draw(s.batch)
+    x_grad = draw(s.x_grad)
+    blocks = draw(s.blocks)
+    out_kind = draw(s.out_kind)
+    schedule = Schedule(
+        microbatches=draw(s.microbatches),
+        steps=draw(s.steps),
+        grad_init=draw(s.grad_init),
+        zero_grad=draw(s.zero_grad),
+    )
+    seed = draw(s.seed)
+    if lifetime:
+        schedule = draw(lifetime_schedules(schedule))
+    case = interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
+                     out_kind=out_kind, schedule=schedule, seed=seed)
+    if dtensor:  # drawn last, so cases drawn without it are unchanged
+        case = draw(dtensor_placements(case))
+        case = draw(training_steps(case))
+    if pipeline:  # drawn last too: stage cuts, microbatches and frozen parameters for a pipeline layout
+        case = draw(pipeline_stages(case, pipeline))
+    return case
+
+
+@st.composite
+def pipeline_stages(draw, case: Case, layouts: tuple[tuple[int, int], ...]) -> Case:
+    """Cut ``case`` into stages for one of ``layouts`` ((stages, microbatches)
+    pairs a schedule takes). Cuts are drawn as picks among the free node
+    positions, so they shrink towards the earliest positions and fewer
+    stages (merging); a case with too few nodes keeps fewer stages (outside
+    the layout: skipped). About one parameter in five is frozen."""
+    stages, microbatches = draw(st.sampled_from(sorted(layouts)))
+    picks = draw(st.lists(st.integers(0, 255), min_size=stages - 1, max_size=stages - 1))
+    free = list(range(1, len(case.nodes)))
+    cuts = [free.pop(r % len(free)) for r in picks[:len(free)]]
+    frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
+    params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
+    return replace(case, params=params, stages=tuple(sorted(cuts)),
+                   schedule=replace(case.schedule, microbatches=microbatches))
+
+
+@st.composite
+def training_steps(draw, case: Case) -> Case:
+    """Past backward, where a DTensor grad is used: clip_grad_norm_ (a norm
+    type) and an optimizer step (an implementation) after each step's last
+    microbatch. Such cases run in float64, where optimizer arithmetic can be
+    held to a tight relative tolerance. Shrinks to no training step."""
+    from harness.build.train import CLIP_NORMS, FUSED, OPTIMIZERS, SIGN_BASED
+
+    if not draw(st.booleans()):
+        return case
+    clip = draw(st.sampled_from(("",) + CLIP_NORMS))
+    names = [n for n in OPTIMIZERS if case.exact or n not in SIGN_BASED]
+    optimizer = draw(st.sampled_from(["", *names]))
+    impls = ("", "for_loop", "foreach") + (("fused",) if optimizer in FUSED else ())
+    impl = draw(st.sampled_from(impls)) if optimizer else ""
+    if not clip and not optimizer:
+        return case
+    schedule = replace(case.schedule, clip=clip, max_norm=draw(st.sampled_from((1.0, 10.0))),
+                       optimizer=optimizer, optimizer_impl=impl, lr=draw(st.sampled_from((0.1, 0.01))))
+    return replace(case, schedule=schedule, dtype="float64")
+
+
+@st.composite
+def dtensor_placements(draw, case: Case) -> Case:
+    """Where each parameter lives on the mesh: all through ``to_local`` with
+    Partial grads (the seed's pattern, what this shrinks to), or each one a
+    Replicate or Shard(d) DTensor used as one, or (a weight used only as
+    ``h @ w``) a tensor-parallel style."""
+    if not draw(st.booleans()):
+        return case
+    params = tuple(
+        replace(p, placement=draw(st.sampled_from(
+            ("replicate",) + tuple(f"shard{d}" for d in range(len(p.shape)))
+            + (("colwise", "rowwise") if tp_eligible(case, p.name) else ()))))
+        for p in case.params
+    )
+    return replace(case, params=params)
+
+
+def tp_eligible(case: Case, name: str) -> bool:
+    """Can ``name`` run as an nn.Linear under a tensor-parallel style? Only
+    when every use is the plain right operand of a matmul (``h @ w``)."""
+    uses = [(node, i, u) for node in case.nodes for i, u in enumerate(node.args) if u.ref == name]
+    return bool(uses) and all(node.op == "matmul" and i == 1 and not u.transpose for node, i, u in uses) \
+        and not any(u.ref == name for u in case.outputs)
+
+
+@st.composite
+def lifetime_schedules(draw, schedule: Schedule) -> Schedule:
+    """``schedule`` plus events between its backwards, held outputs and hooks.
+
+    Everything shrinks away (no events, nothing held, no hooks), so a
+    failure that does not need them is reported without them.
+    """
+    between = schedule.backwards - 1
+    events: list[Event] = []
+    if between > 0:
+        for after, kind, sizes in draw(st.lists(
+            st.tuples(st.integers(0, between - 1), st.sampled_from(("alloc", "empty_cache", "free")),
+                      st.lists(st.sampled_from(PRESSURE_SIZES), min_size=1, max_size=3)),
+            max_size=4,
+        )):
+            events.append(Event(after, kind, tuple(sizes) if kind == "alloc" else ()))
+    events.sort(key=lambda e: e.after)
+    retain_outputs = draw(st.integers(0, 3)) == 3
+    hooks = draw(st.lists(st.sampled_from(PARAM_HOOKS), unique=True, max_size=2))
+    return replace(schedule, events=tuple(events), retain_outputs=retain_outputs, param_hooks=tuple(hooks))
+
+
+def interpret(
+    blocks: list[tuple[str, int, int]],
+    *,
+    dim: int,
+    batch: int,
+    x_grad: bool,
+    exact: bool,
+    out_kind: int,
+    schedule: Schedule,
+    seed: int,
+) -> Case:
+    b = _Builder(dim=dim, batch=batch, exact=exact)
+    b.inputs.append(Input("x0", (batch, dim), requires_grad=x_grad))
+    h = "x0"
+    history = []
+    for block, slot, variant in blocks:
+        h = _apply(b, h, block, slot, variant)
+        history.append(h)
+    if not b.params:
+        w = b.param((dim, dim), 0)
+        h = b.node("matmul", Use(h), Use(w))
+        history.append(h)
+    if h == "x0":
+        h = b.node("mul", Use(h), Use(b.params[0].name)) if b.params[0].shape in ((dim,), (batch, dim)) else b.node(
+            "matmul", Use(h), Use(b.param((dim, dim), 0)))
+    outputs = [Use(h)]
+    earlier = [n for n in history if n.startswith("n") and n != h and n not in {c.name for c in b.nodes if c.op in ("chunk", "pair")}]
+    if out_kind == 1:
+        outputs = [Use(h, transpose=True)]  # a view as output
+    elif out_kind == 2 and earlier:
+        outputs.append(Use(earlier[len(earlier) // 2]))  # one output computed from another
+    elif out_kind == 3:
+        outputs = [Use(b.node("sum", Use(h), dim=0))]
+    elif out_kind == 4 and not exact:
+        outputs = [Use(b.node("mean", Use(h), dim=None))]
+    return Case(
+        params=tuple(b.params),
+        inputs=tuple(b.inputs),
+        nodes=tuple(b.nodes),
+        outputs=tuple(outputs),
+        schedule=schedule,
+        hooks=tuple(b.hooks),
+        retain_grad=tuple(b.retain),
+        dtype="float32",
+        exact=exact,
+        seed=seed,
+    )

@@ -1,0 +1,163 @@
+"""Findings saved as they happen: one corpus file per signature, never two.
+
+Several fuzzers (xdist workers, or separate sessions) may write into one
+corpus directory at once. Every update of a signature's file is a
+read-modify-write under an exclusive ``flock`` on ``<dir>/.gradfuzz.lock``,
+and the write itself is atomic (temp file and rename), so an interrupt at
+any moment leaves either the old file or the new one, and two writers never
+lose each other's counts. A signature found again bumps ``meta.count``; the
+case kept is the smaller one (fewer nodes, parameters, backwards, ...), and
+its standalone repro script is replaced with it.
+
+Counts are kept per writer (``meta.counts``: writer id -> finds), and
+``meta.count`` is their sum; merging takes the larger count per writer, so
+merging the same source twice neither loses nor double-counts anything.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Any, Iterator
+
+from harness.out import corpus
+from harness.case.spec import Case
+
+LOCK_NAME = ".gradfuzz.lock"
+_writer: tuple[int, str] | None = None
+
+
+def writer_id() -> str:
+    """This process's name in ``meta.counts`` (new after a fork)."""
+    global _writer
+    if _writer is None or _writer[0] != os.getpid():
+        _writer = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    return _writer[1]
+
+
+def case_size(case: Case) -> tuple[int, ...]:
+    """Smaller is simpler: what a person has to read first, then tie-breaks."""
+    s = case.schedule
+    return (
+        len(case.nodes),
+        len(case.params),
+        s.backwards,
+        len(case.hooks) + len(case.retain_grad) + len(getattr(s, "events", ()) or ()),
+        sum(len(p.shape) and _numel(p.shape) for p in case.params),
+        len(json.dumps(case.to_json(), sort_keys=True)),
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextmanager
+def locked(directory: str | os.PathLike) -> Iterator[None]:
+    """An exclusive lock over a corpus directory, released by the kernel if we die."""
+    d = FsPath(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+@dataclass(frozen=True)
+class Recorded:
+    file: str
+    new: bool  # first time this signature was saved here
+    count: int  # times found, over every writer
+    replaced: bool  # the new case was smaller and replaced the kept one
+
+
+def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, script: str | None,
+           counts: dict[str, int] | None = None) -> Recorded:
+    """Save ``entry`` as ``<signature>.json`` (and its repro), or count one more find of it.
+
+    ``counts`` (writer id -> finds) is given when merging a corpus that
+    already counted its finds; by default this is one find by this process.
+    """
+    target = FsPath(directory) / f"{signature}.json"
+    with locked(directory):
+        old = _read(target)
+        meta = {k: v for k, v in entry.meta.items() if k not in ("count", "counts")}
+        now = _now()
+        if old is None:
+            c = dict(counts) if counts is not None else {writer_id(): 1}
+            meta.update(signature=signature, count=sum(c.values()), counts=c,
+                        first_seen=entry.meta.get("first_seen", now), last_seen=entry.meta.get("last_seen", now))
+            corpus.save(directory, signature, corpus.Entry(entry.case, meta), script)
+            return Recorded(str(target), True, meta["count"], False)
+        c = dict(old.meta.get("counts") or {"(before counts)": int(old.meta.get("count", 1))})
+        if counts is None:
+            c[writer_id()] = c.get(writer_id(), 0) + 1
+        else:
+            for w, n in counts.items():
+                c[w] = max(c.get(w, 0), int(n))
+        keep_new = case_size(entry.case) < case_size(old.case)
+        kept = meta if keep_new else {k: v for k, v in old.meta.items() if k not in ("count", "counts")}
+        first_seen = min(filter(None, (old.meta.get("first_seen"), entry.meta.get("first_seen"), now)))
+        last_seen = max(filter(None, (old.meta.get("last_seen"), entry.meta.get("last_seen"), now)))
+        # Ledger fields written by people (known-bug expectations) survive a smaller case.
+        for k in ("expect", "notes"):
+            if k in old.meta and k not in kept:
+                kept[k] = old.meta[k]
+        kept.update(signature=signature, count=sum(c.values()), counts=c, first_seen=first_seen, last_seen=last_seen)
+        case = entry.case if keep_new else old.case
+        corpus.save(directory, signature, corpus.Entry(case, kept), script if keep_new else None)
+        return Recorded(str(target), False, kept["count"], keep_new)
+
+
+def _read(target: FsPath) -> corpus.Entry | None:
+    if not target.exists():
+        return None
+    return corpus.load(target)  # a corrupt file is an error naming it, never overwritten silently
+
+
+def merge(sources: list[str], into: str) -> dict[str, Any]:
+    """Merge corpus directories (and Redis finding logs, ``redis://...``) into ``into``.
+
+    Per-writer counts merge by maximum (so merging twice changes nothing)
+    and the smaller case wins. Returns a summary.
+    """
+    from harness.engine import database
+    from harness.out import repro
+
+    merged: dict[str, int] = {}
+    added = 0
+    for src in sources:
+        if src.startswith("redis://"):
+            items = database.fetch_findings(src)
+        else:
+            items = []
+            for f in corpus.discover([src]):
+                e = corpus.load(f)
+                sig = e.meta.get("signature") or FsPath(f).stem
+                script_file = FsPath(f).with_suffix(".py")
+                items.append((sig, e, script_file.read_text() if script_file.exists() else None))
+        for sig, e, script in items:
+            if script is None:
+                found = e.meta.get("found_with", {}).get("path", "")
+                script = repro.script(e.case, found, None, title=e.meta.get("title", ""))
+            counts = e.meta.get("counts") or {f"{src}:{sig}": int(e.meta.get("count", 1))}
+            r = record(into, sig, e, script, counts=counts)
+            added += r.new
+            merged[sig] = r.count
+    return {"into": into, "signatures": len(merged), "new": added, "counts": merged}

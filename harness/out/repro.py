@@ -1,0 +1,227 @@
+"""Standalone repro scripts: the thing a person pastes into an upstream report.
+
+The script imports only torch (plus the machinery under test), spells the
+module out as plain torch code, embeds the data, runs the eager oracle and
+the machinery side by side and prints expected against actual. Paths
+contribute their machinery as source text (``repro_source``), so the script
+shows exactly the calls the harness made.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from harness.case import functions
+from harness.build.tensors import Built
+from harness.case.ops import OPS
+from harness.case.spec import Case, Use
+
+
+def _ref(use: Use, nodes: set[str]) -> str:
+    s = use.ref if use.ref in nodes else f"v[{use.ref!r}]"
+    if use.index is not None:
+        s = f"{s}[{use.index}]"
+    return f"{s}.mT" if use.transpose else s
+
+
+def forward_source(case: Case) -> str:
+    nodes = {n.name for n in case.nodes}
+    hooks = {h.node: h for h in case.hooks}
+    lines = ["def forward(v):"]
+    for n in case.nodes:
+        args = [_ref(u, nodes) for u in n.args]
+        lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")
+        h = hooks.get(n.name)
+        if h is not None:
+            body = f"lambda g: g * {h.factor}" if h.kind == "scale" else "lambda g: None"
+            lines.append(f"    if {n.name}.requires_grad:")
+            lines.append(f"        {n.name}.register_hook({body})  # a {h.kind} hook")
+        if n.name in case.retain_grad:
+            lines.append(f"    if {n.name}.requires_grad:")
+            lines.append(f"        {n.name}.retain_grad()")
+    outs = ", ".join(_ref(u, nodes) for u in case.outputs)
+    lines.append(f"    return [{outs}]")
+    return "\n".join(lines)
+
+
+def _lit(t: Any) -> str:
+    return repr(t.tolist())
+
+
+def script(case: Case, path_name: str, machinery: tuple[str, ...] | None, title: str = "") -> str:
+    """The full text of a standalone repro for ``case`` on ``path_name``.
+
+    ``machinery`` is ``(imports, backward body)`` from the path's
+    ``repro_source``, optionally with a third element: source that defines
+    ``DEVICE`` and ``machinery_forward(v)`` for paths that wrap the forward
+    too (graph wrappers); without it the forward is the plain one, on CPU.
+    A path whose machinery is more than a backward (pipeline schedules: stages,
+    a schedule, ranks) returns an object with ``script(case, title)`` instead,
+    which writes the whole script.
+    """
+    if callable(getattr(machinery, "script", None)):
+        return machinery.script(case, title or path_name)  # type: ignore[union-attr]
+    b = Built(case)
+    sched = case.schedule
+    used = {n.op for n in case.nodes}
+    helpers = []
+    if "layout_matmul" in used:
+        helpers.append(inspect.getsource(functions.LayoutMatmul))
+    if "pair" in used:
+        helpers.append(inspect.getsource(functions.Pair))
+    imports, body = (machinery or ("", "    raise SystemExit('this path has no standalone repro; replay the case with gradfuzz')\n"))[:2]
+    wrapped = machinery[2] if machinery is not None and len(machinery) > 2 else 'DEVICE = "cpu"\nmachinery_forward = forward\n'
+
+    params = b.params()
+    data = [
+        f"DTYPE = torch.{case.dtype}",
+        "PARAMS = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in params.items()) + "}",
+        "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
+        f"GRAD_INIT = {sched.grad_init!r}  # state of every .grad before the first backward",
+        "PREFILL = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.prefill().items()) + "}",
+        f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
+        "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
+        "INPUTS = [  # one dict per backward",
+        *[
+            "    {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.inputs(k).items()) + "},"
+            for k in range(sched.backwards)
+        ],
+        "]",
+        "GRAD_OUTPUTS = [  # the grad of each output, one list per backward",
+        *["    [" + ", ".join(_lit(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
+        "]",
+    ]
+    header = f'''#!/usr/bin/env python
+"""gradfuzz repro: {title or path_name}
+
+Expected: eager autograd in float64 (torch.autograd.grad per backward,
+summed out of place). Actual: {path_name}, in {case.dtype}.
+Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
+{sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
+Run with plain python; exit status 1 when they differ. The loop keeps every
+earlier .grad and input grad and checks they never change (as gradfuzz
+does); --no-hold runs it keeping none.
+"""
+import sys
+
+import torch
+{imports}
+'''
+    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", wrapped, "",
+                      _RUNNER.replace("%BODY%", body), ""])
+
+
+_RUNNER = '''def leaves(dtype, k, device="cpu"):
+    inputs = {n: torch.tensor(t, dtype=dtype, device=device).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
+    cots = [torch.tensor(c, dtype=dtype, device=device) for c in GRAD_OUTPUTS[k]]
+    return inputs, cots
+
+
+OWN = []  # each backward's own parameter grads, before accumulation (filled by expected())
+
+
+def expected():
+    params = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(n not in FROZEN) for n, t in PARAMS.items()}
+    acc = {n: None for n in params}
+    if GRAD_INIT != "none":
+        for n in params:
+            if n not in FROZEN:
+                acc[n] = torch.zeros_like(params[n]) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=torch.float64)
+    seen = []
+    for k in range(MICROBATCHES * STEPS):
+        if k and k % MICROBATCHES == 0 and ZERO_GRAD != "keep":
+            acc = {n: None if ZERO_GRAD == "set_to_none" or g is None else torch.zeros_like(g) for n, g in acc.items()}
+        inputs, cots = leaves(torch.float64, k)
+        live = [(o, c) for o, c in zip(forward({**params, **inputs}), cots) if o.requires_grad]
+        names = [n for n in params if n not in FROZEN]
+        if live and names:
+            grads = torch.autograd.grad([o for o, _ in live], [params[n] for n in names], [c for _, c in live], allow_unused=True)
+            for n, g in zip(names, grads):
+                if g is not None:
+                    acc[n] = g if acc[n] is None else acc[n] + g
+            OWN.append(dict(zip(names, grads)))
+        else:
+            OWN.append({})
+        seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
+    return seen
+
+
+def backward(outs, cots, inputs, params):
+    """The machinery under test: one backward of one microbatch."""
+%BODY%
+
+def actual():
+    params = {n: torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=DEVICE), requires_grad=n not in FROZEN) for n, t in PARAMS.items()}
+    if GRAD_INIT != "none":
+        for n, p in params.items():
+            if n not in FROZEN:
+                p.grad = torch.zeros_like(p) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=DTYPE, device=DEVICE)
+    seen, held, changed = [], [], []
+    for k in range(MICROBATCHES * STEPS):
+        if k and k % MICROBATCHES == 0:
+            for p in params.values():
+                if ZERO_GRAD == "set_to_none":
+                    p.grad = None
+                elif ZERO_GRAD == "zeros" and p.grad is not None:
+                    p.grad.zero_()
+        inputs, cots = leaves(DTYPE, k, DEVICE)
+        # The caller's tensors: nothing may write into them behind its back.
+        held += [(f"grad output {i} of backward {k}", c, c.clone()) for i, c in enumerate(cots)]
+        held += [(f"input {n} of backward {k}", t, t.detach().clone()) for n, t in inputs.items()]
+        backward(machinery_forward({**params, **inputs}), cots, inputs, params)
+        for what, t, before, *owner in held:
+            if what in changed or (owner and owner[0].grad is t):
+                continue  # a .grad still in use is accumulated into, by design
+            try:
+                same = torch.equal(t.detach(), before)
+            except RuntimeError as e:  # the machinery freed or poisoned a tensor the user holds
+                changed.append(what)
+                print(f"backward {k}: reading {what} raised {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+                continue
+            if not same:
+                changed.append(what)
+                print(f"backward {k}: {what} was changed by the machinery: {before.tolist()} -> {t.detach().tolist()}")
+        if HOLD_GRADS:  # grads a user keeps (a log, a running norm): earlier ones must stay as they were
+            held += [(f"{n}.grad after backward {k}", p.grad, p.grad.detach().clone(), p) for n, p in params.items() if p.grad is not None]
+            held += [(f"grad of input {n} from backward {k}", t.grad, t.grad.detach().clone()) for n, t in inputs.items() if t.grad is not None]
+        seen.append({n: None if p.grad is None else p.grad.detach().to("cpu", torch.float64, copy=True) for n, p in params.items()})
+    return seen, changed
+
+
+HOLD_GRADS = "--no-hold" not in sys.argv  # --no-hold: the plain loop, keeping no earlier grads
+
+
+def main():
+    want = expected()
+    try:
+        got, changed = actual()
+    except Exception as e:  # the machinery raised where eager autograd ran fine
+        import traceback
+        traceback.print_exc()
+        print(f"torch {torch.__version__}: DIVERGES: the machinery raised {type(e).__name__}; eager autograd ran this fine")
+        return 1
+    bad = len(changed)
+    for k, (w, g) in enumerate(zip(want, got)):
+        for n in w:
+            e, a = w[n], g[n]
+            same = (e is None and a is None) or (e is not None and a is not None and torch.allclose(a, e, rtol=1e-5, atol=1e-5))
+            if not same:
+                bad += 1
+                print(f"backward {k}: {n}.grad differs")
+                print(f"  expected {None if e is None else e.tolist()}")
+                print(f"  actual   {None if a is None else a.tolist()}")
+                if e is not None and a is not None and float((e * e).sum()) > 0:
+                    print(f"  ratio actual/expected {float((a * e).sum() / (e * e).sum()):.4g}")
+                last = OWN[k].get(n) if k < len(OWN) else None
+                if a is not None and last is not None and k % MICROBATCHES and float((last * last).sum()) > 0:
+                    c = float((a * last).sum() / (last * last).sum())
+                    if abs(c - round(c)) < 1e-6 and round(c) > 1 and torch.allclose(a, round(c) * last, rtol=1e-5, atol=1e-5):
+                        print(f"  actual = {round(c)} x this backward's own grad g{k + 1} = {last.tolist()}: "
+                              f"the last microbatch's grad counted {round(c)} times, earlier ones lost")
+    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad - len(changed)} differing grads, {len(changed)} caller tensors changed)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())'''

@@ -1,0 +1,318 @@
+"""``pipeline.<schedule>.*``: staged cases through ``PipelineStage`` and torch's schedules.
+
+The split functions are half of what a pipeline-parallel user runs; the
+stage and its schedule decide what is detached, which buffers are reused,
+which hooks fire and when input and weight grads are computed. So the case
+is cut into stages (``Case.stages``, ``harness.build.stages``), each an
+``nn.Module`` owning copies of its parameters, and every schedule the
+installed torch exports runs it through ``schedule.step()``, one call per
+step of the case (``harness.paths.pipeline.rank`` has what a rank does).
+
+Path names: ``pipeline.<schedule>.stock`` and ``.fixed`` hold every stage
+in one process (gloo, world size 1); ``pipeline.<schedule>.ranks2.stock``
+and ``.fixed`` put the stages on two ranks, as the schedule places them.
+Stock is ``PipelineStage`` as installed; fixed is
+``oracles.pipeline_fixed.FixedPipelineStage`` (its backward counts each use
+site once and detaches nothing W needs), so a divergence on stock alone is
+the split functions' or the stage's, and on both the schedule's.
+
+Which layouts a schedule takes (how many stages, how many microbatches,
+which rank holds which stage) is found by constructing it on the ranks
+(``pipeline_rank.probe``), not from a table; fuzzing draws only those
+(``PipelineContract.pipeline_layouts``), and a case outside them is skipped.
+One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``),
+finds a runtime that sends between a rank's own stages through the process
+group (torch 2.11's ``_initialize_stages`` warm-up; gloo has no pair to
+itself): there, layouts with two adjacent stages on one rank (every
+multi-stage layout in one process, the V placement on two ranks) are
+outside the contract, with that reason.
+
+Observable: parameter grads only after each ``step()`` (a schedule
+interleaves the microbatches of a step, so there is no moment "after
+backward k" for the whole model); they are the sum of a parameter's
+copies. Per microbatch: what the loss function was handed (the last
+stage's outputs) and the grad each stacked input got, by rows. A grad the
+user holds, an input or the target that changes, an exception, a hang or a
+dead rank are findings, as on every path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
+from harness.paths.base import Availability, Contract
+from harness.case.spec import Case
+
+FIXED = "oracles.pipeline_fixed:FixedPipelineStage"
+STOCK = "stock"
+LAYOUTS = {1: "", 2: "ranks2."}  # world size -> the infix in path names
+
+
+@dataclass(frozen=True)
+class PipelineContract(Contract):
+    """Fuzzing draws stage cuts and microbatch counts from ``pipeline_layouts``
+    ((stages, microbatches) pairs), frozen parameters too."""
+
+    pipeline_layouts: tuple[tuple[int, int], ...] = ()
+
+
+_probed: dict[int, dict[str, Any]] = {}
+
+
+def _group(world_size: int) -> Any:
+    from harness.paths.dtensor.path import group_for  # one pool per world size, shared with the DTensor paths
+
+    return group_for(world_size)
+
+
+def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
+    """The layouts of every schedule with this many ranks (cached per process)."""
+    if world_size not in _probed:
+        outcome = _group(world_size).request({"op": "call", "module": "harness.paths.pipeline.rank", "what": "probe"},
+                                             timeout)
+        reply = outcome.replies.get(0, {})
+        if outcome.status != "ok" or "error" in reply:
+            raise RuntimeError(f"probing the schedules on {world_size} rank(s) failed: "
+                               f"{reply.get('error') or outcome.detail or outcome.status}")
+        _probed[world_size] = reply
+    return _probed[world_size]
+
+
+def same_rank_self_send(schedule: str) -> str | None:
+    """The error if this torch's runtime for ``schedule`` sends between two
+    stages held by one rank through the process group (found once per
+    process by ``pipeline_rank.same_rank_p2p`` on the one-rank pool), else None."""
+    return probe(1).get("same_rank", {}).get("self_send", {}).get(schedule)
+
+
+class PipelinePath:
+    def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0, name: str = "") -> None:
+        flavour = "stock" if impl == STOCK else "fixed" if impl == FIXED else "custom"
+        self.name = name or f"pipeline.{schedule}.{LAYOUTS.get(world_size, f'ranks{world_size}.')}{flavour}"
+        self.schedule = schedule
+        self.impl = impl
+        self.world_size = world_size
+        self.timeout = timeout
+
+    @property
+    def contract(self) -> PipelineContract:  # type: ignore[override]
+        try:
+            unrunnable = self._unrunnable()
+            layouts = tuple(x for x in self._layouts() if x not in unrunnable)
+        except Exception:
+            layouts = ()
+        return PipelineContract(retained_grads=False, pipeline_layouts=layouts)
+
+    def _layouts(self) -> tuple[tuple[int, int], ...]:
+        """The (stages, microbatches) the schedule's constructor takes here."""
+        return tuple(sorted(tuple(x) for x in probe(self.world_size)["layouts"].get(self.schedule, ())))
+
+    def _unrunnable(self) -> dict[tuple[int, int], str]:
+        """Layouts the schedule takes that this torch cannot run here, with why:
+        two adjacent stages on one rank, where the schedule's runtime sends
+        between them through gloo (``same_rank_self_send``)."""
+        placement = probe(self.world_size)["placement"].get(self.schedule, {})
+        out: dict[tuple[int, int], str] = {}
+        for n, m in self._layouts():
+            where = list(placement.get(n, ()))
+            pair = next(((i, r) for i, (r, q) in enumerate(zip(where, where[1:])) if r == q), None)
+            if pair is None:
+                continue
+            error = same_rank_self_send(self.schedule)
+            if error is None:
+                return {}
+            i, r = pair
+            fix = "torch 2.13, whose runtime passes them directly"
+            if self.world_size == 1:
+                fix = f"pipeline.{self.schedule}.ranks2.* where it puts them on different ranks, or {fix}"
+            out[(n, m)] = (f"{self.schedule} on {self.world_size} rank(s) puts stages {i} and {i + 1} on rank {r}: "
+                           f"this torch's schedule runtime sends between two stages on one rank through gloo, which "
+                           f"has no pair to itself (torch 2.11 _initialize_stages; probe: {error}); use {fix}")
+        return out
+
+    def availability(self) -> Availability:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_gloo_available():
+            return Availability(False, "torch.distributed with the gloo backend is needed")
+        if self.world_size > 1:
+            # Stages on other ranks exchange their shapes with send_object_list,
+            # which needs NumPy ("Numpy is not available" on the first step).
+            try:
+                import numpy  # noqa: F401
+            except ImportError:
+                return Availability(False, "stages on several ranks need NumPy (pip install 'gradfuzz[pipeline]')")
+        try:
+            info = probe(self.world_size)
+        except Exception as e:
+            return Availability(False, str(e)[:300])
+        layouts = info["layouts"].get(self.schedule)
+        if layouts is None:
+            return Availability(False, f"torch {torch.__version__} has no schedule {self.schedule}")
+        if not layouts:
+            why = info.get("reasons", {}).get(self.schedule, "")
+            return Availability(False, f"{self.schedule} takes no layout of at most 4 stages on "
+                                       f"{self.world_size} rank(s){': ' + why if why else ''}")
+        try:
+            unrunnable = self._unrunnable()
+        except Exception as e:
+            return Availability(False, str(e)[:300])
+        if all(tuple(x) in unrunnable for x in layouts):
+            return Availability(False, next(iter(unrunnable.values())))
+        layouts = [x for x in layouts if tuple(x) not in unrunnable]
+        stages = sorted({s for s, _ in layouts})
+        return Availability(True, f"{self.world_size} rank(s), {'/'.join(map(str, stages))} stages; "
+                                  f"stage: {'PipelineStage as installed' if self.impl == STOCK else self.impl}")
+
+    def supports(self, case: Case) -> str | None:
+        from harness.build.stages import requires_grad
+
+        s = case.schedule
+        if s.events or s.retain_outputs or s.param_hooks:
+            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.clip or s.optimizer:
+            return "a training step after the schedule (clip, optimizer) is not part of this path"
+        if any(len(x.shape) == 0 for x in case.inputs):
+            return "an input without a batch dim cannot be split into microbatches"
+        layouts = self.contract.pipeline_layouts
+        have = (len(case.stages) + 1, s.microbatches)
+        if have not in layouts:
+            return self._unrunnable().get(have) or (f"{self.schedule} on {self.world_size} rank(s) takes (stages, "
+                                                    f"microbatches) in {list(layouts)}, not {have}")
+        need = requires_grad(case)
+        if not any(need[u.ref] for u in case.outputs):
+            return "no output requires grad (nothing for the schedule to train)"
+        return None
+
+    def run(self, case: Case) -> Observation:
+        info = probe(self.world_size)
+        where = info["placement"][self.schedule][len(case.stages) + 1]
+        outcome = _group(self.world_size).request(
+            {"op": "call", "module": "harness.paths.pipeline.rank", "case": case.dumps(), "schedule": self.schedule,
+             "impl": self.impl, "placement": list(where), "wait": max(1.0, min(3.0, self.timeout / 3))}, self.timeout)
+        return observation(self.name, case, outcome)
+
+    def repro_source(self) -> Any:
+        from harness.out import pipeline_repro
+
+        return pipeline_repro.Machinery(self.schedule, self.impl, self.world_size)
+
+    def close(self) -> None:
+        from harness.paths.dtensor.path import _groups, _key
+
+        g = _groups.get(_key(self.world_size, None))
+        if g is not None:
+            g.close()
+
+
+def observation(name: str, case: Case, outcome: Any) -> Observation:
+    """Rank facts -> one Observation: a Step per backward (parameter grads at
+    the last backward of each step only), copies summed, failures merged."""
+    from harness.build.tensors import Built
+
+    obs = Observation(path=name)
+    obs.extra["seconds"] = outcome.seconds
+    replies = outcome.replies
+    ranks = sorted(replies)
+    M = case.schedule.microbatches
+    failures = []
+    for r in ranks:
+        rep = replies[r]
+        if "error" in rep:
+            failures.append((False, 10**9, r, Failure(-1, "WorkerError", rep["error"][:300])))
+        elif rep.get("failure"):
+            f = rep["failure"]
+            k = f["step"] * M if f["step"] >= 0 else -1
+            failures.append((bool(f.get("waited")), k if k >= 0 else 10**9, r, Failure(k, f["type"], f["message"])))
+            obs.extra.setdefault("tracebacks", {})[r] = f.get("traceback", "")
+    # A rank that raised is the finding; peers that then timed out waiting
+    # for it are its consequence. Only waits with no cause are a hang.
+    caused = [f for f in failures if not f[0]]
+    if caused:
+        obs.failure = min(caused, key=lambda t: (t[1], t[2]))[3]
+    elif failures or outcome.status == "timeout":
+        waits = "; ".join(f"rank {r}: {f.message}" for _, _, r, f in failures)
+        obs.violations.append(Violation("timeout", -1, "process group",
+                                        f"the schedule hung (ranks waiting on each other, none raised first): "
+                                        f"{waits or outcome.detail}", key="timeout"))
+        return obs
+    if outcome.status == "timeout":
+        return obs
+    if outcome.status == "crash":
+        obs.violations.append(Violation("crash", -1, "process group",
+                                        f"a rank died running the schedule: {outcome.detail}", key="crash"))
+        return obs
+    if not ranks or any("steps" not in replies[r] for r in ranks):
+        if obs.failure is None:
+            obs.failure = Failure(-1, "WorkerError", "not every rank replied")
+        return obs
+    for r in ranks:
+        for m in replies[r].get("mutations", []):
+            obs.mutations.append(Mutation(m.k * M + M - 1, m.what, m.max_abs))
+    built = Built(case)
+    init = case.schedule.grad_init
+    # A parameter no stage uses belongs to no stage: its .grad is what it started as.
+    held = {s_name for r in ranks for st in replies[r]["steps"][:1] for _, s_name, _ in st["grads"]}
+    orphan: Grads = {}
+    for p in case.params:
+        if p.name not in held:
+            orphan[p.name] = None if init == "none" or not p.requires_grad else \
+                torch.zeros(p.shape, dtype=torch.float64) if init == "zero" else built.prefill()[p.name]
+    n_steps = min(len(replies[r]["steps"]) for r in ranks)
+    for s in range(n_steps):
+        recs = [replies[r]["steps"][s] for r in ranks]
+        grads: Grads = {p.name: None for p in case.params}
+        for rec in recs:
+            for _, n, g in rec["grads"]:
+                if g is not None:
+                    grads[n] = g if grads[n] is None else grads[n] + g
+        grads.update(orphan)
+        inputs = next((rec["input_grads"] for rec in recs if "input_grads" in rec), {})
+        outputs = next((rec["outputs"] for rec in recs if "outputs" in rec), {})
+        for j in range(M):
+            k = s * M + j
+            in_grads: Grads = {x.name: None if inputs.get(x.name) is None else inputs[x.name][j] for x in case.inputs}
+            outs = outputs.get(k) or []
+            obs.steps.append(Step(k=k, grads=dict(grads) if j == M - 1 else None,  # type: ignore[arg-type]
+                                  input_grads=in_grads, outputs=list(outs)))
+    return obs
+
+
+def paths(options: Any) -> list[PipelinePath]:
+    """The registry's hook: stock and fixed for every schedule torch exports,
+    in one process and on two ranks. Under torchrun the DTensor paths own the
+    group; the pipeline paths are not offered there."""
+    from harness.workers import pool
+    from harness.paths.pipeline.rank import discover
+
+    if pool.torchrun_env():
+        return []
+    timeout = getattr(options, "timeout", 10.0)
+    made = []
+    for ws in LAYOUTS:
+        for schedule in discover():
+            made += [PipelinePath(schedule, STOCK, ws, timeout), PipelinePath(schedule, FIXED, ws, timeout)]
+    return made
+
+
+def canaries() -> list[Any]:
+    """For ``harness.canaries.split.all_canaries`` (``gradfuzz selfcheck``): the
+    founding nested-weight double count put back into the stock stage's
+    split backward, through the zero-bubble V schedule, judged against stock."""
+    from harness.canaries.split import Canary
+    from harness.canaries.pipeline import CANARIES
+
+    if "ZBVZeroBubble" not in _schedules():
+        return []
+    return [Canary("pipeline_pre_clamp", lambda: PipelinePath("ZBVZeroBubble", CANARIES["pre_clamp"], name="canary.pipeline_pre_clamp"),
+                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True)]
+
+
+def _schedules() -> dict[str, type]:
+    from harness.paths.pipeline.rank import discover
+
+    return discover()

@@ -1,0 +1,393 @@
+"""What every rank of the pipeline paths runs.
+
+A rank gets a case as its JSON spec, the schedule's name and which stage
+class to use (``stock``: torch's ``PipelineStage``; otherwise
+``MODULE:ATTR`` of a subclass, such as ``oracles.pipeline_fixed:FixedPipelineStage``).
+It builds the stages this rank holds, the schedule over them, and runs the
+case's steps through ``schedule.step()`` as a user would:
+
+- the first stage's inputs are the case's per-microbatch inputs stacked on
+  dim 0 (the schedule splits them back into exactly those microbatches);
+- the loss is ``sum((output * grad_output).sum())`` over the case's
+  outputs, so its backward is the case's vector-Jacobian product; the
+  target carries the microbatch number and that microbatch's grad outputs
+  (flattened), since a loss function sees one microbatch at a time;
+- ``scale_grads=False``: the loss is a sum, as the schedules document.
+
+It reports raw facts, by step: every parameter copy's ``.grad`` after each
+``step()``, the grad of each stacked input (per microbatch, by rows), what
+the loss function was handed, tensors the user holds that changed, and the
+exception if one was raised. Judging is the parent's job
+(``harness.paths.pipeline.path``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from typing import Any
+
+import torch
+
+from harness.build.tensors import Built
+from harness.observation import snap
+from harness.case.spec import Case
+from harness.build.stages import StageModule, cut
+
+STOCK = "stock"
+MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
+
+
+def discover() -> dict[str, type]:
+    """Every training schedule the installed torch exports, by short name
+    (``ScheduleZBVZeroBubble`` -> ``ZBVZeroBubble``)."""
+    try:
+        import torch.distributed.pipelining as pp
+        from torch.distributed.pipelining import schedules as sched_mod
+    except Exception:  # no torch.distributed, or a build without pipelining
+        return {}
+    base = getattr(sched_mod, "_PipelineSchedule", None)
+    found = {}
+    for name in getattr(pp, "__all__", ()):
+        cls = getattr(pp, name, None)
+        if not inspect.isclass(cls) or base is None or not issubclass(cls, base) or inspect.isabstract(cls):
+            continue
+        if name.startswith("_") or "ForwardOnly" in name:
+            continue
+        found[name[len("Schedule"):] if name.startswith("Schedule") else name] = cls
+    return found
+
+
+def single_stage(cls: type) -> bool:
+    """Schedules that take one stage per rank (``PipelineScheduleSingle``)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    return issubclass(cls, PipelineScheduleSingle)
+
+
+def stage_class(impl: str) -> type:
+    from torch.distributed.pipelining import PipelineStage
+
+    if impl == STOCK:
+        return PipelineStage
+    module_name, _, attr = impl.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in filter(None, (attr or "PipelineStage").split(".")):
+        obj = getattr(obj, part)
+    if not (inspect.isclass(obj) and issubclass(obj, PipelineStage)):
+        raise TypeError(f"{impl!r} is not a PipelineStage subclass")
+    return obj
+
+
+def _make_schedule(cls: type, stages: list[Any], microbatches: int, loss_fn: Any) -> Any:
+    if single_stage(cls):
+        if len(stages) != 1:
+            raise ValueError(f"{cls.__name__} takes one stage per rank")
+        return cls(stages[0], microbatches, loss_fn=loss_fn, scale_grads=False)
+    return cls(stages, microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+class _Probe(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+def probe(world_size: int) -> dict[str, Any]:
+    """Which (stages, microbatches) each schedule accepts with this many
+    ranks, and where it puts each stage: found by constructing it (no
+    communication happens in a constructor), not from a table, so a torch
+    that relaxes or adds a constraint is followed. Needs the process group."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    layouts: dict[str, list[tuple[int, int]]] = {}
+    placement: dict[str, dict[int, list[int]]] = {}
+    reasons: dict[str, str] = {}
+    for name, cls in discover().items():
+        ok: list[tuple[int, int]] = []
+        where: dict[int, list[int]] = {}
+        for per_rank in range(1, 5):
+            n = per_rank * world_size
+            if n > 4 or (per_rank > 1 and single_stage(cls)):
+                continue
+            mine = [i for i in range(n) if i % world_size == rank]  # looped placement; the schedule may say otherwise
+            for m in range(1, MAX_MICROBATCHES + 1):
+                try:
+                    from torch.distributed.pipelining import PipelineStage
+
+                    stages = [PipelineStage(_Probe(), i, n, torch.device("cpu")) for i in mine]
+                    s = _make_schedule(cls, stages, m, lambda o, t: o.sum())
+                except Exception as e:  # the schedule's own constraint (ValueError, AssertionError)
+                    reasons.setdefault(name, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                    continue
+                ok.append((n, m))
+                mapping = getattr(s, "stage_index_to_group_rank", None) or {i: i % world_size for i in range(n)}
+                where[n] = [int(mapping[i]) for i in range(n)]
+        layouts[name] = ok
+        placement[name] = where
+    out: dict[str, Any] = {"layouts": layouts, "placement": placement, "reasons": reasons}
+    if world_size == 1:
+        out["same_rank"] = same_rank_p2p()
+    return out
+
+
+# Point-to-point calls of torch.distributed: on a group of one, any of them
+# can only address this rank itself.
+P2P_CALLS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+
+
+def same_rank_p2p() -> dict[str, Any]:
+    """Whether each multi-stage schedule runs two stages held by one rank:
+    one step of the smallest such layout (stages 0 and 1 on this rank), on
+    the group the one-process paths use (the default group, world size 1).
+
+    ``self_send``: schedule -> the error, where the step raised inside a
+    torch.distributed point-to-point call. On a group of one its peer can
+    only be this rank: the runtime sent between its own two stages through
+    the process group, which gloo cannot do (it has no pair to itself).
+    torch 2.11's ``PipelineScheduleMulti._initialize_stages`` does this: it
+    batches every local stage's ``_get_init_p2p_neighbors_ops()`` (a send
+    and a recv to each neighbour stage's rank, same rank or not); 2.13 warms
+    up only neighbours on other ranks. ``works``: the schedules whose step
+    ran. A step that fails any other way is in neither: that is for the
+    cases to find, not a limit of the layout."""
+    import traceback
+
+    from torch.distributed.pipelining import PipelineStage
+
+    works: list[str] = []
+    self_send: dict[str, str] = {}
+    for name, cls in discover().items():
+        if single_stage(cls):
+            continue
+        for m in range(1, MAX_MICROBATCHES + 1):
+            try:
+                s = _make_schedule(cls, [PipelineStage(_Probe(), i, 2, torch.device("cpu")) for i in (0, 1)], m,
+                                   lambda o, t: o.sum())
+                break
+            except Exception:  # the schedule's own constraint
+                continue
+        else:
+            continue  # takes no two stages on one rank
+        try:
+            s.step(torch.ones(m, 1), target=torch.zeros(m, 1), return_outputs=False)
+            works.append(name)
+        except Exception as e:
+            if any(f.name in P2P_CALLS and f.filename.endswith("distributed_c10d.py")
+                   for f in traceback.extract_tb(e.__traceback__)):
+                self_send[name] = f"{type(e).__name__}: {_first_line(e)}"
+    return {"works": works, "self_send": self_send}
+
+
+def _first_line(e: BaseException) -> str:
+    from harness.paths.base import _first_line as first
+
+    return first(e)
+
+
+def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, placement: list[int],
+             device: torch.device = torch.device("cpu"), group: Any = None) -> dict[str, Any]:
+    from harness.paths.base import _Held
+
+    built = Built(case)
+    dtype = built.dtype
+    sched = case.schedule
+    M = sched.microbatches
+    out: dict[str, Any] = {"rank": rank, "steps": [], "failure": None, "mutations": []}
+    specs = cut(case)
+    mine = [s for s in specs if placement[s.index] == rank]
+    first = any(s.index == 0 for s in mine)
+    last = any(s.index == len(specs) - 1 for s in mine)
+    step_no = -1
+    try:
+        cls = discover()[schedule]
+        Stage = stage_class(impl)
+        values = built.params()
+        modules = [StageModule(case, s, values, device) for s in mine]
+        # A parameter's grad_init applies to its first copy; further copies
+        # (a weight tied across stages) start empty, or zero.
+        owner = {}
+        for s in specs:
+            for n in s.params:
+                owner.setdefault(n, s.index)
+        init = sched.grad_init
+        prefill = built.prefill() if init == "prefilled" else {}
+        for mod in modules:
+            for n, p in mod.weights.items():
+                if not p.requires_grad or init == "none":
+                    continue
+                if init == "prefilled" and owner[n] == mod.spec.index:
+                    p.grad = prefill[n].to(device, dtype)
+                else:
+                    p.grad = torch.zeros_like(p)
+        stages = [Stage(mod, mod.spec.index, len(specs), device, group=group) for mod in modules]
+        shapes = [built.output_shape(u) for u in case.outputs]
+        sizes = [math.prod(s) for s in shapes]
+        seen: dict[int, list[torch.Tensor | None]] = {}
+
+        def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            row = target.reshape(-1)
+            k = int(row[0])
+            seen[k] = [snap(o) for o in outs]  # the real call comes after any metadata inference
+            cots, at = [], 1
+            for shape, size in zip(shapes, sizes):
+                cots.append(row[at:at + size].reshape(shape))
+                at += size
+            terms = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
+            if not terms:
+                raise ValueError("no output of the last stage requires grad")
+            return sum(terms[1:], terms[0])
+
+        schedule_obj = _make_schedule(cls, stages, M, loss_fn)
+        held = _Held()
+        params = [(mod.spec.index, n, p) for mod in modules for n, p in mod.weights.items()]
+        for idx, n, p in params:
+            held.hold(f"parameter {n} (stage {idx})", p)
+            held.hold(f"{n}.grad (stage {idx}) before step 0", p.grad, owner=lambda p=p: p.grad)
+        reported: set[str] = set()
+        for step_no in range(sched.steps):
+            ks = range(step_no * M, (step_no + 1) * M)
+            if step_no:
+                for _, _, p in params:
+                    if sched.zero_grad == "set_to_none":
+                        p.grad = None
+                    elif sched.zero_grad == "zeros" and p.grad is not None:
+                        p.grad.zero_()
+                held.refresh()
+            args: list[torch.Tensor] = []
+            if first:
+                drawn = [built.inputs(k) for k in ks]
+                for x in case.inputs:
+                    t = torch.cat([d[x.name] for d in drawn]).to(device, dtype).requires_grad_(x.requires_grad)
+                    held.hold(f"input {x.name} of step {step_no}", t)
+                    args.append(t)
+            kwargs: dict[str, Any] = {}
+            if last:
+                rows = []
+                for k in ks:
+                    flat = [c.reshape(-1) for c in built.cotangents(k)]
+                    rows.append(torch.cat([torch.tensor([float(k)], dtype=torch.float64), *flat]))
+                kwargs["target"] = torch.stack(rows).to(device, dtype)
+                held.hold(f"target of step {step_no}", kwargs["target"])
+            seen.clear()
+            schedule_obj.step(*args, return_outputs=False, **kwargs)
+            for m in held.check(step_no):
+                if m.what not in reported:
+                    reported.add(m.what)
+                    out["mutations"].append(m)
+            rec: dict[str, Any] = {"step": step_no, "grads": [(idx, n, snap(p.grad)) for idx, n, p in params]}
+            if first:
+                rec["input_grads"] = {
+                    x.name: None if t.grad is None else [snap(c) for c in t.grad.chunk(M)]
+                    for x, t in zip(case.inputs, args)
+                }
+            if last:
+                rec["outputs"] = {k: seen.get(k) for k in ks}
+            out["steps"].append(rec)
+            for idx, n, p in params:
+                held.hold(f"{n}.grad (stage {idx}) after step {step_no}", p.grad, owner=lambda p=p: p.grad)
+            for x, t in zip(case.inputs, args):
+                held.hold(f"grad of input {x.name} from step {step_no}", t.grad)
+    except Exception as e:  # a rank that raises reports it; the parent judges
+        import traceback
+
+        message = _first_line(e)
+        out["failure"] = {"step": step_no, "type": type(e).__name__, "message": message,
+                          "traceback": traceback.format_exc()[-4000:],
+                          # a peer's failure seen from here: a recv that timed out
+                          "waited": "Timed out waiting" in message or "timed out" in message.lower()}
+    return out
+
+
+# The schedules' point-to-point traffic runs on a group of its own, with a
+# short timeout: when one rank raises mid-schedule, its peers wait on a
+# recv that never comes. With the group's timeout they raise too (a
+# "waited" failure) and every rank replies, so the pool is not torn down.
+# A group that saw a failure may hold unmatched messages; it is replaced
+# before the next case (all ranks agree through the default group).
+_pp: dict[str, Any] = {"group": None, "dirty": True, "threads": [], "retired": []}
+
+
+def _group(ctx: Any, timeout_s: float) -> Any:
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    if ctx.world_size == 1:
+        return None
+    flag = torch.tensor([1.0 if _pp["dirty"] else 0.0], device=ctx.device)
+    dist.all_reduce(flag)
+    if float(flag.item()) > 0:
+        # A replaced group may still have a case thread blocked in it (until
+        # its timeout): destroy it only once its threads have ended.
+        if _pp["group"] is not None:
+            _pp["retired"].append((_pp["group"], _pp["threads"]))
+        _pp["threads"] = []
+        keep = []
+        for old, threads in _pp["retired"]:
+            if any(t.is_alive() for t in threads):
+                keep.append((old, threads))
+                continue
+            try:
+                dist.destroy_process_group(old)
+            except Exception:
+                pass
+        _pp["retired"] = keep
+        backend = "gloo" if ctx.device.type == "cpu" else None
+        _pp["group"] = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        _pp["dirty"] = False
+    return _pp["group"]
+
+
+def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    """A pool message (``harness.paths.dtensor.rank``'s ``call`` op) for this module."""
+    if msg.get("what") == "probe":
+        return probe(ctx.world_size)
+    group = _group(ctx, msg.get("wait", 3.0))
+    args = (ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"], msg["placement"],
+            ctx.device, group)
+    out = run_case(*args) if ctx.world_size == 1 else _run_watched(ctx, args)
+    if out["failure"] is not None:
+        _pp["dirty"] = True
+    return out
+
+
+POLL_S = 0.02
+
+
+def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
+    """Run the case in a thread; the ranks' main threads agree, every few
+    milliseconds over the default group, whether every rank is done or one
+    has failed. A rank whose peer failed stops waiting for it at once
+    (its thread stays blocked on the old p2p group until that group's
+    timeout, then ends; the group is replaced before the next case)."""
+    import threading
+
+    import torch.distributed as dist
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        box["out"] = run_case(*args)
+
+    t = threading.Thread(target=work, name="gradfuzz-pipeline-case", daemon=True)
+    _pp["threads"].append(t)
+    t.start()
+    while True:
+        t.join(POLL_S)
+        out = box.get("out")
+        failed = out is not None and out["failure"] is not None
+        running = out is None
+        flags = torch.tensor([1.0 if failed else 0.0, 1.0 if running else 0.0], device=ctx.device)
+        dist.all_reduce(flags)
+        if float(flags[0]) > 0 or float(flags[1]) == 0:
+            break
+    if out is None:  # a peer failed while this rank waited for it
+        out = {"rank": ctx.rank, "steps": [], "mutations": [], "failure": {
+            "step": -1, "type": "PeerFailed", "message": "stopped waiting: another rank raised", "waited": True}}
+    return out

@@ -1,0 +1,331 @@
+"""Crash isolation: a path that can take its process down runs in a child.
+
+A graph wrapper that reads freed memory can segfault, or leave the CUDA
+context broken (a sticky illegal-address error) so that every later case
+fails too. ``IsolatedPath`` runs such a path in a persistent child process
+(``python -m harness.workers.isolation``): the child builds the path once, runs
+cases one at a time and is restarted after any crash, hang or broken
+device. A crash is a finding (a ``Violation`` of kind "crash", with the
+signal and the tail of the child's log); the session goes on.
+
+The parent side never imports the path's machinery: it builds a local copy
+of the path from the same recipe for the cheap parts (name, contract,
+supports, availability, repro source) and sends cases to the child.
+
+Protocol, on the child's stdin and on a duplicate of its original stdout
+(its fd 1 is pointed at its log, so stray prints cannot corrupt it): 8-byte
+big-endian length, then a pickle. Parent sends ``("run", case_json)`` or
+``("close",)``; the child answers ``("ready",)`` once and then
+``("obs", Observation, healthy)`` per case.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from harness.observation import Observation, Violation
+from harness.case.spec import Case
+
+PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
+STARTUP_TIMEOUT = 180.0
+_MARK = "gradfuzz-worker: backward "
+
+
+def progress(k: int) -> None:
+    """Paths call this at the start of backward ``k``: a crash report then names it."""
+    if os.environ.get(PROGRESS_ENV):
+        sys.stderr.write(f"{_MARK}{k}\n")
+        sys.stderr.flush()
+
+
+def build(recipe: tuple[str, dict[str, Any]]) -> Any:
+    """``("module:factory", kwargs)`` -> the path object."""
+    spec, kwargs = recipe
+    module_name, _, attr = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj(**kwargs)
+
+
+class IsolatedPath:
+    """A path whose ``run`` happens in a persistent, restartable child."""
+
+    def __init__(self, recipe: tuple[str, dict[str, Any]], timeout: float = 60.0) -> None:
+        self.recipe = recipe
+        self.local = build(recipe)
+        self.name = self.local.name
+        self.contract = self.local.contract
+        self.timeout = timeout
+        self._proc: subprocess.Popen | None = None
+        self._log: Any = None
+        self._out: Any = None
+        self.starts = 0  # children started; every one after the first replaced a crashed, hung or broken one
+
+    def availability(self):
+        return self.local.availability()
+
+    def supports(self, case: Case) -> str | None:
+        return self.local.supports(case)
+
+    def repro_source(self):
+        source = getattr(self.local, "repro_source", None)
+        return source() if callable(source) else None
+
+    # --- the child -------------------------------------------------------
+
+    @property
+    def restarts(self) -> int:
+        return max(self.starts - 1, 0)
+
+    def _start(self) -> None:
+        self.starts += 1
+        self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
+        env = {**os.environ, PROGRESS_ENV: "1", "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), root, *filter(None, [env.get("PYTHONPATH")])])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.workers.isolation"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
+        )
+        self._send(("init", self.recipe))
+        reply = self._recv(STARTUP_TIMEOUT)
+        if not (isinstance(reply, tuple) and reply[:1] == ("ready",)):
+            detail = self._log_tail()
+            self._kill()
+            raise RuntimeError(f"{self.name}: the worker process did not start: {reply!r}\n{detail}")
+
+    def _send(self, msg: Any) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        data = pickle.dumps(msg)
+        self._proc.stdin.write(struct.pack(">Q", len(data)) + data)
+        self._proc.stdin.flush()
+
+    def _recv(self, timeout: float) -> Any:
+        """The next message; None if the child died, "timeout" if it took too long."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        buf = b""
+        need = 8
+        size = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, need - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+            if len(buf) < need:
+                continue
+            if size is None:
+                size = struct.unpack(">Q", buf)[0]
+                buf, need = b"", size
+                if size == 0:
+                    return pickle.loads(b"")
+                continue
+            return pickle.loads(buf)
+
+    def _log_tail(self, chars: int = 1500) -> str:
+        if self._log is None:
+            return ""
+        try:
+            self._log.flush()
+            self._log.seek(0, os.SEEK_END)
+            size = self._log.tell()
+            self._log.seek(max(0, size - 20000))
+            text = self._log.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        return text[-chars:]
+
+    def _last_backward(self) -> int:
+        k = -1
+        for line in self._log_tail(20000).splitlines():
+            if line.startswith(_MARK):
+                try:
+                    k = int(line[len(_MARK):])
+                except ValueError:
+                    pass
+        return k
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # --- the path protocol ------------------------------------------------
+
+    def run(self, case: Case) -> Observation:
+        if self._proc is None or self._proc.poll() is not None:
+            self._kill()
+            self._start()
+        self._log_mark()
+        try:
+            self._send(("run", case.dumps()))
+            reply = self._recv(self.timeout)
+        except (BrokenPipeError, OSError):
+            reply = None
+        if isinstance(reply, tuple) and reply[:1] == ("obs",):
+            _, obs, healthy = reply
+            if not healthy:
+                self._kill()  # a broken device context: the next case gets a fresh child
+            return obs
+        obs = Observation(path=self.name)
+        k = self._last_backward()
+        tail = self._log_tail()
+        if reply == "timeout":
+            self._kill()
+            obs.violations.append(Violation(
+                "timeout", k, "process",
+                f"no result after {self.timeout:g}s (last started backward {k}); the worker was killed and restarted",
+                key="timeout"))
+            return obs
+        code = self._proc.wait() if self._proc is not None else None
+        how = _describe_exit(code)
+        self._kill()
+        obs.violations.append(Violation(
+            "crash", k, "process",
+            f"the worker process died ({how}) during backward {k}; the session goes on with a fresh worker"
+            + (f". Last output: {_squash(tail)}" if tail.strip() else ""),
+            key=f"crash {how}"))
+        return obs
+
+    def _log_mark(self) -> None:
+        """Keep per-case log tails apart (and the log from growing without bound)."""
+        if self._log is not None:
+            try:
+                self._log.seek(0)
+                self._log.truncate()
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._send(("close",))
+                self._proc.wait(timeout=10)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    def __del__(self) -> None:  # a forgotten close() must not leave a child behind
+        try:
+            self._kill()
+        except Exception:
+            pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def _squash(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(_MARK)]
+    return " | ".join(lines[-6:])[-600:]
+
+
+# --- the child's side ------------------------------------------------------
+
+
+def _read_exact(f: Any, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _device_healthy(path: Any) -> tuple[bool, str]:
+    device = getattr(path, "device", "cpu")
+    if device == "cpu":
+        return True, ""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as e:  # a sticky CUDA error: the context is gone
+        return False, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return True, ""
+
+
+def worker() -> int:
+    inp = sys.stdin.buffer
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints from the machinery go to the log, not into the protocol
+    sys.stdout = sys.stderr
+
+    def send(msg: Any) -> None:
+        data = pickle.dumps(msg)
+        out.write(struct.pack(">Q", len(data)) + data)
+        out.flush()
+
+    path = None
+    while True:
+        head = _read_exact(inp, 8)
+        if head is None:
+            return 0
+        body = _read_exact(inp, struct.unpack(">Q", head)[0])
+        if body is None:
+            return 0
+        msg = pickle.loads(body)
+        if msg[0] == "init":
+            path = build(msg[1])
+            send(("ready",))
+        elif msg[0] == "run":
+            assert path is not None
+            obs = path.run(Case.loads(msg[1]))
+            healthy, why = _device_healthy(path)
+            if not healthy:
+                k = obs.steps[-1].k if obs.steps else -1
+                obs.violations.append(Violation(
+                    "crash", k, "device",
+                    f"the device was unusable after the case ({why}); the worker was restarted",
+                    key="crash device context"))
+            send(("obs", obs, healthy))
+            if not healthy:
+                return 0
+        elif msg[0] == "close":
+            return 0
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*NumPy.*")
+    sys.exit(worker())

@@ -1,0 +1,403 @@
+"""Process groups for the DTensor paths: a pool the harness starts, or torchrun's.
+
+``WorkerPool``: ``world_size`` real processes forming a real process group
+(gloo on CPU, NCCL with one GPU per rank), rendezvous through a FileStore
+in a private temp dir (no ports to clash under pytest-xdist). It is started
+on first use and reused for every case; each case goes to every rank as its
+JSON spec. A case that does not finish within the timeout (a mismatched
+collective) or a rank that dies ends in an ``Outcome`` that says so, and
+the pool is torn down; the next request starts a fresh one.
+
+No orphans: workers ignore Ctrl-C (the parent tears them down on the way
+out, and at exit), and each asks the kernel to SIGKILL it when its parent
+dies (``PR_SET_PDEATHSIG``), which covers a parent killed outright.
+
+On CPU the workers are forked from the harness process, which has torch
+imported already: start-up is the process group's rendezvous, not
+torch's import. With CUDA (or after CUDA is initialised here) they come
+from a forkserver instead, since CUDA cannot be used in a forked child.
+
+``TorchrunGroup``: under torchrun the group already exists; rank 0 runs the
+harness and sends each case to the other ranks (``dist_worker.follow``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any
+
+from harness.paths.dtensor import rank as dist_worker
+
+START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
+
+
+class PoolError(RuntimeError):
+    """The pool could not start; the message has the workers' logs."""
+
+
+@dataclass
+class Outcome:
+    """What came back for one request.
+
+    ``status``: "ok" (every rank replied), "timeout" (some rank did not reply
+    in time; ``stacks`` has their Python stacks), "crash" (a rank died;
+    ``detail`` has its exit and log). ``replies`` has whatever ranks did
+    reply, by rank.
+    """
+
+    status: str
+    replies: dict[int, Any] = field(default_factory=dict)
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def backend_for(world_size: int) -> str:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        import torch.distributed as dist
+
+        if dist.is_nccl_available():
+            return "nccl"
+    return "gloo"
+
+
+def torchrun_env() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+_live: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for pool in list(_live):
+        pool.close()
+
+
+atexit.register(_close_all)
+
+
+class WorkerPool:
+    def __init__(self, world_size: int = 2, backend: str | None = None, start_method: str | None = None) -> None:
+        """``start_method`` "fork" or "forkserver"; None picks (see the module doc)."""
+        if world_size < 1:
+            raise ValueError(f"world size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.backend = backend or backend_for(world_size)
+        self.start_method = start_method
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.tmp: str | None = None
+        self.starts = 0  # how many times a pool was started (restarts included)
+        self.start_seconds: list[float] = []
+        self._next_id = 0
+        _live.add(self)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def _context(self) -> Any:
+        import torch
+
+        # Fork only where no GPU exists: once autograd has run on a machine with
+        # GPUs, its device threads make a forked child unusable ("Unable to
+        # handle autograd's threading in combination with fork-based
+        # multiprocessing"), gloo or not.
+        if self.start_method == "fork" or self.start_method is None and self.backend == "gloo" \
+                and sys.platform.startswith("linux") and not torch.cuda.is_available():
+            dist_worker.preload()
+            return mp.get_context("fork")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["harness.paths.dtensor.rank", "torch._dynamo", "torch.distributed.tensor.parallel"])
+        return ctx
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        self.close()
+        t0 = time.monotonic()
+        ctx = self._context()
+        self.tmp = tempfile.mkdtemp(prefix="gradfuzz-pool-")
+        store = os.path.join(self.tmp, "store")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for rank in range(self.world_size):
+            here, there = ctx.Pipe(duplex=True)
+            log = os.path.join(self.tmp, f"rank{rank}.log")
+            proc = ctx.Process(
+                target=dist_worker.serve,
+                args=(there, rank, self.world_size, self.backend, store, log, os.getpid()),
+                name=f"gradfuzz-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            there.close()
+            self.procs.append(proc)
+            self.conns.append(here)
+        self.starts += 1
+        ready = self._gather({"op": None}, START_TIMEOUT, send=False)
+        if ready.status != "ok" or not all(r.get("ready") for r in ready.replies.values()):
+            errors = [r.get("error", "") for r in ready.replies.values() if not r.get("ready")]
+            detail = ready.detail or "\n".join(errors)
+            self.close()
+            raise PoolError(f"the {self.backend} process group of {self.world_size} ranks did not start: {detail}")
+        self.start_seconds.append(time.monotonic() - t0)
+
+    def request(self, msg: dict[str, Any], timeout: float) -> Outcome:
+        """Send ``msg`` to every rank; wait up to ``timeout`` seconds for all replies."""
+        self.start()
+        self._next_id += 1
+        msg = dict(msg, id=self._next_id)
+        outcome = self._gather(msg, timeout, send=True)
+        if outcome.status != "ok":
+            self.close()
+        return outcome
+
+    def _gather(self, msg: dict[str, Any], timeout: float, send: bool) -> Outcome:
+        t0 = time.monotonic()
+        replies: dict[int, Any] = {}
+        if send:
+            data = pickle.dumps(msg)
+            for rank, conn in enumerate(self.conns):
+                try:
+                    conn.send_bytes(data)
+                except OSError:
+                    return Outcome("crash", replies, self._death_report([rank]), time.monotonic() - t0)
+        pending = set(range(self.world_size))
+        deadline = t0 + timeout
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Outcome("timeout", replies, self._hang_report(sorted(pending), timeout), time.monotonic() - t0)
+            ready = wait([self.conns[r] for r in pending] + list(sentinels), timeout=left)
+            dead = []
+            for obj in ready:
+                if obj in sentinels:
+                    continue
+                rank = self.conns.index(obj)
+                try:
+                    reply = pickle.loads(obj.recv_bytes())
+                except (EOFError, OSError):
+                    dead.append(rank)
+                    continue
+                if send and reply.get("id") != msg.get("id"):
+                    continue  # a late answer to an earlier request
+                replies[rank] = reply
+                pending.discard(rank)
+            dead += [r for s, r in sentinels.items() if s in ready]
+            if dead:
+                # Let the others finish or fail (they often raise once a peer is gone).
+                self._drain(replies, pending, msg, min(2.0, max(deadline - time.monotonic(), 0)))
+                return Outcome("crash", replies, self._death_report(sorted(set(dead))), time.monotonic() - t0)
+        return Outcome("ok", replies, "", time.monotonic() - t0)
+
+    def _drain(self, replies: dict[int, Any], pending: set[int], msg: dict[str, Any], grace: float) -> None:
+        end = time.monotonic() + grace
+        while pending and time.monotonic() < end:
+            live = [self.conns[r] for r in pending if self.procs[r].is_alive()]
+            if not live:
+                return
+            for obj in wait(live, timeout=end - time.monotonic()):
+                rank = self.conns.index(obj)
+                try:
+                    reply = pickle.loads(obj.recv_bytes())
+                except (EOFError, OSError):
+                    pending.discard(rank)
+                    continue
+                if reply.get("id") == msg.get("id"):
+                    replies[rank] = reply
+                pending.discard(rank)
+
+    def _log_tail(self, rank: int, chars: int = 1500) -> str:
+        if not self.tmp:
+            return ""
+        try:
+            with open(os.path.join(self.tmp, f"rank{rank}.log"), errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return ""
+        text = "\n".join(ln for ln in text.splitlines() if "NumPy" not in ln and "_conversion_method" not in ln)
+        return text[-chars:].strip()
+
+    def _death_report(self, ranks: list[int]) -> str:
+        parts = []
+        for r in ranks:
+            p = self.procs[r]
+            p.join(timeout=1.0)
+            code = p.exitcode
+            how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+                   else f"exited with status {code}" if code is not None else "stopped answering")
+            log = self._log_tail(r, 20000)
+            fatal = _fatal(log)
+            parts.append(f"rank {r} (pid {p.pid}) {how}" + (f"; {fatal}" if fatal else
+                                                          f"; its log ends:\n{log[-1500:]}" if log else ""))
+        return "\n".join(parts)
+
+    def _hang_report(self, ranks: list[int], timeout: float) -> str:
+        for r in ranks:
+            pid = self.procs[r].pid
+            if pid is not None and self.procs[r].is_alive():
+                try:
+                    os.kill(pid, signal.SIGUSR1)  # faulthandler writes its stacks to the log
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.3)
+        parts = [f"rank(s) {', '.join(map(str, ranks))} did not finish within {timeout:g}s"]
+        for r in ranks:
+            stack = _innermost_frames(self._log_tail(r, 6000))
+            if stack:
+                parts.append(f"rank {r} was at:\n{stack}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Kill every worker, wait for each, remove the rendezvous dir. Idempotent."""
+        for conn in self.conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            if p.is_alive():
+                try:
+                    p.kill()
+                except (OSError, AttributeError):
+                    pass
+        for p in self.procs:
+            p.join(timeout=5.0)
+        self.procs, self.conns = [], []
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+def _fatal(log: str) -> str:
+    """A faulthandler crash report, shortened to the error and the innermost frames."""
+    at = log.rfind("Fatal Python error")
+    if at < 0:
+        return ""
+    text = log[at:]
+    head = text.splitlines()[0].strip()
+    frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("File")][:8]
+    return head + ("; innermost frames:\n" + "\n".join(f"  {f}" for f in frames) if frames else "")
+
+
+def _innermost_frames(log: str, frames: int = 6) -> str:
+    """From a faulthandler dump, the current thread's innermost frames."""
+    blocks = log.split("Current thread")
+    if len(blocks) < 2:
+        return ""
+    lines = [ln.strip() for ln in blocks[-1].splitlines()[1:] if ln.strip().startswith("File")]
+    return "\n".join(f"  {ln}" for ln in lines[:frames])
+
+
+class TorchrunGroup:
+    """Rank 0's side of a group started by torchrun (or any launcher that sets
+    RANK, WORLD_SIZE, MASTER_ADDR): the other ranks are in ``dist_worker.follow``.
+
+    A hang cannot be recovered here (the group is the launcher's, not ours):
+    on timeout rank 0 prints the case and the finding and exits with status
+    124, and the launcher takes the other ranks down.
+    """
+
+    def __init__(self, backend: str | None = None) -> None:
+        import torch.distributed as dist
+
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.rank = int(os.environ["RANK"])
+        self.backend = backend or backend_for_local()
+        self.ctx = dist_worker.init_rank(self.rank, self.world_size, self.backend, None, timeout_s=24 * 3600)
+        self.control = dist.new_group(backend="gloo") if self.backend != "gloo" else dist.group.WORLD
+        self.starts = 1
+        self.start_seconds: list[float] = []
+        self._next_id = 0
+        self._stopped = False
+        if self.rank == 0:
+            atexit.register(self.close)
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def request(self, msg: dict[str, Any], timeout: float) -> Outcome:
+        import torch.distributed as dist
+
+        self._next_id += 1
+        msg = dict(msg, id=self._next_id)
+        t0 = time.monotonic()
+        watchdog = threading.Timer(timeout, _torchrun_hang, args=(msg, timeout))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            dist.broadcast_object_list([msg], src=0, group=self.control)
+            try:
+                mine = dist_worker.handle(self.ctx, msg)
+            except Exception as e:
+                mine = {"error": f"{type(e).__name__}: {e}"}
+            gathered: list[Any] = [None] * self.world_size
+            dist.gather_object(mine, gathered, dst=0, group=self.control)
+        finally:
+            watchdog.cancel()
+        return Outcome("ok", dict(enumerate(gathered)), "", time.monotonic() - t0)
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self._stopped or self.rank != 0 or not dist.is_initialized():
+            return
+        self._stopped = True
+        dist.broadcast_object_list([{"op": "stop"}], src=0, group=self.control)
+
+
+def backend_for_local() -> str:
+    import torch
+
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def _torchrun_hang(msg: dict[str, Any], timeout: float) -> None:
+    case = msg.get("case", "")
+    print(
+        f"gradfuzz: timeout: a case did not finish on all ranks within {timeout:g}s (a hung collective). "
+        f"Under torchrun the group cannot be restarted; stopping. The case:\n{case}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(124)
+
+
+def follow_torchrun(backend: str | None = None) -> int:
+    """Entry for ranks other than 0 under torchrun: join, follow rank 0, exit."""
+    import torch.distributed as dist
+
+    backend = backend or backend_for_local()
+    ctx = dist_worker.init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), backend, None,
+                                timeout_s=24 * 3600)
+    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    code = dist_worker.follow(ctx, control)
+    dist.destroy_process_group()
+    return code
