@@ -86,8 +86,8 @@ class Recording:
     def supports(self, case):
         return self.path.supports(case)
 
-    def repro_source(self):
-        return self.path.repro_source()
+    def repro(self, case):
+        return self.path.repro(case)
 
     def run(self, case: Case):
         t = time.perf_counter()
@@ -344,7 +344,7 @@ def s_compile_cases():
             divs = check(case, path)
             out[name] = {"seconds": round(time.monotonic() - t, 1), "divergences": [f"{d.kind}: {d.detail}" for d in divs]}
             corpus.save(where, name, corpus.Entry(case, {"title": name}),
-                        repro.script(case, "graphed.compile", compiled().repro_source(), title=name))
+                        repro.script(case, "graphed.compile", compiled().repro(case), title=name))
             log(f"pinned {name}: {out[name]}")
             RESULTS["compile_cases"] = out
             save()

@@ -22,6 +22,9 @@ from hypothesis import strategies as st
 from harness.case.ops import LAYOUTS
 from harness.case.spec import PARAM_HOOKS, Case, Event, Hook, Input, Node, Param, Schedule, Use
 
+# --mode: which data a session draws (None: both, case by case).
+MODES: dict[str, bool | None] = {"exact": True, "tolerance": False, "both": None}
+
 BLOCKS = (
     "linear",  # h @ w
     "linear_t",  # h @ w.T
@@ -80,80 +83,152 @@ class _Builder:
         return True
 
 
-def _apply(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+# Each block extends the chain at ``h`` and returns the new head; a block
+# whose growth would break the magnitude budget (``b.grows``) leaves ``h`` as
+# it is. One builder per block name: adding a block touches one function and
+# one table row.
+
+
+def _linear(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(3.0 * b.dim):
+        return h
+    w = b.param((b.dim, b.dim), slot)
+    return b.node("matmul", Use(h), Use(w, transpose=block == "linear_t"))
+
+
+def _gain(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(3.0):
+        return h
+    g = b.param((b.dim,) if variant % 2 == 0 else (b.batch, b.dim), slot, prefix="g")
+    return b.node("mul", Use(h), Use(g)) if variant < 2 else b.node("mul", Use(g), Use(h))
+
+
+def _bias(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(1.0):
+        return h
+    bias = b.param((b.dim,) if variant % 2 == 0 else (b.batch, b.dim), slot, prefix="b")
+    b.bound += 3.0
+    return b.node("add", Use(h), Use(bias))
+
+
+def _branch(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    D = b.dim
+    if not b.grows(2 * 3.0 * D):
+        return h
+    w = b.param((D, D), slot)
+    other = w if variant % 3 != 2 else b.param((D, D), slot + 1)
+    left = b.node("matmul", Use(h), Use(w))
+    right = b.node("matmul", Use(h), Use(other, transpose=variant % 3 == 1))
+    return b.node("add", Use(left), Use(right))
+
+
+def _layout(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(3.0 * b.dim):
+        return h
+    w = b.param((b.dim, b.dim), slot)
+    return b.node("layout_matmul", Use(h), Use(w), layout=LAYOUTS[variant % len(LAYOUTS)])
+
+
+def _pair(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(9.0 * b.bound):
+        return h
+    g = b.param((b.batch, b.dim), slot, prefix="g")
+    other = b.node("mul", Use(h), Use(g)) if variant % 2 else g
+    pair = b.node("pair", Use(h), Use(other))
+    if variant < 2:
+        return b.node("add", Use(pair, index=0), Use(pair, index=1))
+    return b.node("mul", Use(pair, index=variant % 2), Use(h))
+
+
+def _chunk(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if b.dim % 2 != 0 or not b.grows(b.bound):
+        return h
+    c = b.node("chunk", Use(h), chunks=2, dim=1)
+    if variant % 2:
+        return b.node("cat", Use(c, index=1), Use(c, index=0), dim=1)
+    s = b.node("mul", Use(c, index=0), Use(c, index=1))
+    return b.node("cat", Use(s), Use(c, index=1), dim=1)
+
+
+def _combined(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    D = b.dim
+    if not b.grows(3.0 * D * 3.0):
+        return h
+    w1 = b.param((D, D), slot)
+    w2 = b.param((D, D), slot + 1)
+    if variant % 2:
+        comb = b.node("mul", Use(w1), Use(w2, transpose=variant % 4 == 3))
+    else:
+        st_ = b.node("stack", Use(w1), Use(w2), dim=0)
+        comb = b.node("sum", Use(st_), dim=0)
+    return b.node("matmul", Use(h), Use(comb))
+
+
+def _reshape(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(1.0):
+        return h
+    r = b.node("reshape", Use(h), shape=(b.dim, b.batch) if variant % 2 else (b.batch * b.dim,))
+    return b.node("reshape", Use(r), shape=(b.batch, b.dim))
+
+
+def _nonlin(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(1.0):
+        return h
+    return b.node("relu" if b.exact or variant % 2 else "tanh", Use(h))
+
+
+def _mix_input(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(3.0):
+        return h
+    x2 = next((x.name for x in b.inputs if not x.requires_grad), None)
+    if x2 is None:
+        x2 = f"x{len(b.inputs)}"
+        b.inputs.append(Input(x2, (b.batch, b.dim), requires_grad=False))
+    b.bound += 3.0
+    return b.node("add" if variant % 2 else "mul", Use(h), Use(x2))
+
+
+def _project(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    # Tied in/out projection between two widths: h @ P (D->B), h @ P.T back.
     D, B = b.dim, b.batch
     mm = 3.0 * D
-    if block in ("linear", "linear_t") and b.grows(mm):
-        w = b.param((D, D), slot)
-        return b.node("matmul", Use(h), Use(w, transpose=block == "linear_t"))
-    if block == "gain" and b.grows(3.0):
-        g = b.param((D,) if variant % 2 == 0 else (B, D), slot, prefix="g")
-        return b.node("mul", Use(h), Use(g)) if variant < 2 else b.node("mul", Use(g), Use(h))
-    if block == "bias" and b.grows(1.0):
-        bias = b.param((D,) if variant % 2 == 0 else (B, D), slot, prefix="b")
-        b.bound += 3.0
-        return b.node("add", Use(h), Use(bias))
-    if block == "branch" and b.grows(2 * mm):
-        w = b.param((D, D), slot)
-        other = w if variant % 3 != 2 else b.param((D, D), slot + 1)
-        left = b.node("matmul", Use(h), Use(w))
-        right = b.node("matmul", Use(h), Use(other, transpose=variant % 3 == 1))
-        return b.node("add", Use(left), Use(right))
-    if block == "layout" and b.grows(mm):
-        w = b.param((D, D), slot)
-        return b.node("layout_matmul", Use(h), Use(w), layout=LAYOUTS[variant % len(LAYOUTS)])
-    if block == "pair" and b.grows(9.0 * b.bound):
-        g = b.param((B, D), slot, prefix="g")
-        other = b.node("mul", Use(h), Use(g)) if variant % 2 else g
-        pair = b.node("pair", Use(h), Use(other))
-        if variant < 2:
-            return b.node("add", Use(pair, index=0), Use(pair, index=1))
-        return b.node("mul", Use(pair, index=variant % 2), Use(h))
-    if block == "chunk" and D % 2 == 0 and b.grows(b.bound):
-        c = b.node("chunk", Use(h), chunks=2, dim=1)
-        if variant % 2:
-            return b.node("cat", Use(c, index=1), Use(c, index=0), dim=1)
-        s = b.node("mul", Use(c, index=0), Use(c, index=1))
-        return b.node("cat", Use(s), Use(c, index=1), dim=1)
-    if block == "combined" and b.grows(mm * 3.0):
-        w1 = b.param((D, D), slot)
-        w2 = b.param((D, D), slot + 1)
-        if variant % 2:
-            comb = b.node("mul", Use(w1), Use(w2, transpose=variant % 4 == 3))
-        else:
-            st_ = b.node("stack", Use(w1), Use(w2), dim=0)
-            comb = b.node("sum", Use(st_), dim=0)
-        return b.node("matmul", Use(h), Use(comb))
-    if block == "reshape" and b.grows(1.0):
-        r = b.node("reshape", Use(h), shape=(D, B) if variant % 2 else (B * D,))
-        return b.node("reshape", Use(r), shape=(B, D))
-    if block == "nonlin" and b.grows(1.0):
-        return b.node("relu" if b.exact or variant % 2 else "tanh", Use(h))
-    if block == "mix_input" and b.grows(3.0):
-        x2 = next((x.name for x in b.inputs if not x.requires_grad), None)
-        if x2 is None:
-            x2 = f"x{len(b.inputs)}"
-            b.inputs.append(Input(x2, (B, D), requires_grad=False))
-        b.bound += 3.0
-        return b.node("add" if variant % 2 else "mul", Use(h), Use(x2))
-    if block == "project" and D != B and b.grows(mm * mm):
-        # Tied in/out projection between two widths: h @ P (D->B), h @ P.T back.
-        p = b.param((D, B), slot, prefix="p")
-        mid = b.node("matmul", Use(h), Use(p))
-        if variant % 2:
-            mid = b.node("relu", Use(mid))
-        return b.node("matmul", Use(mid), Use(p, transpose=True))
-    if block == "hook" and h.startswith("n") and all(k.node != h for k in b.hooks):
-        if b.exact or variant < 2:
-            factor = (2, -1, 1)[variant % 3]
-            b.hooks.append(Hook(h, "scale" if factor != 1 else "observe", factor))
-            b.grows(2.0)
-        else:
-            b.hooks.append(Hook(h, "observe", 1))
+    if D == B or not b.grows(mm * mm):
         return h
-    if block == "retain" and h.startswith("n") and h not in b.retain:
+    p = b.param((D, B), slot, prefix="p")
+    mid = b.node("matmul", Use(h), Use(p))
+    if variant % 2:
+        mid = b.node("relu", Use(mid))
+    return b.node("matmul", Use(mid), Use(p, transpose=True))
+
+
+def _hook(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not h.startswith("n") or any(k.node == h for k in b.hooks):
+        return h
+    if b.exact or variant < 2:
+        factor = (2, -1, 1)[variant % 3]
+        b.hooks.append(Hook(h, "scale" if factor != 1 else "observe", factor))
+        b.grows(2.0)
+    else:
+        b.hooks.append(Hook(h, "observe", 1))
+    return h
+
+
+def _retain(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if h.startswith("n") and h not in b.retain:
         b.retain.append(h)
     return h
+
+
+BUILDERS = {
+    "linear": _linear, "linear_t": _linear, "gain": _gain, "bias": _bias, "branch": _branch, "layout": _layout,
+    "pair": _pair, "chunk": _chunk, "combined": _combined, "reshape": _reshape, "nonlin": _nonlin,
+    "mix_input": _mix_input, "project": _project, "hook": _hook, "retain": _retain,
+}
+
+
+def _apply(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    build = BUILDERS.get(block)
+    return h if build is None else build(b, h, block, slot, variant)
 
 
 class _Drawn:
@@ -244,7 +319,7 @@ def training_steps(draw, case: Case) -> Case:
     type) and an optimizer step (an implementation) after each step's last
     microbatch. Such cases run in float64, where optimizer arithmetic can be
     held to a tight relative tolerance. Shrinks to no training step."""
-    from harness.build.train import CLIP_NORMS, FUSED, OPTIMIZERS, SIGN_BASED
+    from harness.case.training import CLIP_NORMS, FUSED, OPTIMIZERS, SIGN_BASED
 
     if not draw(st.booleans()):
         return case

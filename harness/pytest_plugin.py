@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import fields
 from typing import Any
 
@@ -100,7 +99,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from harness.engine.session import plan
 
     paths = _selected(config)
-    exact = {"exact": True, "tolerance": False, "both": None}[config.getoption("gradfuzz_mode")]
+    from harness.generate import MODES
+
+    exact = MODES[config.getoption("gradfuzz_mode")]
     shards = config.getoption("gradfuzz_shards") or _workers()
     parent = GradfuzzCollector.from_parent(session, name="gradfuzz", nodeid="gradfuzz")
     live, dead = [], []
@@ -148,10 +149,7 @@ def _worker_session(config: pytest.Config) -> Any:
         _session = Session(save_dir=config.getoption("gradfuzz_save") or None, db_spec=db, database=open_database(db),
                            stop=stop, seed=config.getoption("gradfuzz_seed"),
                            worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
-        minutes = config.getoption("gradfuzz_minutes")
-        if minutes is not None:
-            _session.deadline = time.time() + minutes * 60
-        _session.examples_budget = config.getoption("gradfuzz_examples") or (None if minutes else 100)
+        _session.set_budget(config.getoption("gradfuzz_examples"), config.getoption("gradfuzz_minutes"))
         _single_thread()
     return _session
 
@@ -175,16 +173,10 @@ class FuzzItem(pytest.Function):
     def runtest(self) -> None:
         config = self.config
         session = _worker_session(config)
-        examples = config.getoption("gradfuzz_examples")
+        examples = session.examples_budget
         minutes = config.getoption("gradfuzz_minutes")
-        deadline = None
-        if minutes is not None:
-            # Items share the wall clock: each worker runs n_items / workers of them in turn.
-            share = minutes * 60 * max(1, _workers()) / max(1, self.n_items)
-            left = (session.deadline or time.time()) - time.time()
-            deadline = time.monotonic() + max(0.0, min(share, left))
-        elif examples is None:
-            examples = 100
+        # Items share the wall clock: each worker runs n_items / workers of them in turn.
+        deadline = session.slice(minutes * 60 * max(1, _workers()) / max(1, self.n_items)) if minutes is not None else None
         per_shard = math.ceil(examples / self.shards) if examples is not None else None
         run = session.run_target(self.target, examples=per_shard, deadline=deadline,
                                  heartbeat=lambda: _write_status(config))

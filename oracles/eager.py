@@ -14,7 +14,8 @@ import torch
 from harness.build.tensors import Built
 from harness.observation import Grads, Observation, Step, snap
 from harness.case.spec import Case
-from harness.build.train import Trainer, ends_step, has_step
+from harness.build.schedule import ends_step, has_step, starts_step, zeroed
+from harness.build.train import Trainer
 
 
 class OracleError(RuntimeError):
@@ -36,11 +37,8 @@ def observe(case: Case) -> Observation:
     trainer = Trainer(case, params, oracle=True) if has_step(case) else None
     try:
         for k in range(sched.backwards):
-            if k and k % sched.microbatches == 0:
-                if sched.zero_grad == "set_to_none":
-                    acc = {n: None for n in params}
-                elif sched.zero_grad == "zeros":
-                    acc = {n: None if g is None else torch.zeros_like(g) for n, g in acc.items()}
+            if starts_step(case, k):
+                acc = zeroed(acc, sched.zero_grad)
             inputs = {x.name: built.inputs(k)[x.name].requires_grad_(x.requires_grad) for x in case.inputs}
             outs = built.forward({**params, **inputs})
             cots = built.cotangents(k)

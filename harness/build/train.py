@@ -15,57 +15,7 @@ from typing import Any, Callable
 import torch
 
 from harness.case.spec import Case
-
-CLIP_NORMS = ("1", "2", "inf")
-OPTIMIZER_IMPLS = ("", "for_loop", "foreach", "fused")
-# name -> (torch.optim class name, extra constructor arguments)
-OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "sgd": ("SGD", {}),
-    "momentum": ("SGD", {"momentum": 0.9}),
-    "nesterov": ("SGD", {"momentum": 0.9, "nesterov": True}),
-    "adam": ("Adam", {}),
-    "amsgrad": ("Adam", {"amsgrad": True}),
-    "adamw": ("AdamW", {}),
-    "adamax": ("Adamax", {}),
-    "nadam": ("NAdam", {}),
-    "radam": ("RAdam", {}),
-    "adagrad": ("Adagrad", {}),
-    "adadelta": ("Adadelta", {}),
-    "rmsprop": ("RMSprop", {}),
-    "asgd": ("ASGD", {}),
-    "rprop": ("Rprop", {}),
-}
-FUSED = frozenset({"sgd", "momentum", "nesterov", "adam", "amsgrad", "adamw", "adagrad"})
-# Updates driven by the sign of the grad: a grad that is zero in exact
-# arithmetic and 1e-16 in floats moves the parameter by a full step, so these
-# are drawn only in exact mode.
-SIGN_BASED = frozenset({"rprop"})
-
-
-def has_step(case: Case) -> bool:
-    s = case.schedule
-    return bool(getattr(s, "clip", "") or getattr(s, "optimizer", ""))
-
-
-def ends_step(case: Case, k: int) -> bool:
-    """Is backward ``k`` the last microbatch of a step (where the step runs)?"""
-    return has_step(case) and (k + 1) % case.schedule.microbatches == 0
-
-
-def first_inexact(case: Case) -> int | None:
-    """The first backward whose grads depend on a training step (None: none do).
-
-    After an optimizer step the parameters are no longer small integers, and
-    a clipped grad kept by ``zero_grad="keep"`` is scaled by an irrational
-    factor: from there on values are compared with a relative tolerance.
-    """
-    s = case.schedule
-    if s.steps < 2 or not has_step(case):
-        return None
-    if s.optimizer or s.zero_grad == "keep":
-        return s.microbatches
-    return None
-
+from harness.case.training import OPTIMIZERS
 
 class Trainer:
     """Holds the optimizer (its state lives across steps) for one run of one case."""

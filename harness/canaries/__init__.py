@@ -1,0 +1,65 @@
+"""Canaries: deliberately wrong implementations the harness must catch.
+
+They ship with the package because ``gradfuzz selfcheck`` (and ``gate``,
+which runs it first) proves on the user's own installation that detection
+still works: a gate that silently lost its teeth after an upgrade must not
+pass. One module per path family (``split``, ``dtensor``, ``pipeline``),
+each with a ``canaries()`` list; a canary is judged relative to its base
+path, so what is caught is the injected bug, not another bug the base has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from packaging.version import Version
+
+FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline")
+
+
+@dataclass(frozen=True)
+class Canary:
+    """A broken path, the path it is judged against, and a detection budget."""
+
+    name: str
+    make: Callable[[], Any]
+    base: str | None
+    budget: int = 300
+    needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
+
+    def base_here(self) -> tuple[str | None, str]:
+        """The base to judge against on the installed torch, and why it is not ``base``.
+
+        Before 2.13 stock split has the founding double count itself, so a
+        canary built over it is judged against the fixed path instead: what
+        is caught is then the injected bug together with stock's own, which
+        on those versions is the same shape.
+        """
+        if self.needs_clamp and self.base and Version(torch.__version__.split("+")[0]) < Version("2.13"):
+            fixed = self.base.rsplit(".", 1)[0] + ".fixed"
+            return fixed, f"judged against {fixed}: stock split before 2.13 double counts itself"
+        return self.base, ""
+
+    def resolve_base(self) -> tuple[Any, str, str]:
+        """The base path to judge against here (None: none), the note of
+        ``base_here``, and why the canary cannot run ("" if it can)."""
+        from harness.paths import resolve
+
+        name, note = self.base_here()
+        if not name:
+            return None, note, ""
+        base = resolve(name)[0]
+        available = base.availability()
+        return base, note, "" if available.ok else f"base {name} unavailable: {available.reason}"
+
+
+def all_canaries() -> list[Canary]:
+    """Every family's canaries."""
+    import importlib
+
+    found: list[Canary] = []
+    for mod in FAMILIES:
+        found.extend(importlib.import_module(mod).canaries())
+    return found

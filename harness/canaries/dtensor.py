@@ -2,7 +2,7 @@
 
 A drop-in for ``oracles.dtensor_fixed`` (an object with ``install(params,
 mesh)``), run through ``--dtensor-impl harness.canaries.dtensor:NAME`` or
-``harness.paths.dtensor.path.canaries()``; the harness must catch it. It ships
+``harness.canaries.dtensor.canaries()``; the harness must catch it. It ships
 with the package so ``gradfuzz selfcheck`` can prove detection on the
 user's installation.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
+from harness.canaries import Canary
 from oracles import dtensor_fixed
 
 
@@ -52,3 +53,14 @@ def _wrong_then_fixed(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor |
 CANARIES_DTENSOR = {
     "partial_to_replicate": "harness.canaries.dtensor:partial_to_replicate",
 }
+
+
+def canaries() -> list[Canary]:
+    """The seed's wrong layout fix-up, judged against ``dtensor.fixed``."""
+    from harness.paths.dtensor.path import DTensorPath
+
+    return [
+        Canary(f"dtensor_{name}", lambda name=name, impl=impl: DTensorPath(f"canary.dtensor_{name}", impl),
+               "dtensor.fixed")
+        for name, impl in CANARIES_DTENSOR.items()
+    ]

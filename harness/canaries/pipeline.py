@@ -17,6 +17,7 @@ import torch
 
 from torch.distributed.pipelining import PipelineStage
 
+from harness.canaries import Canary
 from oracles.pipeline_fixed import FixedPipelineStage
 
 
@@ -74,3 +75,17 @@ CANARIES = {
     "overwrite": "harness.canaries.pipeline:Overwrite",
     "no_input_grad": "harness.canaries.pipeline:NoInputGrad",
 }
+
+
+def canaries() -> list[Canary]:
+    """The founding nested-weight double count put back into the stock
+    stage's split backward, through the zero-bubble V schedule, judged
+    against stock."""
+    from harness.paths.pipeline.path import PipelinePath
+    from harness.paths.pipeline.rank import discover
+
+    if "ZBVZeroBubble" not in discover():
+        return []
+    return [Canary("pipeline_pre_clamp", lambda: PipelinePath("ZBVZeroBubble", CANARIES["pre_clamp"],
+                                                              name="canary.pipeline_pre_clamp"),
+                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True)]

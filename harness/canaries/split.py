@@ -14,13 +14,10 @@ not some other bug the base may have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
 
-import torch
 import torch.distributed.pipelining._backward as stock
-from packaging.version import Version
 
+from harness.canaries import Canary
 from oracles import split_fixed
 
 
@@ -88,43 +85,7 @@ CANARIES = {
 }
 
 
-@dataclass(frozen=True)
-class Canary:
-    """A broken path, the path it is judged against, and a detection budget."""
-
-    name: str
-    make: Callable[[], Any]
-    base: str | None
-    budget: int = 300
-    needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
-
-    def base_here(self) -> tuple[str | None, str]:
-        """The base to judge against on the installed torch, and why it is not ``base``.
-
-        Before 2.13 stock split has the founding double count itself, so a
-        canary built over it is judged against the fixed path instead: what
-        is caught is then the injected bug together with stock's own, which
-        on those versions is the same shape.
-        """
-        if self.needs_clamp and self.base and Version(torch.__version__.split("+")[0]) < Version("2.13"):
-            fixed = self.base.rsplit(".", 1)[0] + ".fixed"
-            return fixed, f"judged against {fixed}: stock split before 2.13 double counts itself"
-        return self.base, ""
-
-    def resolve_base(self) -> tuple[Any, str, str]:
-        """The base path to judge against here (None: none), the note of
-        ``base_here``, and why the canary cannot run ("" if it can)."""
-        from harness.paths import resolve
-
-        name, note = self.base_here()
-        if not name:
-            return None, note, ""
-        base = resolve(name)[0]
-        available = base.availability()
-        return base, note, "" if available.ok else f"base {name} unavailable: {available.reason}"
-
-
-def split_canaries() -> list[Canary]:
+def canaries() -> list[Canary]:
     from harness.paths.split import SplitPath
 
     return [
@@ -132,22 +93,3 @@ def split_canaries() -> list[Canary]:
                base, needs_clamp=base == "split.stock")
         for name, (impl, base) in CANARIES.items()
     ]
-
-
-def all_canaries() -> list[Canary]:
-    """Every canary: the split ones here, plus a ``canaries()`` function of
-    any optional path module (graphed's CPU stand-in, DTensor's layout fix-up)."""
-    import importlib
-
-    found = split_canaries()
-    for mod in ("harness.paths.dtensor.path", "harness.paths.graphed", "harness.paths.pipeline.path"):
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-            continue
-        extra = getattr(module, "canaries", None)
-        if callable(extra):
-            found.extend(extra())
-    return found

@@ -13,24 +13,10 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-SCHEMA_VERSION = 1
-
-DTYPES = ("float32", "float64")
-GRAD_INITS = ("none", "zero", "prefilled")
-ZERO_GRADS = ("set_to_none", "zeros", "keep")
-HOOK_KINDS = ("scale", "observe")
-# Buffer-lifetime schedule parts (see Schedule.events / param_hooks).
-EVENT_KINDS = ("empty_cache", "alloc", "free")
-PARAM_HOOKS = ("hook", "hook_keep", "post_accumulate")
-EVENT_MAX_ELEMENTS = 2**22
-
-
-class SpecError(ValueError):
-    """A case that cannot be built; the message names the field."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where}: {message}")
-        self.where = where
+from harness.case.vocab import (  # noqa: F401  (re-exported: the spec's vocabulary)
+    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, SCHEMA_VERSION, ZERO_GRADS, SpecError,
+)
+from harness.case.validate import infer_shapes
 
 
 @dataclass(frozen=True)
@@ -181,8 +167,6 @@ class Case:
                 f"{SCHEMA_VERSION} (upgrade gradfuzz, or re-save the case with it)",
             )
         case = _decode(cls, data, "case")
-        from harness.case.validate import infer_shapes  # validation lives beside the op table
-
         infer_shapes(case)
         return case
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from harness.case.ops import OPS, Result, Shape, ShapeError
-from harness.case.spec import (
-    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, ZERO_GRADS, Case, SpecError, Use,
-)
+from harness.case.vocab import DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, ZERO_GRADS, SpecError
+
+if TYPE_CHECKING:  # annotations only: the spec imports this module to validate
+    from harness.case.spec import Case, Use
 
 
 def _use_shape(use: Use, known: dict[str, Result], where: str) -> Shape:
@@ -138,7 +141,7 @@ def _check_placement(placement: str, ndim: int, where: str) -> None:
 
 def _check_training(s) -> None:
     """The optional training step of a schedule (clip_grad_norm_, optimizer)."""
-    from harness.build.train import CLIP_NORMS, FUSED, OPTIMIZER_IMPLS, OPTIMIZERS
+    from harness.case.training import CLIP_NORMS, FUSED, OPTIMIZER_IMPLS, OPTIMIZERS
 
     if s.clip and s.clip not in CLIP_NORMS:
         raise SpecError("schedule.clip", f"unknown norm type {s.clip!r}; one of {CLIP_NORMS}")

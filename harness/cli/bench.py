@@ -160,7 +160,7 @@ def bench_family(name: str, paths: list[Any], *, examples: int, warmup: int, see
 
 
 def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool | None) -> list[dict[str, Any]]:
-    from harness.canaries.split import all_canaries
+    from harness.canaries import all_canaries
     from harness.engine.runner import Result, close_paths
     from harness.engine.target import Target, TargetRun
 
@@ -333,7 +333,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from harness.engine.session import _single_thread
 
     _single_thread()
-    exact = {"exact": True, "tolerance": False, "both": None}[args.mode]
+    from harness.generate import MODES
+
+    exact = MODES[args.mode]
     data: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
                             "load_before": _load(), "seed": args.seed, "examples": args.examples, "families": []}
     paths = resolve(args.paths)

@@ -40,7 +40,7 @@ def _option_overrides(options: Options) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: list | None = None) -> int:
-    from harness.out import report
+    from harness.cli import report
     from harness.engine.database import DatabaseError
     from harness.paths import resolve
     from harness.cli.progress import Display

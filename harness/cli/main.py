@@ -6,6 +6,7 @@ Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -49,14 +50,16 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     paths = resolve(args.paths, _options(args))
     if args.examples is not None and args.minutes is not None:
         raise UsageError("give --examples or --minutes, not both")
-    exact = {"exact": True, "tolerance": False, "both": None}[args.mode]
+    from harness.generate import MODES
+
+    exact = MODES[args.mode]
     from harness.cli import fuzz as fuzz_command  # sessions: -n N, --db, live progress, findings saved as they happen
 
     return fuzz_command.run(args, _options(args), exact, paths)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from harness.out import report
+    from harness.cli import report
     from harness.engine import runner
 
     paths = resolve(args.paths, _options(args))
@@ -92,7 +95,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         if divs:
             status = 1
         if args.script:
-            print(repro.script(entry.case, p.name, runner._machinery(p)))
+            print(repro.script(entry.case, p.name, p.repro(entry.case)))
     return status
 
 
@@ -107,11 +110,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
 def cmd_selfcheck(args: argparse.Namespace) -> int:
     from harness.gate.selfcheck import selfcheck
 
-    if args.tolerance_slack is not None:
-        import os
-
-        os.environ["GRADFUZZ_TOLERANCE_SLACK"] = str(args.tolerance_slack)
-    results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr))
+    results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack)
     missed = [r for r in results if not r.caught and not r.skipped]
     for r in results:
         state = f"skipped: {r.skipped}" if r.skipped else ("caught" if r.caught else "NOT CAUGHT")
@@ -129,12 +128,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.gate import report as gate_report
     from harness.out.corpus import atomic_write
 
-    if args.tolerance_slack is not None:
-        os.environ["GRADFUZZ_TOLERANCE_SLACK"] = str(args.tolerance_slack)
     paths = resolve(args.paths, _options(args))
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=args.minutes,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck,
-                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+                           progress=lambda s: print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()
     print(gate_report.terminal(rep))
     if args.baseline:
@@ -239,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from harness.workers import pool
+
+    if pool.torchrun_env() and int(os.environ["RANK"]) != 0:
+        # Under torchrun, ranks other than 0 follow rank 0's cases and exit when it is done.
+        return pool.follow_torchrun(getattr(args, "dtensor_backend", None))
     try:
         return args.func(args)
     except (UsageError, CorpusError, SpecError) as e:

@@ -11,16 +11,14 @@ combination of the per-microbatch grads, which combination
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from harness.build.tensors import magnitude_bounds
 from harness.observation import Divergence, Observation, keys
-from harness.paths.base import Contract
 from harness.case.spec import Case
-from harness.build.train import first_inexact
+from harness.build.schedule import first_inexact
 
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
 # Values after a training step (clip_grad_norm_, an optimizer) and grads that
@@ -39,11 +37,11 @@ class Tolerance:
 
     @classmethod
     def for_case(cls, case: Case, slack: float | None = None, lazy: bool = False) -> "Tolerance":
-        # GRADFUZZ_TOLERANCE_SLACK loosens every comparison, exact mode included:
-        # it exists to prove that selfcheck fails when detection is broken.
-        override = os.environ.get("GRADFUZZ_TOLERANCE_SLACK")
-        eps = EPS[case.dtype] * (slack or float(override or SLACK))
-        if case.exact and not override:
+        """``slack`` (rounding steps per unit of term size) loosens every
+        comparison, exact mode included: it exists to prove that selfcheck
+        fails when detection is broken."""
+        eps = EPS[case.dtype] * (slack if slack is not None else SLACK)
+        if case.exact and slack is None:
             return cls(True, 0.0, {}, 0.0)
         if lazy:
             return _LazyTolerance(eps, case)
@@ -77,7 +75,9 @@ class _LazyTolerance(Tolerance):
         return super().allowed(what, shape)
 
 
-def compare(case: Case, oracle: Observation, obs: Observation, contract: Contract, tol: Tolerance | None = None) -> list[Divergence]:
+def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads: bool = True,
+            tol: Tolerance | None = None) -> list[Divergence]:
+    """``retained_grads``: whether the path promises intermediate ``.grad`` from ``retain_grad``."""
     tol = tol or Tolerance.for_case(case)
     found: list[Divergence] = []
     if obs.failure is not None:
@@ -105,7 +105,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, contract: Contrac
     for o_step, p_step in zip(oracle.steps, obs.steps):
         k = o_step.k
         groups = [("param", o_step.grads, p_step.grads), ("input grad", o_step.input_grads, p_step.input_grads)]
-        if contract.retained_grads:
+        if retained_grads:
             groups.append(("retained grad", o_step.retained, p_step.retained))
         outs = {f"output {i}": t for i, t in enumerate(o_step.outputs)}
         p_outs = {f"output {i}": t for i, t in enumerate(p_step.outputs)}
@@ -165,7 +165,8 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
     ee = float((e * e).sum())
     ratio = float((a * e).sum()) / ee if ee > 0 else None
     at = tuple(int(i) for i in torch.nonzero(bad)[0]) if e.dim() else ()
-    explain = (_explain(case, role, name, k, a, oracle) or _explain_sites(case, name, k, a, oracle)) if role == "param" else ""
+    why = (_explain(case, role, name, k, a, oracle) or _explain_sites(case, name, k, a, oracle)) if role == "param" else None
+    explain = why.text if why else ""
     tol_txt = ("exact mode: any difference is a bug" if tol.exact else f"tolerance {tol.eps:.1e} x term size") \
         if relative is None else f"after a training step: tolerance {relative:.0e} x the largest element"
     detail = (
@@ -175,23 +176,19 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
         + (f"; ratio actual/expected {ratio:.4g}" if ratio is not None else "")
         + (f"; {explain}" if explain else "")
     )
-    shape_of_bug = _bug_shape(ratio, explain)
+    shape_of_bug = why.shape if why else _ratio_class(ratio)
     return Divergence(path, "value", label, k, max_abs, max_rel, ratio, detail,
                       **keys(path, "value", f"{role} {shape_of_bug}"))
 
 
-def _bug_shape(ratio: float | None, explain: str) -> str:
-    """The coarse shape of a value bug, for de-duplication: stable across the
-    sizes, names and microbatch counts of the cases that show it."""
-    if "use site" in explain:
-        return "a use site counted wrong"
-    if "stale or overwritten" in explain:
-        return "last backward repeated"
-    if explain.startswith("actual =") and "+" in explain.split(",")[0]:
-        return "microbatches mixed"
-    if explain.startswith("actual ="):  # one backward's grad, scaled: "actual = 2*g1, expected g1"
-        return f"one backward counted {explain.split('*')[0].split('=')[1].strip()} times"
-    return _ratio_class(ratio)
+@dataclass(frozen=True)
+class Explanation:
+    """A wrong grad expressed in its parts, and the coarse shape of that bug:
+    the de-duplication key, stable across the sizes, names and microbatch
+    counts of the cases that show it (it goes into the signature)."""
+
+    text: str
+    shape: str
 
 
 def _ratio_class(ratio: float | None) -> str:
@@ -201,33 +198,34 @@ def _ratio_class(ratio: float | None) -> str:
     return f"ratio~{nearest:g}" if abs(ratio - nearest) < 0.02 else "ratio=irregular"
 
 
-def _explain_sites(case: Case, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> str:
+def _explain_sites(case: Case, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> Explanation | None:
     """Express the actual grad in per-use-site grads: "use at n0 counted 2 times"."""
     from harness.compare.sites import site_contributions
 
     m = case.schedule.microbatches
     start = 0 if case.schedule.zero_grad == "keep" else (k // m) * m
     if start != k or case.schedule.grad_init == "prefilled":
-        return ""  # one backward's sites only; accumulation is _explain's job
+        return None  # one backward's sites only; accumulation is _explain's job
     try:
         sites = site_contributions(case, k).get(name, [])
     except Exception:  # an explanation is a bonus; never let it mask the finding
-        return ""
+        return None
     if len(sites) < 2 or len(sites) > 8:
-        return ""
+        return None
     A = torch.stack([t.reshape(-1) for _, t in sites], dim=1)
     y = actual.reshape(-1, 1)
     coef = torch.linalg.lstsq(A, y).solution.reshape(-1)
     if float((A @ coef.reshape(-1, 1) - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
-        return ""
+        return None
     rounded = [round(float(c), 3) for c in coef]
     odd = [f"the {lbl} counted {c:g} times" for c, (lbl, _) in zip(rounded, sites) if abs(c - 1) > 1e-6]
     if not odd:
-        return ""
-    return "; ".join(odd) + f" (each of {len(sites)} use sites should count once)"
+        return None
+    return Explanation("; ".join(odd) + f" (each of {len(sites)} use sites should count once)",
+                       "a use site counted wrong")
 
 
-def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> str:
+def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> Explanation | None:
     """Express the actual grad as a combination of per-backward grads, if it is one."""
     m = case.schedule.microbatches
     start = 0 if case.schedule.zero_grad == "keep" else (k // m) * m
@@ -237,7 +235,7 @@ def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, ora
         if g is not None:
             terms.append((f"g{j + 1}", g))
     if not terms or len(terms) > 8:
-        return ""
+        return None
     A = torch.stack([t.reshape(-1) for _, t in terms], dim=1)
     y = actual.reshape(-1, 1)
     init = y.new_zeros(y.shape)
@@ -247,20 +245,25 @@ def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, ora
     try:
         coef = torch.linalg.lstsq(A, y - init).solution.reshape(-1)
     except RuntimeError:
-        return ""
+        return None
     if float((A @ coef.reshape(-1, 1) + init - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
-        return ""
+        return None
     rounded = [round(float(c), 3) for c in coef]
     if all(abs(c - 1) < 1e-6 for c in rounded):
-        return ""
+        return None
     parts = [f"{c:g}*{lbl}" for c, (lbl, _) in zip(rounded, terms) if abs(c) > 1e-9] or ["0"]
     got = " + ".join(parts)
     want = " + ".join(lbl for lbl, _ in terms)
-    note = ""
+    text = f"actual = {got}, expected {want}"
     nonzero = [(c, lbl) for c, (lbl, _) in zip(rounded, terms) if abs(c) > 1e-9]
     if len(terms) > 1 and len(nonzero) == 1 and nonzero[0][1] == terms[-1][0]:
         note = f" (the last backward's grad counted {nonzero[0][0]:g} times: a stale or overwritten buffer)"
-    return f"actual = {got}, expected {want}{note}"
+        return Explanation(text + note, "last backward repeated")
+    if len(parts) > 1:
+        return Explanation(text, "microbatches mixed")
+    # one backward's grad, scaled ("actual = 2*g1"); none at all reads "actual = 0, expected ..."
+    times = parts[0].split("*")[0] if "*" in parts[0] else f"{parts[0]}, expected {want}"
+    return Explanation(text, f"one backward counted {times} times")
 
 
 def _hooks_expected(case: Case, oracle: Observation, k: int) -> dict[str, torch.Tensor | None]:

@@ -20,19 +20,22 @@ from dataclasses import fields
 from typing import Any, Callable
 
 from harness.out import findings
-from harness.engine.database import publish_finding
+from harness.out.campaign import publish_finding
 from harness.observation import Divergence
 from harness.paths import Path
-from harness.engine.runner import Result, Tally, close_paths, finding_entry, split_available
+from harness.engine.result import Result, Tally
+from harness.out.findings import finding_entry
+from harness.paths import close_paths, split_available
 from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
 
 
-def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1) -> list[Target]:
+def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
+         slack: float | None = None) -> list[Target]:
     """Group paths that share a case distribution; one target per group and shard."""
     groups: dict[tuple, list[Path]] = {}
     for p in paths:
         groups.setdefault(strategy_flags(p), []).append(p)
-    return [Target(ps, exact=exact, seed=seed, shard=s) for ps in groups.values() for s in range(shards)]
+    return [Target(ps, exact=exact, seed=seed, shard=s, slack=slack) for ps in groups.values() for s in range(shards)]
 
 
 class Session:
@@ -86,6 +89,18 @@ class Session:
             self.on_event(f"[{f.path.name}] divergence {sig}: {first.detail}{flaky}{saved}")
 
     # -- running --------------------------------------------------------------
+
+    def set_budget(self, examples: int | None, minutes: float | None) -> None:
+        """The session's budget, one rule for every front: a wall-clock budget
+        when ``minutes`` is given, else ``examples`` (100 when neither is)."""
+        if minutes is not None:
+            self.deadline = time.time() + minutes * 60
+        self.examples_budget = examples if examples is not None else (None if minutes is not None else 100)
+
+    def slice(self, seconds: float) -> float:
+        """A ``time.monotonic()`` deadline ``seconds`` from now, never past the session's."""
+        left = (self.deadline or time.time()) - time.time() if self.deadline is not None else seconds
+        return time.monotonic() + max(0.0, min(seconds, left))
 
     def run_target(self, target: Target, *, examples: int | None, deadline: float | None,
                    heartbeat: Callable[[], None] | None = None, relative_to: dict[str, Path] | None = None) -> TargetRun:
@@ -200,30 +215,27 @@ def read_statuses(run_dir: str) -> list[dict[str, Any]]:
 
 def fuzz(paths: list[Path], *, examples: int | None = None, minutes: float | None = None, seed: int = 0,
          save_dir: str | None = None, exact: bool | None = None, db: str | None = "none", stop: Stop | None = None,
-         on_event: Callable[[str], None] | None = None, session: Session | None = None) -> Session:
+         on_event: Callable[[str], None] | None = None, session: Session | None = None,
+         slack: float | None = None) -> Session:
     """An in-process session over ``paths`` (one shard per target)."""
     from harness.engine.database import open_database
 
-    if examples is None and minutes is None:
-        examples = 100
     session = session or Session(save_dir=save_dir, db_spec=db, database=open_database(db), stop=stop, seed=seed,
                                  on_event=on_event)
     _single_thread()
-    session.examples_budget = examples
+    session.set_budget(examples, minutes)
+    examples = session.examples_budget
     start = time.monotonic()
-    if minutes is not None:
-        session.deadline = time.time() + minutes * 60
     try:
         live = session.available(paths)
-        targets = plan(live, exact=exact, seed=seed)
+        targets = plan(live, exact=exact, seed=seed, slack=slack)
         for i, t in enumerate(targets):
             if session.stop():
                 session.interrupted = True
                 break
             deadline = None
             if minutes is not None:
-                share = (minutes * 60 - (time.monotonic() - start)) / (len(targets) - i)
-                deadline = time.monotonic() + max(share, 0.0)
+                deadline = session.slice((minutes * 60 - (time.monotonic() - start)) / (len(targets) - i))
             session.run_target(t, examples=examples, deadline=deadline)
     finally:
         session.done = True

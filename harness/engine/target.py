@@ -33,14 +33,13 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, sett
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
-from harness.compare.values import Tolerance, compare
+from harness.engine.check import CaseCheck, Profile
 from harness.engine.database import MaskingDatabase
 from harness.observation import Divergence
 from harness.paths import Path
-from harness.engine.runner import Result, Tally
+from harness.engine.result import Result, Tally
 from harness.case.spec import Case
 from harness.generate import cases
-from oracles.eager import observe
 
 SHARD_STRIDE = 1_000_003
 
@@ -75,25 +74,9 @@ class _Found(AssertionError):
     pass
 
 
-def strategy_flags(path: Path) -> tuple[tuple[str, bool], ...]:
+def strategy_flags(path: Path) -> tuple[tuple[str, object], ...]:
     """The ``cases()`` keywords a path's contract asks for."""
-    c = path.contract
-    layouts = tuple(getattr(c, "pipeline_layouts", ()))
-    return (("lifetime", bool(getattr(c, "lifetime_schedules", False))),
-            ("dtensor", bool(getattr(c, "dtensor_placements", False)))) + ((("pipeline", layouts),) if layouts else ())
-
-
-@dataclass
-class Profile:
-    """Where a target's time went, per phase (seconds), for ``gradfuzz bench``."""
-
-    cases: int = 0
-    body: float = 0.0  # inside the test function, everything below included
-    oracle: float = 0.0
-    tolerance: float = 0.0
-    compare: float = 0.0
-    paths: dict[str, float] = field(default_factory=dict)
-    path_runs: dict[str, int] = field(default_factory=dict)
+    return path.contract.strategy_flags()
 
 
 @dataclass
@@ -105,6 +88,7 @@ class Target:
     seed: int = 0
     shard: int = 0
     relative_to: dict[str, Path] = field(default_factory=dict)
+    slack: float | None = None  # --tolerance-slack: loosen every comparison (selfcheck's proof)
 
     @property
     def name(self) -> str:
@@ -130,39 +114,21 @@ class Target:
         """The first path (or ``only``) with a divergence whose signature is
         not in ``known``; None when they all agree with the oracle (or
         diverge only in known ways: then ``masked`` gets a True)."""
-        clock = time.process_time
-        oracle = tol = None
+        cc = CaseCheck(case, slack=self.slack, lazy=True, profile=profile)
         for p in (only,) if only is not None else self.paths:
             reason = p.supports(case)
             if tally is not None:
                 tally(p, reason)
             if reason is not None:
                 continue
-            if oracle is None:
-                t0 = clock()
-                oracle = observe(case)
-                t1 = clock()
-                tol = Tolerance.for_case(case, lazy=True)
-                t2 = clock()
-                if profile is not None:
-                    profile.oracle += t1 - t0
-                    profile.tolerance += t2 - t1
-            t0 = clock()
-            obs = p.run(case)
-            t1 = clock()
-            divs = compare(case, oracle, obs, p.contract, tol)
-            t2 = clock()
-            if profile is not None:
-                profile.paths[p.name] = profile.paths.get(p.name, 0.0) + (t1 - t0)
-                profile.path_runs[p.name] = profile.path_runs.get(p.name, 0) + 1
-                profile.compare += t2 - t1
+            divs = cc.run(p)
             fresh = [d for d in divs if d.signature not in known]
             if masked is not None and len(fresh) < len(divs):
                 masked.append(True)
             divs = fresh
             if divs and p.name in self.relative_to:
                 base = self.relative_to[p.name]
-                if base.supports(case) is None and compare(case, oracle, base.run(case), base.contract, tol):
+                if base.supports(case) is None and cc.run(base):
                     continue  # the base diverges too: not the injected bug
             if divs:
                 return p, divs

@@ -139,15 +139,15 @@ def _grads_for(row: dict[str, Any], path: Any):
     if path is None or not row.get("case") or d.get("kind") != "value" or not d.get("param"):
         return None
     from harness.case.spec import Case
-    from oracles.eager import observe
+    from harness.engine.check import CaseCheck
 
-    case = Case.from_json(row["case"])
+    cc = CaseCheck(Case.from_json(row["case"]))
     try:
-        obs = path.run(case)
+        obs = cc.observe(path)
+        oracle = cc.oracle
     except Exception:
         return None
     k, name = d["microbatch"], d["param"]
-    oracle = observe(case)
     if k is None or k >= len(obs.steps):
         return None
     e, a = oracle.steps[k].grads.get(name), obs.steps[k].grads.get(name)
@@ -167,7 +167,7 @@ def _resolve_quietly(name: str) -> list[Any]:
 
 def html_page(rep: dict[str, Any]) -> str:
     from harness.out import repro
-    from harness.engine.runner import _machinery, close_paths
+    from harness.paths import close_paths
     from harness.case.spec import Case
 
     parts = [
@@ -203,7 +203,8 @@ def html_page(rep: dict[str, Any]) -> str:
                          f"{html.escape(what)}</h2><p>{html.escape(r['detail'])}{more}</p>")
             parts.append(_heatmaps(r, path))
             try:
-                text = repro.script(Case.from_json(r["case"]), name, _machinery(path), title=r["detail"][:120])
+                case = Case.from_json(r["case"])
+                text = repro.script(case, name, path.repro(case), title=r["detail"][:120])
                 parts.append("<details><summary>standalone repro script</summary><pre>" + html.escape(text) + "</pre></details>")
             except Exception as e:  # a report never dies for want of a script
                 parts.append(f"<p>(no repro script: {html.escape(str(e))})</p>")

@@ -25,8 +25,9 @@ from harness.out import corpus
 from harness.gate import ledger as ledger_mod
 from harness.observation import Divergence
 from harness.paths import Path
-from harness.compare.values import Tolerance
-from harness.engine.runner import check, close_paths, fuzz, split_available
+from harness.engine.check import replay_entries
+from harness.engine.runner import fuzz
+from harness.paths import close_paths, split_available
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 FAILING = ("new", "regression", "selfcheck")
@@ -91,6 +92,7 @@ def run_gate(
     save_dir: str | None = None,
     run_selfcheck: bool = True,
     progress: Callable[[str], None] = lambda s: None,
+    slack: float | None = None,
 ) -> GateReport:
     start = time.monotonic()
     version = torch.__version__
@@ -98,18 +100,18 @@ def run_gate(
     led = ledger_mod.load(ledger_file)
     entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
     if run_selfcheck:
-        report.selfcheck = selfcheck(seed, progress)
+        report.selfcheck = selfcheck(seed, progress, slack)
         for c in report.selfcheck:
             if not c.caught and not c.skipped:
                 report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
     try:
-        seen_as, shapes = _replay(live, entries, led, version, report, progress)
+        seen_as, shapes = _replay(live, entries, led, version, report, progress, slack)
     finally:
         close_paths(live)
     if minutes > 0 and live:
-        result = fuzz(live, minutes=minutes, seed=seed, save_dir=save_dir, progress=progress)
+        result = fuzz(live, minutes=minutes, seed=seed, save_dir=save_dir, progress=progress, slack=slack)
         for name, t in result.paths.items():
             report.examples[name] = report.examples.get(name, 0) + t.examples
         seen = {(r.path, r.signature) for r in report.rows}
@@ -139,47 +141,35 @@ def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) ->
 
 
 def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, report: GateReport,
-            progress) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
-    from oracles.eager import observe
-
+            progress, slack: float | None = None) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
     reproduced: dict[str, list[Divergence]] = {}
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
-    for entry in entries:
-        oracle = tol = None
-        for p in live:
-            if p.supports(entry.case) is not None:
-                continue
-            oracle = oracle or observe(entry.case)
-            tol = tol or Tolerance.for_case(entry.case)  # once per case, not once per path
-            report.examples[p.name] = report.examples.get(p.name, 0) + 1
-            divs = check(entry.case, p, oracle, tol)
-            for _ in range(FLAKY_TRIES if entry.meta.get("flaky") and not divs else 0):
-                divs = check(entry.case, p, oracle, tol)  # an order-dependent bug gets a few tries
-                if divs:
-                    break
+    for r in replay_entries(entries, live, slack):
+        entry, p, divs = r.entry, r.path, r.divergences
+        if r.skipped is not None:
+            continue
+        report.examples[p.name] = report.examples.get(p.name, 0) + 1
+        owners = [b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)]
+        if owners:
+            # A case filed under several bugs: each divergence goes to the one
+            # whose recorded signatures name it, else to the first.
+            if not divs:  # the case agrees: evidence about the bug it is first filed under
+                ran.add(owners[0].id)
+                reproduced.setdefault(owners[0].id, [])
             for d in divs:
-                d.case = entry.case.to_json()
-            owners = [b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)]
-            if owners:
-                # A case filed under several bugs: each divergence goes to the one
-                # whose recorded signatures name it, else to the first.
-                if not divs:  # the case agrees: evidence about the bug it is first filed under
-                    ran.add(owners[0].id)
-                    reproduced.setdefault(owners[0].id, [])
-                for d in divs:
-                    b = next((b for b in owners if d.signature in b.signatures), owners[0])
-                    ran.add(b.id)
-                    reproduced.setdefault(b.id, []).append(d)
-                continue
-            for d in divs:
-                b = led.match(p.name, d.signature, version=version)
-                if b is not None:
-                    reproduced.setdefault(b.id, []).append(d)
-                    ran.add(b.id)
-                else:  # decided once every ledger case has shown its signatures
-                    unmatched.append((d, entry.file))
-            progress(f"[gate] {p.name} {entry.file}: {len(divs)} divergence(s)")
+                b = next((b for b in owners if d.signature in b.signatures), owners[0])
+                ran.add(b.id)
+                reproduced.setdefault(b.id, []).append(d)
+            continue
+        for d in divs:
+            b = led.match(p.name, d.signature, version=version)
+            if b is not None:
+                reproduced.setdefault(b.id, []).append(d)
+                ran.add(b.id)
+            else:  # decided once every ledger case has shown its signatures
+                unmatched.append((d, entry.file))
+        progress(f"[gate] {p.name} {entry.file}: {len(divs)} divergence(s)")
     live_names = {p.name for p in live}
     by_id = {b.id: b for b in led.bugs}
     seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 
-from harness.canaries.split import Canary, all_canaries
+from harness.canaries import Canary, all_canaries
 from harness.engine.runner import Result, fuzz_path
 
 
@@ -25,7 +25,7 @@ class CanaryResult:
     skipped: str = ""
 
 
-def run_canary(c: Canary, seed: int = 0) -> CanaryResult:
+def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryResult:
     path = c.make()
     available = path.availability()
     if not available.ok:
@@ -36,7 +36,8 @@ def run_canary(c: Canary, seed: int = 0) -> CanaryResult:
     result = Result()
     start = time.monotonic()
     try:
-        fuzz_path(path, examples=c.budget, deadline=None, seed=seed, result=result, save_dir=None, relative_to=base)
+        fuzz_path(path, examples=c.budget, deadline=None, seed=seed, result=result, save_dir=None, relative_to=base,
+                  slack=slack)
     finally:
         close = getattr(path, "close", None)
         if callable(close):
@@ -48,10 +49,11 @@ def run_canary(c: Canary, seed: int = 0) -> CanaryResult:
                         f"{detail}; {note}" if note else detail)
 
 
-def selfcheck(seed: int = 0, progress=lambda s: None) -> list[CanaryResult]:
+def selfcheck(seed: int = 0, progress=lambda s: None, slack: float | None = None) -> list[CanaryResult]:
+    """``slack`` loosens every comparison: proof that a blunted harness fails here."""
     out = []
     for c in all_canaries():
-        r = run_canary(c, seed)
+        r = run_canary(c, seed, slack)
         progress(f"[selfcheck] {c.name}: " + (r.skipped and f"skipped ({r.skipped})" or
                                                 ("caught" if r.caught else "NOT CAUGHT") + f" ({r.examples} examples, {r.seconds:.1f}s)"))
         out.append(r)

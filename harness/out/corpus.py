@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path as FsPath
+import pathlib
 from typing import Any, Iterable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -60,7 +60,7 @@ class Entry:
 
 def load(file: str | os.PathLike) -> Entry:
     try:
-        text = FsPath(file).read_text()
+        text = pathlib.Path(file).read_text()
     except OSError as e:
         raise CorpusError(file, f"cannot read: {e.strerror}") from None
     try:
@@ -94,7 +94,7 @@ def discover(targets: Iterable[str | os.PathLike]) -> list[str]:
     """Files and directories -> corpus files (``*.json``), sorted, none lost."""
     found: list[str] = []
     for t in targets:
-        p = FsPath(t)
+        p = pathlib.Path(t)
         if p.is_dir():
             # ledger.json is the known-bug ledger beside the cases, not a case.
             found.extend(str(f) for f in sorted(p.rglob("*.json")) if not f.name.startswith(".") and f.name != "ledger.json")
@@ -107,7 +107,7 @@ def discover(targets: Iterable[str | os.PathLike]) -> list[str]:
 
 def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Write via a temp file in the same directory and rename: never a torn file."""
-    path = FsPath(path)
+    path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -126,7 +126,7 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
 
 def save(directory: str | os.PathLike, name: str, entry: Entry, repro: str | None = None) -> str:
     """Write ``name.json`` (and ``name.py``, the standalone repro) under ``directory``."""
-    target = FsPath(directory) / f"{name}.json"
+    target = pathlib.Path(directory) / f"{name}.json"
     atomic_write(target, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
     if repro is not None:
         atomic_write(target.with_suffix(".py"), repro)

@@ -24,11 +24,13 @@ import socket
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path as FsPath
+import pathlib
 from typing import Any, Iterator
 
-from harness.out import corpus
 from harness.case.spec import Case
+from harness.observation import Divergence
+from harness.out import corpus, repro
+from harness.paths.base import Path, Repro
 
 LOCK_NAME = ".gradfuzz.lock"
 _writer: tuple[int, str] | None = None
@@ -69,7 +71,7 @@ def _now() -> str:
 @contextmanager
 def locked(directory: str | os.PathLike) -> Iterator[None]:
     """An exclusive lock over a corpus directory, released by the kernel if we die."""
-    d = FsPath(directory)
+    d = pathlib.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -94,7 +96,7 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
     ``counts`` (writer id -> finds) is given when merging a corpus that
     already counted its finds; by default this is one find by this process.
     """
-    target = FsPath(directory) / f"{signature}.json"
+    target = pathlib.Path(directory) / f"{signature}.json"
     with locked(directory):
         old = _read(target)
         meta = {k: v for k, v in entry.meta.items() if k not in ("count", "counts")}
@@ -125,7 +127,7 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
         return Recorded(str(target), False, kept["count"], keep_new)
 
 
-def _read(target: FsPath) -> corpus.Entry | None:
+def _read(target: pathlib.Path) -> corpus.Entry | None:
     if not target.exists():
         return None
     return corpus.load(target)  # a corrupt file is an error naming it, never overwritten silently
@@ -137,9 +139,7 @@ def merge(sources: list[str], into: str) -> dict[str, Any]:
     Per-writer counts merge by maximum (so merging twice changes nothing)
     and the smaller case wins. Returns a summary.
     """
-    from harness.engine import database
-    from harness.out import repro
-
+    from harness.out import campaign as database
     merged: dict[str, int] = {}
     added = 0
     for src in sources:
@@ -149,15 +149,39 @@ def merge(sources: list[str], into: str) -> dict[str, Any]:
             items = []
             for f in corpus.discover([src]):
                 e = corpus.load(f)
-                sig = e.meta.get("signature") or FsPath(f).stem
-                script_file = FsPath(f).with_suffix(".py")
+                sig = e.meta.get("signature") or pathlib.Path(f).stem
+                script_file = pathlib.Path(f).with_suffix(".py")
                 items.append((sig, e, script_file.read_text() if script_file.exists() else None))
         for sig, e, script in items:
             if script is None:
                 found = e.meta.get("found_with", {}).get("path", "")
-                script = repro.script(e.case, found, None, title=e.meta.get("title", ""))
+                script = repro.script(e.case, found, Repro(template="none", why=f"merged from {src}"), title=e.meta.get("title", ""))
             counts = e.meta.get("counts") or {f"{src}:{sig}": int(e.meta.get("count", 1))}
             r = record(into, sig, e, script, counts=counts)
             added += r.new
             merged[sig] = r.count
     return {"into": into, "signatures": len(merged), "new": added, "counts": merged}
+
+
+def save_finding(save_dir: str, path: Path, case: Case, divs: list[Divergence], source: str) -> str:
+    """Save one finding, de-duplicated by signature (``harness.out.findings``)."""
+    entry, text = finding_entry(path, case, divs, source)
+    return record(save_dir, divs[0].signature, entry, text).file
+
+
+def finding_entry(path: Path, case: Case, divs: list[Divergence], source: str) -> tuple[corpus.Entry, str]:
+    """A finding as a corpus entry and its standalone repro script."""
+    import torch
+
+    first = divs[0]
+    meta = {
+        "title": f"{path.name}: {first.detail.split(';')[0]}",
+        "source": source,
+        "found_with": {"torch": torch.__version__, "path": path.name},
+        "signature": first.signature,
+        "flaky": any(d.flaky for d in divs),
+        "divergences": [{k: v for k, v in d.to_json().items() if k != "case"} for d in divs],
+    }
+    entry = corpus.Entry(case, meta)
+    text = repro.script(case, path.name, path.repro(case), title=meta["title"])
+    return entry, text

@@ -11,26 +11,15 @@ when stages share it) and of every input.
 
 from __future__ import annotations
 
-import inspect
 import keyword
-from dataclasses import dataclass
 
-from harness.case import functions
+from harness.objects import Ref
 from harness.build.tensors import Built
 from harness.case.ops import OPS
-from harness.out.repro import _lit, forward_source
+from harness.out.source import forward_source, function_helpers, literal
+from harness.paths.base import Repro
 from harness.case.spec import Case, Use
 from harness.build.stages import StageSpec, cut
-
-
-@dataclass(frozen=True)
-class Machinery:
-    schedule: str
-    impl: str
-    world_size: int
-
-    def script(self, case: Case, title: str) -> str:
-        return script(case, self.schedule, self.impl, self.world_size, title)
 
 
 def _attr(name: str) -> str:
@@ -75,41 +64,31 @@ def stage_source(case: Case, spec: StageSpec) -> str:
     return "\n".join(lines)
 
 
-def script(case: Case, schedule: str, impl: str, world_size: int, title: str) -> str:
-    from harness.paths.pipeline.path import probe
-
+def script(case: Case, machinery: Repro, title: str) -> str:
+    schedule, impl, world_size = machinery.schedule, machinery.stage_impl, machinery.world_size
+    placement = list(machinery.placement)
     b = Built(case)
     sched = case.schedule
     specs = cut(case)
-    try:
-        placement = list(probe(world_size)["placement"][schedule][len(specs)])
-    except Exception:  # no pool here: the looped placement, which most schedules use
-        placement = [i % world_size for i in range(len(specs))]
-    used = {n.op for n in case.nodes}
-    helpers = []
-    if "layout_matmul" in used:
-        helpers.append(inspect.getsource(functions.LayoutMatmul))
-    if "pair" in used:
-        helpers.append(inspect.getsource(functions.Pair))
+    helpers = function_helpers(case)
     if impl == "stock":
         stage_import = "from torch.distributed.pipelining import PipelineStage as Stage  # torch as installed"
     else:
-        module, _, attr = impl.partition(":")
-        stage_import = f"from {module} import {attr or 'PipelineStage'} as Stage  # the stage class under test"
+        stage_import = Ref.parse(impl, default_attr="PipelineStage").import_line("Stage") + "  # the stage class under test"
     data = [
         f"DTYPE = torch.{case.dtype}",
-        "PARAMS = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.params().items()) + "}",
+        "PARAMS = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.params().items()) + "}",
         "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
         f"GRAD_INIT = {sched.grad_init!r}  # state of every .grad before the first step (a tied copy: None/zeros)",
-        "PREFILL = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.prefill().items()) + "}",
+        "PREFILL = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.prefill().items()) + "}",
         f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
         "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
         "INPUTS = [  # one dict per microbatch, over all steps",
-        *["    {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.inputs(k).items()) + "},"
+        *["    {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.inputs(k).items()) + "},"
           for k in range(sched.backwards)],
         "]",
         "GRAD_OUTPUTS = [  # the grad of each model output, one list per microbatch",
-        *["    [" + ", ".join(_lit(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
+        *["    [" + ", ".join(literal(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
         "]",
         f"WORLD_SIZE = {world_size}",
         f"PLACEMENT = {placement}  # the rank of each stage, as {schedule} places them",

@@ -3,93 +3,59 @@
 The script imports only torch (plus the machinery under test), spells the
 module out as plain torch code, embeds the data, runs the eager oracle and
 the machinery side by side and prints expected against actual. Paths
-contribute their machinery as source text (``repro_source``), so the script
-shows exactly the calls the harness made.
+describe their machinery as a ``Repro`` value (``path.repro(case)``), so the
+script shows exactly the calls the harness made.
 """
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
-from harness.case import functions
 from harness.build.tensors import Built
-from harness.case.ops import OPS
-from harness.case.spec import Case, Use
+from harness.case.spec import Case
+from harness.out.source import forward_source, function_helpers, literal
+from harness.paths.base import Repro
 
 
-def _ref(use: Use, nodes: set[str]) -> str:
-    s = use.ref if use.ref in nodes else f"v[{use.ref!r}]"
-    if use.index is not None:
-        s = f"{s}[{use.index}]"
-    return f"{s}.mT" if use.transpose else s
-
-
-def forward_source(case: Case) -> str:
-    nodes = {n.name for n in case.nodes}
-    hooks = {h.node: h for h in case.hooks}
-    lines = ["def forward(v):"]
-    for n in case.nodes:
-        args = [_ref(u, nodes) for u in n.args]
-        lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")
-        h = hooks.get(n.name)
-        if h is not None:
-            body = f"lambda g: g * {h.factor}" if h.kind == "scale" else "lambda g: None"
-            lines.append(f"    if {n.name}.requires_grad:")
-            lines.append(f"        {n.name}.register_hook({body})  # a {h.kind} hook")
-        if n.name in case.retain_grad:
-            lines.append(f"    if {n.name}.requires_grad:")
-            lines.append(f"        {n.name}.retain_grad()")
-    outs = ", ".join(_ref(u, nodes) for u in case.outputs)
-    lines.append(f"    return [{outs}]")
-    return "\n".join(lines)
-
-
-def _lit(t: Any) -> str:
-    return repr(t.tolist())
-
-
-def script(case: Case, path_name: str, machinery: tuple[str, ...] | None, title: str = "") -> str:
+def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str:
     """The full text of a standalone repro for ``case`` on ``path_name``.
 
-    ``machinery`` is ``(imports, backward body)`` from the path's
-    ``repro_source``, optionally with a third element: source that defines
-    ``DEVICE`` and ``machinery_forward(v)`` for paths that wrap the forward
-    too (graph wrappers); without it the forward is the plain one, on CPU.
-    A path whose machinery is more than a backward (pipeline schedules: stages,
-    a schedule, ranks) returns an object with ``script(case, title)`` instead,
-    which writes the whole script.
+    ``machinery`` is the path's ``repro(case)``: its template picks the
+    script's shape (``harness.paths.base.Repro``). The ``schedule`` template
+    is written here; pipeline stages and DTensor ranks have theirs.
     """
-    if callable(getattr(machinery, "script", None)):
-        return machinery.script(case, title or path_name)  # type: ignore[union-attr]
+    if machinery.template == "pipeline":
+        from harness.out import pipeline_repro
+
+        return pipeline_repro.script(case, machinery, title or path_name)
+    if machinery.template == "torchrun":
+        from harness.out import dtensor_repro
+
+        return dtensor_repro.script(case, machinery, title or path_name)
     b = Built(case)
     sched = case.schedule
-    used = {n.op for n in case.nodes}
-    helpers = []
-    if "layout_matmul" in used:
-        helpers.append(inspect.getsource(functions.LayoutMatmul))
-    if "pair" in used:
-        helpers.append(inspect.getsource(functions.Pair))
-    imports, body = (machinery or ("", "    raise SystemExit('this path has no standalone repro; replay the case with gradfuzz')\n"))[:2]
-    wrapped = machinery[2] if machinery is not None and len(machinery) > 2 else 'DEVICE = "cpu"\nmachinery_forward = forward\n'
+    helpers = function_helpers(case)
+    imports, body = machinery.imports, machinery.backward
+    if machinery.template == "none" or not body:
+        why = machinery.why or f"{path_name} describes no standalone machinery"
+        body = f"    raise SystemExit({(why + '; replay the corpus file with gradfuzz repro')!r})\n"
+    wrapped = machinery.forward or 'DEVICE = "cpu"\nmachinery_forward = forward\n'
 
     params = b.params()
     data = [
         f"DTYPE = torch.{case.dtype}",
-        "PARAMS = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in params.items()) + "}",
+        "PARAMS = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in params.items()) + "}",
         "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
         f"GRAD_INIT = {sched.grad_init!r}  # state of every .grad before the first backward",
-        "PREFILL = {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.prefill().items()) + "}",
+        "PREFILL = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.prefill().items()) + "}",
         f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
         "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
         "INPUTS = [  # one dict per backward",
         *[
-            "    {" + ", ".join(f"{n!r}: {_lit(t)}" for n, t in b.inputs(k).items()) + "},"
+            "    {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.inputs(k).items()) + "},"
             for k in range(sched.backwards)
         ],
         "]",
         "GRAD_OUTPUTS = [  # the grad of each output, one list per backward",
-        *["    [" + ", ".join(_lit(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
+        *["    [" + ", ".join(literal(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
         "]",
     ]
     header = f'''#!/usr/bin/env python

@@ -9,32 +9,17 @@ a callable taking the options and returning a path or a list of them.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable
 
-from harness.paths.base import Availability, Contract, Path, run_schedule
+from harness.objects import LoadError, load_object
+from harness.build.schedule import run_schedule
+from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError
 from harness.paths.eager import EagerAccumulate
 from harness.paths.split import STOCK, SplitPath
 
-__all__ = ["Availability", "Contract", "Options", "Path", "UsageError", "all_paths", "register_path", "resolve", "run_schedule"]
-
-
-class UsageError(ValueError):
-    """Bad path names or path options: the CLI exits 2 with this message."""
-
-
-@dataclass(frozen=True)
-class Options:
-    """Everything a path factory may read; the CLI fills it from its flags."""
-
-    split_impl: str | None = None  # --split-impl MODULE[:ATTR]
-    graphed_impl: str | None = None  # --graphed-impl MODULE:ATTR
-    dtensor_impl: str | None = None  # --dtensor-impl MODULE[:ATTR], grad-layout handling tested as dtensor.stock
-    dtensor_backend: str | None = None  # --dtensor-backend gloo|nccl (default: nccl when there is a GPU per rank)
-    world_size: int = 2  # --world-size, for process-group paths
-    timeout: float = 10.0  # --timeout seconds, per case on multi-process paths
-    extra: tuple[str, ...] = ()  # --path MODULE:ATTR
+__all__ = ["Availability", "Contract", "Options", "Path", "Repro", "UsageError", "all_paths", "close_paths", "register_path",
+           "resolve", "run_schedule", "split_available"]
 
 
 Factory = Callable[[Options], "Path | list[Path]"]
@@ -71,16 +56,10 @@ def _optional_builtins() -> list[Factory]:
 
 
 def _load(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise UsageError(f"--path {spec!r}: expected MODULE:ATTR")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise UsageError(f"--path {spec!r}: {e}") from None
-    return obj
+        return load_object(spec, "--path", require_attr=True)
+    except LoadError as e:
+        raise UsageError(str(e)) from None
 
 
 def _expand(obj: Any, options: Options) -> list[Path]:
@@ -122,3 +101,23 @@ def resolve(selection: Iterable[str] | str | None, options: Options = Options())
             raise UsageError(f"unknown path {want!r}; known paths: {known} (a family name such as 'split' picks all of it)")
         chosen.extend(p for p in hits if p not in chosen)
     return chosen
+
+
+def split_available(paths: list[Path]) -> tuple[list[Path], dict[str, str]]:
+    """The paths that can run here, and why each other one cannot."""
+    live, unavailable = [], {}
+    for p in paths:
+        a = p.availability()
+        if a.ok:
+            live.append(p)
+        else:
+            unavailable[p.name] = a.reason
+    return live, unavailable
+
+
+def close_paths(paths: list[Path]) -> None:
+    """Paths that own processes or devices release them here (optional ``close``)."""
+    for p in paths:
+        close = getattr(p, "close", None)
+        if callable(close):
+            close()

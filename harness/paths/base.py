@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-import torch
 
-from harness.build.tensors import Built
-from harness.build.lifetime import Lifetime
-from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
 from harness.case.spec import Case
-from harness.build.train import Trainer, ends_step, has_step
+from harness.observation import Observation
 
 
 @dataclass(frozen=True)
@@ -43,6 +39,65 @@ class Contract:
     # parameter hooks) when fuzzing this path: paths that keep buffers
     # across backwards (graph wrappers) want them.
     lifetime_schedules: bool = False
+    # Draw parameter placements (``Param.placement``): DTensor paths.
+    dtensor_placements: bool = False
+    # Draw stage cuts and microbatch counts from these (stages, microbatches)
+    # pairs, frozen parameters too: pipeline schedules. Empty: no stages.
+    pipeline_layouts: tuple[tuple[int, int], ...] = ()
+
+    def strategy_flags(self) -> tuple[tuple[str, object], ...]:
+        """The generator keywords this contract asks for; paths with equal
+        flags draw from one case distribution and are fuzzed together."""
+        flags: tuple[tuple[str, object], ...] = (("lifetime", self.lifetime_schedules),
+                                                  ("dtensor", self.dtensor_placements))
+        return flags + ((("pipeline", self.pipeline_layouts),) if self.pipeline_layouts else ())
+
+
+class UsageError(ValueError):
+    """Bad path names or path options: the CLI exits 2 with this message."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a path factory may read; the CLI fills it from its flags."""
+
+    split_impl: str | None = None  # --split-impl MODULE[:ATTR]
+    graphed_impl: str | None = None  # --graphed-impl MODULE:ATTR
+    dtensor_impl: str | None = None  # --dtensor-impl MODULE[:ATTR], grad-layout handling tested as dtensor.stock
+    dtensor_backend: str | None = None  # --dtensor-backend gloo|nccl (default: nccl when there is a GPU per rank)
+    world_size: int = 2  # --world-size, for process-group paths
+    timeout: float = 10.0  # --timeout seconds, per case on multi-process paths
+    extra: tuple[str, ...] = ()  # --path MODULE:ATTR
+
+
+@dataclass(frozen=True)
+class Repro:
+    """What a standalone repro script needs of a path's machinery, as data.
+
+    ``template`` picks the script's shape (``harness.out.repro.script``):
+
+    - ``schedule``: the microbatch loop, with ``imports`` and ``backward`` (the
+      body of ``backward(outs, cots, inputs, params)``), and ``forward``:
+      source defining ``DEVICE`` and ``machinery_forward(v)`` for paths that
+      wrap the module too ("" = the plain forward on the CPU);
+    - ``pipeline``: stages and a schedule on ``world_size`` ranks
+      (``schedule``, ``stage_impl``, ``placement``: the rank of each stage);
+    - ``torchrun``: DTensor parameters on ``world_size`` ranks with the
+      grad-layout handling ``impl``;
+    - ``none``: no standalone script; ``why`` says so and the script replays
+      the corpus file with gradfuzz instead.
+    """
+
+    template: str = "schedule"
+    imports: str = ""
+    backward: str = ""
+    forward: str = ""
+    schedule: str = ""
+    stage_impl: str = ""
+    placement: tuple[int, ...] = ()
+    impl: str = ""
+    world_size: int = 1
+    why: str = ""
 
 
 @runtime_checkable
@@ -58,161 +113,9 @@ class Path(Protocol):
 
     def run(self, case: Case) -> Observation: ...
 
-
-# backward(outputs, grad_outputs, inputs, params) -> input grads it returned
-Backward = Callable[
-    [list[torch.Tensor], list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.nn.Parameter]],
-    Grads,
-]
-Forward = Callable[[Built, dict[str, torch.Tensor]], list[torch.Tensor]]
-
-
-def _default_forward(built: Built, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    return built.forward(values)
-
-
-def make_params(built: Built, device: str = "cpu") -> dict[str, torch.nn.Parameter]:
-    params = {}
-    values = built.params()
-    for p in built.case.params:
-        params[p.name] = torch.nn.Parameter(
-            values[p.name].to(device, built.dtype), requires_grad=p.requires_grad
-        )
-    init = built.case.schedule.grad_init
-    prefill = built.prefill()
-    for p in built.case.params:
-        if not p.requires_grad or init == "none":
-            continue
-        t = params[p.name]
-        t.grad = torch.zeros_like(t) if init == "zero" else prefill[p.name].to(device, built.dtype)
-    return params
-
-
-def zero_grad(params: dict[str, torch.nn.Parameter], how: str) -> None:
-    for p in params.values():
-        if how == "set_to_none":
-            p.grad = None
-        elif how == "zeros" and p.grad is not None:
-            p.grad.zero_()
-
-
-class _Held:
-    """Tensors the user holds; they must not change unless the user changes them.
-
-    A held ``.grad`` may change only by being the very tensor that later
-    accumulation writes into (AccumulateGrad's documented in-place sum);
-    anything else that changes under the user's feet is a mutation.
-    """
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, torch.Tensor, torch.Tensor, Callable[[], torch.Tensor | None]]] = []
-
-    def hold(self, what: str, t: torch.Tensor | None, owner: Callable[[], torch.Tensor | None] = lambda: None) -> None:
-        if t is not None:
-            self.items.append((what, t, t.detach().clone(), owner))
-
-    def release(self, tensors: list[torch.Tensor]) -> None:
-        """The user let go of these: stop holding (and checking) them."""
-        ids = {id(t) for t in tensors}
-        self.items = [it for it in self.items if id(it[1]) not in ids]
-
-    def refresh(self) -> None:
-        """The user wrote (zero_grad): what they hold now is the new baseline."""
-        self.items = [(w, t, t.detach().clone(), o) for w, t, _, o in self.items]
-
-    def check(self, k: int) -> list[Mutation]:
-        found = []
-        for what, t, before, owner in self.items:
-            if owner() is t:
-                continue
-            now = t.detach()
-            if now.shape != before.shape or not torch.equal(now, before):
-                diff = float((now.double() - before.double()).abs().max()) if now.shape == before.shape else float("inf")
-                found.append(Mutation(k, what, diff))
-        return found
-
-
-def run_schedule(
-    case: Case,
-    name: str,
-    backward: Backward,
-    forward: Forward = _default_forward,
-    device: str = "cpu",
-) -> Observation:
-    built = Built(case)
-    obs = Observation(path=name)
-    k = -1
-    lifetime = None
-    try:
-        params = make_params(built, device)
-        trainer = Trainer(case, params) if has_step(case) else None
-        held = _Held()
-        lifetime = Lifetime(case, params, held, device)
-        reported: set[str] = set()
-        for p_name, p in params.items():
-            held.hold(f"parameter {p_name}", p)
-            held.hold(f"{p_name}.grad before backward 0", p.grad, owner=lambda p=p: p.grad)
-        sched = case.schedule
-        for k in range(sched.backwards):
-            if k and k % sched.microbatches == 0:
-                zero_grad(params, sched.zero_grad)
-                held.refresh()
-            inputs = {
-                x.name: built.inputs(k)[x.name].to(device, built.dtype).requires_grad_(x.requires_grad)
-                for x in case.inputs
-            }
-            cots = [c.to(device, built.dtype) for c in built.cotangents(k)]
-            for n, t in inputs.items():
-                held.hold(f"input {n} of backward {k}", t)
-            for i, c in enumerate(cots):
-                held.hold(f"grad output {i} of backward {k}", c)
-            outs = forward(built, {**params, **inputs})
-            out_snaps = [snap(o) for o in outs]
-            lifetime.after_forward(k, outs)
-            lifetime.begin(k)
-            input_grads = backward(outs, cots, inputs, params)
-            if device != "cpu":
-                torch.cuda.synchronize()
-            for m in held.check(k):
-                if m.what not in reported:
-                    reported.add(m.what)
-                    obs.mutations.append(m)
-            seen = lifetime.end(k, obs)
-            grads = {n: snap(p.grad) for n, p in params.items()}
-            obs.steps.append(
-                Step(
-                    k=k,
-                    grads=grads,
-                    input_grads={n: snap(g) for n, g in input_grads.items()},
-                    outputs=out_snaps,
-                    retained={n: snap(t.grad) for n, t in built.retained.items()},
-                    seen=seen,
-                )
-            )
-            if trainer is not None and ends_step(case, k):
-                obs.steps[-1].after_step = trainer.step(snap)
-                held.refresh()  # the step wrote parameters and grads: the user's own writes
-            for n, p in params.items():
-                held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
-            for n, g in input_grads.items():
-                held.hold(f"grad of input {n} from backward {k}", g)
-            lifetime.between(k)
-    except Exception as e:  # a path that raises is a finding, not a crash
-        obs.failure = Failure(k, type(e).__name__, _first_line(e))
-    finally:
-        if lifetime is not None:
-            lifetime.close()
-    return obs
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    cause = e.__cause__
-    if cause is not None:
-        line = f"{line} (caused by {type(cause).__name__}: {_first_line(cause)})" if line else f"{type(cause).__name__}: {_first_line(cause)}"
-    return line[:300]
+    def repro(self, case: Case) -> Repro:
+        """The machinery of this path as a standalone script needs it."""
+        ...
 
 
 def format_exception(e: BaseException) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from harness.observation import Grads, Observation
-from harness.paths.base import Availability, Contract, run_schedule
+from harness.build.schedule import run_schedule
+from harness.paths.base import Availability, Contract, Repro
 from harness.case.spec import Case
 
 
@@ -33,9 +34,9 @@ class EagerAccumulate:
     def run(self, case: Case) -> Observation:
         return run_schedule(case, self.name, _backward)
 
-    def repro_source(self) -> tuple[str, str]:
-        return "", (
+    def repro(self, case: Case) -> Repro:
+        return Repro(backward=(
             "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
             "    if live:\n"
             "        torch.autograd.backward([o for o, _ in live], [c for _, c in live])\n"
-        )
+        ))

@@ -24,7 +24,6 @@ with an ``impl`` that replays on the CPU; see tests/standins.py).
 from __future__ import annotations
 
 import gc
-import importlib
 import time
 from typing import Any
 
@@ -32,8 +31,10 @@ import torch
 
 from harness.build.tensors import Built
 from harness.workers.isolation import IsolatedPath, progress
+from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
-from harness.paths.base import Availability, Contract, run_schedule
+from harness.build.schedule import run_schedule
+from harness.paths.base import Availability, Contract, Options, Repro
 from harness.case.spec import Case
 
 STOCK = "torch.cuda:make_graphed_callables"
@@ -46,26 +47,10 @@ OUTPUTS_REUSED = (
 )
 
 
-class ImplError(ValueError):
-    pass
-
-
 def load_impl(spec: str) -> Any:
     """``MODULE:ATTR`` -> a ``make_graphed_callables``-like callable."""
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise ImplError(f"graphed implementation {spec!r}: expected MODULE:ATTR")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImplError(f"graphed implementation {spec!r}: cannot import {module_name!r} ({e})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ImplError(f"graphed implementation {spec!r}: {module_name} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ImplError(f"graphed implementation {spec!r} is not callable")
-    return obj
+    return load_object(spec, "graphed implementation", require_attr=True,
+                       check=lambda obj: None if callable(obj) else "is not callable")
 
 
 class CaseModule(torch.nn.Module):
@@ -177,7 +162,7 @@ class GraphedPath:
             return Availability(True, f"torch.compile(mode='reduce-overhead') on {self.device}")
         try:
             load_impl(self.impl_spec)
-        except ImplError as e:
+        except LoadError as e:
             return Availability(False, str(e))
         return Availability(True, f"{self.impl_spec} on {self.device}")
 
@@ -210,14 +195,13 @@ class GraphedPath:
         obs.extra["backwards_s"] = r.backwards_s
         return obs
 
-    def repro_source(self) -> tuple[str, str, str]:
+    def repro(self, case: Case) -> Repro:
         if self.impl_spec == COMPILE:
             imports = ""
             make = 'torch.compile(module, mode="reduce-overhead", dynamic=False)'
             what = 'torch.compile(mode="reduce-overhead")'
         else:
-            module, _, attr = self.impl_spec.partition(":")
-            imports = f"from {module} import {attr} as graph_wrapper" if "." not in attr else f"import {module}\ngraph_wrapper = {module}.{attr}"
+            imports = Ref.parse(self.impl_spec).import_line("graph_wrapper")
             make = "graph_wrapper(module, sample, allow_unused_input=True)"
             what = self.impl_spec
         body = (
@@ -253,7 +237,7 @@ def machinery_forward(v):
         _wrapped.append({make})
     return list(_wrapped[0](*[v[n] for n in INPUT_GRAD]))
 '''
-        return imports, body, forward_machinery
+        return Repro(imports=imports, backward=body, forward=forward_machinery)
 
 
 def stock(impl: str | None = None) -> GraphedPath:
@@ -268,10 +252,10 @@ def compiled() -> GraphedPath:
     return GraphedPath("graphed.compile", COMPILE)
 
 
-def paths(options: Any) -> list:
+def paths(options: Options) -> list:
     """The registry's factory: each graphed path in its own worker process."""
-    timeout = max(float(getattr(options, "timeout", 10.0)), 60.0)
-    impl = getattr(options, "graphed_impl", None)
+    timeout = max(float(options.timeout), 60.0)
+    impl = options.graphed_impl
     return [
         IsolatedPath(("harness.paths.graphed:stock", {"impl": impl}), timeout=timeout),
         IsolatedPath(("harness.paths.graphed:fixed", {}), timeout=timeout),

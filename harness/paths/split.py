@@ -8,35 +8,25 @@ puts a team's own fork behind the same checks.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
-from harness.paths.base import Availability, Contract, run_schedule
+from harness.build.schedule import run_schedule
+from harness.paths.base import Availability, Contract, Repro
 from harness.case.spec import Case
 
 STOCK = "torch.distributed.pipelining._backward"
 
 
-class ImplError(ValueError):
-    pass
+def _lacks(obj: Any) -> str | None:
+    missing = [f for f in ("stage_backward_input", "stage_backward_weight") if not callable(getattr(obj, f, None))]
+    return f"lacks {', '.join(missing)}" if missing else None
 
 
 def load_impl(spec: str) -> Any:
     """``MODULE`` or ``MODULE:ATTR`` -> an object with the two split functions."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImplError(f"split implementation {spec!r}: cannot import {module_name!r} ({e})") from None
-    for part in filter(None, attr.split(".")):
-        if not hasattr(obj, part):
-            raise ImplError(f"split implementation {spec!r}: {module_name} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    missing = [f for f in ("stage_backward_input", "stage_backward_weight") if not callable(getattr(obj, f, None))]
-    if missing:
-        raise ImplError(f"split implementation {spec!r} lacks {', '.join(missing)}")
-    return obj
+    return load_object(spec, "split implementation", check=_lacks)
 
 
 class SplitPath:
@@ -65,7 +55,7 @@ class SplitPath:
     def availability(self) -> Availability:
         try:
             self.impl()
-        except ImplError as e:
+        except LoadError as e:
             return Availability(False, str(e))
         return Availability(True, self.impl_spec)
 
@@ -92,15 +82,14 @@ class SplitPath:
 
         return run_schedule(case, self.name, backward)
 
-    def repro_source(self) -> tuple[str, str]:
-        module, _, attr = self.impl_spec.partition(":")
-        imports = f"import {module} as split_impl" if not attr else f"from {module} import {attr} as split_impl"
-        return imports, (
+    def repro(self, case: Case) -> Repro:
+        imports = Ref.parse(self.impl_spec).import_line("split_impl")
+        return Repro(imports=imports, backward=(
             "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
             "    dinputs, groups = split_impl.stage_backward_input(\n"
             "        [o for o, _ in live], [c for _, c in live], list(inputs.values()), iter(params.values()))\n"
             "    split_impl.stage_backward_weight(iter(params.values()), groups)\n"
-        )
+        ))
 
 
 VIEW_OPS = {"transpose", "reshape", "chunk"}

@@ -21,7 +21,6 @@ big-endian length, then a pickle. Parent sends ``("run", case_json)`` or
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import select
@@ -33,6 +32,7 @@ import tempfile
 import time
 from typing import Any
 
+from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
 
@@ -51,11 +51,7 @@ def progress(k: int) -> None:
 def build(recipe: tuple[str, dict[str, Any]]) -> Any:
     """``("module:factory", kwargs)`` -> the path object."""
     spec, kwargs = recipe
-    module_name, _, attr = spec.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj(**kwargs)
+    return load_object(spec, "isolated path factory", require_attr=True)(**kwargs)
 
 
 class IsolatedPath:
@@ -78,9 +74,8 @@ class IsolatedPath:
     def supports(self, case: Case) -> str | None:
         return self.local.supports(case)
 
-    def repro_source(self):
-        source = getattr(self.local, "repro_source", None)
-        return source() if callable(source) else None
+    def repro(self, case: Case):
+        return self.local.repro(case)
 
     # --- the child -------------------------------------------------------
 

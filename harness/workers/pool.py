@@ -18,7 +18,7 @@ torch's import. With CUDA (or after CUDA is initialised here) they come
 from a forkserver instead, since CUDA cannot be used in a forked child.
 
 ``TorchrunGroup``: under torchrun the group already exists; rank 0 runs the
-harness and sends each case to the other ranks (``dist_worker.follow``).
+harness and sends each case to the other ranks (``host.follow``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
-from harness.paths.dtensor import rank as dist_worker
+from harness.workers import host
 
 START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
 
@@ -122,10 +122,10 @@ class WorkerPool:
         # multiprocessing"), gloo or not.
         if self.start_method == "fork" or self.start_method is None and self.backend == "gloo" \
                 and sys.platform.startswith("linux") and not torch.cuda.is_available():
-            dist_worker.preload()
+            host.preload()
             return mp.get_context("fork")
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["harness.paths.dtensor.rank", "torch._dynamo", "torch.distributed.tensor.parallel"])
+        ctx.set_forkserver_preload(["harness.workers.host", "torch._dynamo", "torch.distributed.tensor.parallel"])
         return ctx
 
     def start(self) -> None:
@@ -142,7 +142,7 @@ class WorkerPool:
             here, there = ctx.Pipe(duplex=True)
             log = os.path.join(self.tmp, f"rank{rank}.log")
             proc = ctx.Process(
-                target=dist_worker.serve,
+                target=host.serve,
                 args=(there, rank, self.world_size, self.backend, store, log, os.getpid()),
                 name=f"gradfuzz-rank{rank}",
                 daemon=True,
@@ -310,7 +310,7 @@ def _innermost_frames(log: str, frames: int = 6) -> str:
 
 class TorchrunGroup:
     """Rank 0's side of a group started by torchrun (or any launcher that sets
-    RANK, WORLD_SIZE, MASTER_ADDR): the other ranks are in ``dist_worker.follow``.
+    RANK, WORLD_SIZE, MASTER_ADDR): the other ranks are in ``host.follow``.
 
     A hang cannot be recovered here (the group is the launcher's, not ours):
     on timeout rank 0 prints the case and the finding and exits with status
@@ -323,7 +323,7 @@ class TorchrunGroup:
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.rank = int(os.environ["RANK"])
         self.backend = backend or backend_for_local()
-        self.ctx = dist_worker.init_rank(self.rank, self.world_size, self.backend, None, timeout_s=24 * 3600)
+        self.ctx = host.init_rank(self.rank, self.world_size, self.backend, None, timeout_s=24 * 3600)
         self.control = dist.new_group(backend="gloo") if self.backend != "gloo" else dist.group.WORLD
         self.starts = 1
         self.start_seconds: list[float] = []
@@ -348,7 +348,7 @@ class TorchrunGroup:
         try:
             dist.broadcast_object_list([msg], src=0, group=self.control)
             try:
-                mine = dist_worker.handle(self.ctx, msg)
+                mine = host.handle(self.ctx, msg)
             except Exception as e:
                 mine = {"error": f"{type(e).__name__}: {e}"}
             gathered: list[Any] = [None] * self.world_size
@@ -395,9 +395,32 @@ def follow_torchrun(backend: str | None = None) -> int:
     import torch.distributed as dist
 
     backend = backend or backend_for_local()
-    ctx = dist_worker.init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), backend, None,
+    ctx = host.init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), backend, None,
                                 timeout_s=24 * 3600)
     control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
-    code = dist_worker.follow(ctx, control)
+    code = host.follow(ctx, control)
     dist.destroy_process_group()
     return code
+
+
+# --- the process groups of this process: one per (world size, backend), shared by every path family ---
+
+groups: dict[tuple[int, str | None], Any] = {}
+
+
+def group_key(world_size: int, backend: str | None) -> tuple[int, str | None]:
+    return (-1, None) if torchrun_env() else (world_size, backend)
+
+
+def group(world_size: int, backend: str | None = None) -> Any:
+    """The pool (or torchrun group) for this world size and backend, started on first use."""
+    key = group_key(world_size, backend)
+    if key not in groups:
+        groups[key] = TorchrunGroup(backend) if key[0] == -1 else WorkerPool(world_size, backend)
+    return groups[key]
+
+
+def close_group(world_size: int, backend: str | None = None) -> None:
+    g = groups.get(group_key(world_size, backend))
+    if g is not None:
+        g.close()

@@ -7,7 +7,7 @@ from packaging.version import Version
 
 from harness.paths import resolve
 from harness.paths.split import SplitPath
-from harness.out.repro import forward_source
+from harness.out.source import forward_source
 from harness.engine.runner import Result, fuzz_path
 from harness.case.spec import Case
 from harness.canaries.split import CANARIES

@@ -2,10 +2,13 @@
 against yours with ``pytest tests/cover/test_conformance.py --gradfuzz-paths``
 (or import ``check_path`` from here)."""
 
+import ast
+
 import pytest
 
 from harness.observation import Observation
-from harness.paths import Availability, Path, resolve
+from harness.out.repro import script
+from harness.paths import Availability, Path, Repro, resolve
 from tests.helpers import nested
 
 
@@ -18,6 +21,9 @@ def check_path(path) -> None:
         return
     case = nested(microbatches=2)
     assert path.supports(case) is None or isinstance(path.supports(case), str)
+    r = path.repro(case)
+    assert isinstance(r, Repro) and r.template in ("schedule", "pipeline", "torchrun", "none")
+    ast.parse(script(case, path.name, r))  # the standalone script is valid Python
     if path.supports(case) is None:
         obs = path.run(case)
         assert isinstance(obs, Observation) and obs.path == path.name

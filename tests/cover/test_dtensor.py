@@ -20,7 +20,8 @@ from packaging.version import Version
 from harness.out import corpus
 from harness.observation import Observation
 from harness.paths import resolve
-from harness.paths.dtensor.path import DTensorPath, _assemble, canaries
+from harness.canaries.dtensor import canaries
+from harness.paths.dtensor.path import DTensorPath, _assemble
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 
@@ -300,10 +301,8 @@ def test_forkserver_pool_as_used_with_nccl():
     """With CUDA the workers come from a forkserver (CUDA cannot be used in a
     forked child); the same start on CPU runs cases and leaves nothing behind."""
     from harness.workers import pool
-    from harness.paths import dtensor
-
     workers = pool.WorkerPool(2, "gloo", start_method="forkserver")
-    dtensor._groups[(2, "forkserver-test")] = workers
+    pool.groups[(2, "forkserver-test")] = workers
     path = DTensorPath("dtensor.forkserver", "harness.canaries.dtensor:partial_to_replicate", backend="forkserver-test")
     try:
         divs = check(corpus.load(SEED).case, path)
@@ -311,7 +310,7 @@ def test_forkserver_pool_as_used_with_nccl():
         pids = workers.pids
     finally:
         path.close()
-        del dtensor._groups[(2, "forkserver-test")]
+        del pool.groups[(2, "forkserver-test")]
     assert pids and not alive(pids)
 
 
@@ -370,3 +369,22 @@ def test_rprop_runs_only_where_dtensor_can_shard_index_put():
         assert why is None
     else:
         assert "index_put_" in why
+
+
+@pytest.mark.parametrize("impl, verdict", [("harness.canaries.dtensor:partial_to_replicate", "DIVERGES"),
+                                           ("oracles.dtensor_fixed", "agrees")])
+def test_a_dtensor_finding_gets_a_torchrun_script_that_shows_it(tmp_path, impl, verdict):
+    """The script a DTensor finding saves runs under torchrun with torch alone
+    (plus the grad-layout handling under test) and says what gradfuzz saw."""
+    from harness.out import repro
+
+    entry = corpus.load(SEED)
+    path = DTensorPath("dtensor.under_test", impl)
+    script = tmp_path / "repro.py"
+    script.write_text(repro.script(entry.case, path.name, path.repro(entry.case), title="seed 002"))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
+    assert f"torch {torch.__version__}: {verdict}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (r.returncode != 0) == (verdict == "DIVERGES")

@@ -107,7 +107,7 @@ def test_selfcheck_fails_naming_the_canaries_when_detection_is_broken():
 def test_canaries_over_stock_split_are_judged_against_fixed_before_the_clamp(monkeypatch):
     """On torch < 2.13 stock split has the founding bug itself; a canary over
     it must still run (against the fixed path), not be skipped."""
-    from harness.canaries.split import all_canaries
+    from harness.canaries import all_canaries
 
     over_stock = [c for c in all_canaries() if c.needs_clamp]
     assert {c.name for c in over_stock} >= {"double_count_nested", "loses_tied_site"}

@@ -171,13 +171,13 @@ def test_pressure_events_are_validated_and_round_trip():
 def test_the_repro_script_graphs_the_forward_and_shows_the_last_grad_twice(tmp_path):
     entry = corpus.load(SEED_CASE)
     script = tmp_path / "repro.py"
-    script.write_text(repro.script(entry.case, "standin.aliased", aliased().repro_source()))
+    script.write_text(repro.script(entry.case, "standin.aliased", aliased().repro(entry.case)))
     r = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "counted 2 times" in r.stdout and "DIVERGES" in r.stdout
     fixed_script = tmp_path / "fixed.py"
-    fixed_script.write_text(repro.script(entry.case, "standin.fixed", fixed().repro_source()))
+    fixed_script.write_text(repro.script(entry.case, "standin.fixed", fixed().repro(entry.case)))
     r = subprocess.run([sys.executable, str(fixed_script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "agrees" in r.stdout, r.stdout + r.stderr

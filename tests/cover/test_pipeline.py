@@ -286,7 +286,7 @@ def test_pipeline_corpus_cases_diverge_on_stock_as_expected_and_never_on_fixed()
 def test_repro_script_builds_stages_and_schedule_in_plain_torch(tmp_path):
     case = Case.from_json({**chain((1,), frozen=("w0",), x_grad=False).to_json(), "outputs": [{"ref": "n1"}]})
     case = Case.from_json({**case.to_json(), "nodes": case.to_json()["nodes"][:2]})
-    text = pipeline_repro.script(case, "ZBVZeroBubble", "stock", 1, "frozen first stage")
+    text = pipeline_repro.script(case, PipelinePath("ZBVZeroBubble", "stock", 1).repro(case), "frozen first stage")
     assert "import harness" not in text and "class Stage1(torch.nn.Module)" in text
     script = tmp_path / "repro.py"
     script.write_text(text)

@@ -12,7 +12,8 @@ import textwrap
 import pytest
 
 from harness.paths import Options, resolve
-from harness.paths.dtensor.path import DTensorPath, canaries
+from harness.canaries.dtensor import canaries
+from harness.paths.dtensor.path import DTensorPath
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case
 

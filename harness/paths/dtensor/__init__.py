@@ -1,0 +1,3 @@
+"""``dtensor.*``: parameters as DTensors on a real process group: the path
+(``path``), what each rank runs (``rank``) and collective counting
+(``collectives``)."""

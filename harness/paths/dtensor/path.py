@@ -35,14 +35,12 @@ launcher's, under torchrun), shared by both paths.
 from __future__ import annotations
 
 import os
-import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from harness.observation import Failure, Grads, Observation, Step, Violation
-from harness.paths.base import Availability, Contract
+from harness.paths.base import Availability, Contract, Options, Repro
 from harness.case.spec import Case
 from harness.generate import tp_eligible
 
@@ -50,33 +48,6 @@ FIXED = "oracles.dtensor_fixed"
 # Optimizers whose fused kernel has no DTensor sharding strategy (torch 2.13: only Adam/AdamW have one).
 DTENSOR_UNFUSED = frozenset({"sgd", "momentum", "nesterov", "adagrad"})
 STOCK = "stock"
-
-
-# --- the process group, shared by every dtensor path in this process ----------
-
-_groups: dict[tuple[int, str | None], Any] = {}
-
-
-def _key(world_size: int, backend: str | None) -> tuple[int, str | None]:
-    from harness.workers import pool
-
-    return (-1, None) if pool.torchrun_env() else (world_size, backend)
-
-
-def group_for(world_size: int, backend: str | None = None) -> Any:
-    from harness.workers import pool
-
-    key = _key(world_size, backend)
-    if key not in _groups:
-        _groups[key] = pool.TorchrunGroup(backend) if key[0] == -1 else pool.WorkerPool(world_size, backend)
-    return _groups[key]
-
-
-@dataclass(frozen=True)
-class DTensorContract(Contract):
-    """Fuzzing draws parameter placements (``Param.placement``) for this path."""
-
-    dtensor_placements: bool = True
 
 
 def _has_strategy(op: Any) -> bool:
@@ -93,7 +64,7 @@ def _has_strategy(op: Any) -> bool:
 
 
 class DTensorPath:
-    contract = DTensorContract(retained_grads=True)
+    contract = Contract(retained_grads=True, dtensor_placements=True)
 
     def __init__(self, name: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:
@@ -105,7 +76,9 @@ class DTensorPath:
 
     @property
     def group(self) -> Any:
-        return group_for(self.world_size, self.backend)
+        from harness.workers import pool
+
+        return pool.group(self.world_size, self.backend)
 
     def availability(self) -> Availability:
         import torch.distributed as dist
@@ -176,13 +149,17 @@ class DTensorPath:
         return int(os.environ["WORLD_SIZE"]) if pool.torchrun_env() else self.world_size
 
     def run(self, case: Case) -> Observation:
-        outcome = self.group.request({"op": "run", "case": case.dumps(), "impl": self.impl}, self.timeout)
+        outcome = self.group.request({"op": "call", "module": "harness.paths.dtensor.rank", "case": case.dumps(), "impl": self.impl},
+                                     self.timeout)
         return observation(self.name, case, outcome)
 
+    def repro(self, case: Case) -> Repro:
+        return Repro(template="torchrun", impl=self.impl, world_size=self.world_size)
+
     def close(self) -> None:
-        g = _groups.get(_key(self.world_size, self.backend))
-        if g is not None:
-            g.close()
+        from harness.workers import pool
+
+        pool.close_group(self.world_size, self.backend)
 
 
 def _unused_function_output(case: Case) -> bool:
@@ -203,34 +180,17 @@ def _check_impl(spec: str) -> None:
     load_impl(spec)
 
 
-def paths(options: Any) -> list[DTensorPath]:
-    """The registry's hook. Under torchrun, ranks other than 0 never return:
-    they follow rank 0's cases and exit when it is done."""
+def paths(options: Options) -> list[DTensorPath]:
+    """The registry's hook. Under torchrun this is rank 0 (the CLI sends the
+    other ranks to ``pool.follow_torchrun`` before any path is made)."""
     from harness.workers import pool
 
-    if pool.torchrun_env() and int(os.environ["RANK"]) != 0:
-        sys.exit(pool.follow_torchrun(getattr(options, "dtensor_backend", None)))
-    ws = getattr(options, "world_size", 2)
-    timeout = getattr(options, "timeout", 10.0)
-    stock = getattr(options, "dtensor_impl", None) or STOCK
-    backend = getattr(options, "dtensor_backend", None)
+    ws, timeout, backend = options.world_size, options.timeout, options.dtensor_backend
+    stock = options.dtensor_impl or STOCK
     made = [DTensorPath("dtensor.stock", stock, ws, timeout, backend), DTensorPath("dtensor.fixed", FIXED, ws, timeout, backend)]
     if pool.torchrun_env():
         made[0].group  # join now: every rank joins at start-up, whatever is fuzzed
     return made
-
-
-def canaries() -> list[Any]:
-    """For ``harness.canaries.split.all_canaries`` (``gradfuzz selfcheck``): the
-    seed's wrong layout fix-up, judged against ``dtensor.fixed``."""
-    from harness.canaries.split import Canary
-    from harness.canaries.dtensor import CANARIES_DTENSOR
-
-    return [
-        Canary(f"dtensor_{name}", lambda name=name, impl=impl: DTensorPath(f"canary.dtensor_{name}", impl),
-               "dtensor.fixed")
-        for name, impl in CANARIES_DTENSOR.items()
-    ]
 
 
 # --- rank facts -> Observation --------------------------------------------------

@@ -27,50 +27,21 @@ non-zero rank under torchrun, fed by broadcasts from rank 0) and
 
 from __future__ import annotations
 
-import faulthandler
-import importlib
-import os
-import pickle
-import signal
-import socket
-import sys
-import threading
-import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from harness.objects import load_object
+from harness.workers.host import Rank
 from harness.build.tensors import Built
 from harness.paths.dtensor.collectives import CollectiveCounter
 from harness.case.spec import Case
-from harness.build.train import Trainer, ends_step, has_step
+from harness.build.schedule import ends_step, has_step, starts_step, zero_grad
+from harness.build.train import Trainer
 
 STOCK = "stock"  # no grad-layout handling of our own: torch as installed
-
-
-def preload() -> None:
-    """Import what a rank's first DTensor backward would import (torch._dynamo
-    and all it pulls in, about a second). The pool calls this in the parent
-    before forking, so ranks start with it loaded instead of each paying."""
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.tensor.parallel  # noqa: F401
-
-
-@dataclass
-class Rank:
-    rank: int
-    world_size: int
-    device: torch.device
-    mesh: DeviceMesh
-
-    @property
-    def device_type(self) -> str:
-        return self.device.type
 
 
 # --- placements -----------------------------------------------------------
@@ -171,13 +142,8 @@ def load_impl(spec: str) -> Any:
     if spec == STOCK:
         return None
     if spec not in _impls:
-        module_name, _, attr = spec.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in filter(None, attr.split(".")):
-            obj = getattr(obj, part)
-        if not callable(getattr(obj, "install", None)):
-            raise TypeError(f"grad-layout implementation {spec!r} has no install(params, mesh)")
-        _impls[spec] = obj
+        _impls[spec] = load_object(spec, "grad-layout implementation", check=lambda obj: None if callable(
+            getattr(obj, "install", None)) else "has no install(params, mesh)")
     return _impls[spec]
 
 
@@ -258,12 +224,8 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                           clip_with=getattr(impl, "clip_grad_norm", None)) if has_step(case) else None
         plain_out = "R"
         for k in range(sched.backwards):
-            if k and k % sched.microbatches == 0:
-                for p in params.values():
-                    if sched.zero_grad == "set_to_none":
-                        p.grad = None
-                    elif sched.zero_grad == "zeros" and p.grad is not None:
-                        p.grad.zero_()
+            if starts_step(case, k):
+                zero_grad(params.values(), sched.zero_grad)
             drawn = built.inputs(k)
             inputs: dict[str, torch.Tensor] = {}
             for x in case.inputs:
@@ -364,141 +326,11 @@ def _oriented(name: str, tp: dict[str, str], enc: dict[str, Any] | None) -> dict
                 shape=tuple(reversed(enc["shape"])), stride=tuple(reversed(enc["stride"])))
 
 
+def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
+    """One DTensor case on this rank (a ``call`` message from ``harness.paths.dtensor.path``)."""
+    return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
+
+
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return (lines[0] if lines else "")[:300]
-
-
-def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    op = msg.get("op")
-    if op == "run":
-        return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
-    if op == "ping":
-        return {"pong": ctx.rank}
-    if op == "call":  # another path's rank code on this group (the pipeline paths): MODULE.handle(ctx, msg)
-        return importlib.import_module(msg["module"]).handle(ctx, msg)
-    raise ValueError(f"unknown message {op!r}")
-
-
-# --- process setup ----------------------------------------------------------------
-
-
-def _die_with_harness(harness: int) -> None:
-    """End this process when the harness dies, whatever it is doing.
-
-    The kernel SIGKILLs it when its parent dies (``PR_SET_PDEATHSIG``, Linux);
-    the parent is the harness (fork) or the forkserver, which exits when the
-    harness does. A watchdog thread covers the rest (another OS, a parent
-    that lingers): it polls the harness pid and our parent.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    parent = os.getppid()
-    if not _alive(harness) or parent == 1:  # it died before the lines above
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent or not _alive(harness):
-                os._exit(1)
-
-    threading.Thread(target=watch, name="gradfuzz-watchdog", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _loopback() -> str | None:
-    for _, name in socket.if_nameindex():
-        if name.startswith("lo"):
-            return name
-    return None
-
-
-def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None, timeout_s: float) -> Rank:
-    from datetime import timedelta
-
-    if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
-    if store is not None:
-        kwargs.update(store=store, rank=rank, world_size=world_size)
-    if backend == "nccl":
-        kwargs["device_id"] = device
-    dist.init_process_group(**kwargs)
-    mesh = init_device_mesh(device.type, (world_size,))
-    return Rank(rank, world_size, device, mesh)
-
-
-def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, log_path: str, parent: int) -> None:
-    """A pool worker: set up, say ready, then answer messages until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
-    _die_with_harness(parent)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-    faulthandler.enable(file=sys.stderr)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    torch.set_num_threads(1)
-    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
-        lo = _loopback()
-        if lo:
-            os.environ["GLOO_SOCKET_IFNAME"] = lo
-    try:
-        ctx = init_rank(rank, world_size, backend, dist.FileStore(store_path, world_size), timeout_s=3600)
-    except Exception:
-        traceback.print_exc()
-        conn.send_bytes(pickle.dumps({"ready": False, "error": traceback.format_exc()[-2000:]}))
-        return
-    conn.send_bytes(pickle.dumps({"ready": True, "rank": rank}))
-    while True:
-        try:
-            msg = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            break
-        if msg.get("op") == "stop":
-            break
-        try:
-            reply = handle(ctx, msg)
-        except Exception as e:
-            reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
-        reply["id"] = msg.get("id")
-        conn.send_bytes(pickle.dumps(reply))
-    os._exit(0)  # no process-group teardown handshake: the pool may already be going
-
-
-def follow(ctx: Rank, control: Any) -> int:
-    """A non-zero rank under torchrun: run what rank 0 broadcasts until it says stop."""
-    while True:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0, group=control)
-        msg = box[0]
-        if msg is None or msg.get("op") == "stop":
-            return 0
-        try:
-            reply = handle(ctx, msg)
-        except Exception as e:
-            reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
-        reply["id"] = msg.get("id")
-        dist.gather_object(reply, None, dst=0, group=control)

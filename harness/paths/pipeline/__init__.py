@@ -1,0 +1,2 @@
+"""``pipeline.<schedule>.*``: stages through ``PipelineStage`` and torch's
+schedules: the path (``path``) and what each rank runs (``rank``)."""

@@ -19,7 +19,7 @@ the split functions' or the stage's, and on both the schedule's.
 Which layouts a schedule takes (how many stages, how many microbatches,
 which rank holds which stage) is found by constructing it on the ranks
 (``pipeline_rank.probe``), not from a table; fuzzing draws only those
-(``PipelineContract.pipeline_layouts``), and a case outside them is skipped.
+(``Contract.pipeline_layouts``), and a case outside them is skipped.
 One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``),
 finds a runtime that sends between a rank's own stages through the process
 group (torch 2.11's ``_initialize_stages`` warm-up; gloo has no pair to
@@ -38,13 +38,12 @@ dead rank are findings, as on every path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
-from harness.paths.base import Availability, Contract
+from harness.paths.base import Availability, Contract, Options, Repro
 from harness.case.spec import Case
 
 FIXED = "oracles.pipeline_fixed:FixedPipelineStage"
@@ -52,21 +51,15 @@ STOCK = "stock"
 LAYOUTS = {1: "", 2: "ranks2."}  # world size -> the infix in path names
 
 
-@dataclass(frozen=True)
-class PipelineContract(Contract):
-    """Fuzzing draws stage cuts and microbatch counts from ``pipeline_layouts``
-    ((stages, microbatches) pairs), frozen parameters too."""
-
-    pipeline_layouts: tuple[tuple[int, int], ...] = ()
 
 
 _probed: dict[int, dict[str, Any]] = {}
 
 
 def _group(world_size: int) -> Any:
-    from harness.paths.dtensor.path import group_for  # one pool per world size, shared with the DTensor paths
+    from harness.workers import pool  # one pool per world size, shared with the DTensor paths
 
-    return group_for(world_size)
+    return pool.group(world_size)
 
 
 def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
@@ -99,13 +92,13 @@ class PipelinePath:
         self.timeout = timeout
 
     @property
-    def contract(self) -> PipelineContract:  # type: ignore[override]
+    def contract(self) -> Contract:  # type: ignore[override]
         try:
             unrunnable = self._unrunnable()
             layouts = tuple(x for x in self._layouts() if x not in unrunnable)
         except Exception:
             layouts = ()
-        return PipelineContract(retained_grads=False, pipeline_layouts=layouts)
+        return Contract(retained_grads=False, pipeline_layouts=layouts)
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
         """The (stages, microbatches) the schedule's constructor takes here."""
@@ -196,17 +189,19 @@ class PipelinePath:
              "impl": self.impl, "placement": list(where), "wait": max(1.0, min(3.0, self.timeout / 3))}, self.timeout)
         return observation(self.name, case, outcome)
 
-    def repro_source(self) -> Any:
-        from harness.out import pipeline_repro
-
-        return pipeline_repro.Machinery(self.schedule, self.impl, self.world_size)
+    def repro(self, case: Case) -> Repro:
+        stages = len(case.stages) + 1
+        try:
+            placement = tuple(probe(self.world_size)["placement"][self.schedule][stages])
+        except Exception:  # no pool here: the looped placement, which most schedules use
+            placement = tuple(i % self.world_size for i in range(stages))
+        return Repro(template="pipeline", schedule=self.schedule, stage_impl=self.impl, placement=placement,
+                     world_size=self.world_size)
 
     def close(self) -> None:
-        from harness.paths.dtensor.path import _groups, _key
+        from harness.workers import pool
 
-        g = _groups.get(_key(self.world_size, None))
-        if g is not None:
-            g.close()
+        pool.close_group(self.world_size)
 
 
 def observation(name: str, case: Case, outcome: Any) -> Observation:
@@ -282,7 +277,7 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
     return obs
 
 
-def paths(options: Any) -> list[PipelinePath]:
+def paths(options: Options) -> list[PipelinePath]:
     """The registry's hook: stock and fixed for every schedule torch exports,
     in one process and on two ranks. Under torchrun the DTensor paths own the
     group; the pipeline paths are not offered there."""
@@ -291,25 +286,12 @@ def paths(options: Any) -> list[PipelinePath]:
 
     if pool.torchrun_env():
         return []
-    timeout = getattr(options, "timeout", 10.0)
+    timeout = options.timeout
     made = []
     for ws in LAYOUTS:
         for schedule in discover():
             made += [PipelinePath(schedule, STOCK, ws, timeout), PipelinePath(schedule, FIXED, ws, timeout)]
     return made
-
-
-def canaries() -> list[Any]:
-    """For ``harness.canaries.split.all_canaries`` (``gradfuzz selfcheck``): the
-    founding nested-weight double count put back into the stock stage's
-    split backward, through the zero-bubble V schedule, judged against stock."""
-    from harness.canaries.split import Canary
-    from harness.canaries.pipeline import CANARIES
-
-    if "ZBVZeroBubble" not in _schedules():
-        return []
-    return [Canary("pipeline_pre_clamp", lambda: PipelinePath("ZBVZeroBubble", CANARIES["pre_clamp"], name="canary.pipeline_pre_clamp"),
-                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True)]
 
 
 def _schedules() -> dict[str, type]:

@@ -23,13 +23,14 @@ exception if one was raised. Judging is the parent's job
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from typing import Any
 
 import torch
 
+from harness.objects import load_object
+from harness.build.schedule import Held, first_line, starts_step, zero_grad
 from harness.build.tensors import Built
 from harness.observation import snap
 from harness.case.spec import Case
@@ -71,13 +72,8 @@ def stage_class(impl: str) -> type:
 
     if impl == STOCK:
         return PipelineStage
-    module_name, _, attr = impl.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in filter(None, (attr or "PipelineStage").split(".")):
-        obj = getattr(obj, part)
-    if not (inspect.isclass(obj) and issubclass(obj, PipelineStage)):
-        raise TypeError(f"{impl!r} is not a PipelineStage subclass")
-    return obj
+    return load_object(impl, "stage class", default_attr="PipelineStage", check=lambda obj: None if (
+        inspect.isclass(obj) and issubclass(obj, PipelineStage)) else "is not a PipelineStage subclass")
 
 
 def _make_schedule(cls: type, stages: list[Any], microbatches: int, loss_fn: Any) -> Any:
@@ -180,19 +176,12 @@ def same_rank_p2p() -> dict[str, Any]:
         except Exception as e:
             if any(f.name in P2P_CALLS and f.filename.endswith("distributed_c10d.py")
                    for f in traceback.extract_tb(e.__traceback__)):
-                self_send[name] = f"{type(e).__name__}: {_first_line(e)}"
+                self_send[name] = f"{type(e).__name__}: {first_line(e)}"
     return {"works": works, "self_send": self_send}
-
-
-def _first_line(e: BaseException) -> str:
-    from harness.paths.base import _first_line as first
-
-    return first(e)
 
 
 def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, placement: list[int],
              device: torch.device = torch.device("cpu"), group: Any = None) -> dict[str, Any]:
-    from harness.paths.base import _Held
 
     built = Built(case)
     dtype = built.dtype
@@ -245,7 +234,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
             return sum(terms[1:], terms[0])
 
         schedule_obj = _make_schedule(cls, stages, M, loss_fn)
-        held = _Held()
+        held = Held()
         params = [(mod.spec.index, n, p) for mod in modules for n, p in mod.weights.items()]
         for idx, n, p in params:
             held.hold(f"parameter {n} (stage {idx})", p)
@@ -253,12 +242,8 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
         reported: set[str] = set()
         for step_no in range(sched.steps):
             ks = range(step_no * M, (step_no + 1) * M)
-            if step_no:
-                for _, _, p in params:
-                    if sched.zero_grad == "set_to_none":
-                        p.grad = None
-                    elif sched.zero_grad == "zeros" and p.grad is not None:
-                        p.grad.zero_()
+            if starts_step(case, step_no * M):
+                zero_grad((p for _, _, p in params), sched.zero_grad)
                 held.refresh()
             args: list[torch.Tensor] = []
             if first:
@@ -297,7 +282,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
     except Exception as e:  # a rank that raises reports it; the parent judges
         import traceback
 
-        message = _first_line(e)
+        message = first_line(e)
         out["failure"] = {"step": step_no, "type": type(e).__name__, "message": message,
                           "traceback": traceback.format_exc()[-4000:],
                           # a peer's failure seen from here: a recv that timed out
@@ -345,7 +330,7 @@ def _group(ctx: Any, timeout_s: float) -> Any:
 
 
 def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
-    """A pool message (``harness.paths.dtensor.rank``'s ``call`` op) for this module."""
+    """A pool message (``harness.workers.host``'s ``call`` op) for this module."""
     if msg.get("what") == "probe":
         return probe(ctx.world_size)
     group = _group(ctx, msg.get("wait", 3.0))

@@ -1,0 +1,222 @@
+"""The one schedule: microbatches, steps, ``zero_grad`` and the loop most paths share.
+
+A case's schedule is ``steps`` x ``microbatches`` backwards; ``zero_grad``
+runs before the first backward of every step but the first, and the
+training step (clip, then optimizer) after the last backward of each. The
+oracle, ``run_schedule`` and every rank's own loop (DTensor, pipeline) call
+the rules below instead of restating them, so they cannot disagree on what
+a schedule means.
+
+``run_schedule`` is the microbatch loop for paths that train by backward:
+they supply their backward (and, if they wrap the module, their forward);
+the loop takes the snapshots and the stability checks, so every path is held
+to the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from harness.build.lifetime import Lifetime
+from harness.build.tensors import Built
+from harness.build.train import Trainer
+from harness.case.spec import Case
+from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
+
+
+def has_step(case: Case) -> bool:
+    s = case.schedule
+    return bool(getattr(s, "clip", "") or getattr(s, "optimizer", ""))
+
+
+def ends_step(case: Case, k: int) -> bool:
+    """Is backward ``k`` the last microbatch of a step (where the step runs)?"""
+    return has_step(case) and (k + 1) % case.schedule.microbatches == 0
+
+
+def first_inexact(case: Case) -> int | None:
+    """The first backward whose grads depend on a training step (None: none do).
+
+    After an optimizer step the parameters are no longer small integers, and
+    a clipped grad kept by ``zero_grad="keep"`` is scaled by an irrational
+    factor: from there on values are compared with a relative tolerance.
+    """
+    s = case.schedule
+    if s.steps < 2 or not has_step(case):
+        return None
+    if s.optimizer or s.zero_grad == "keep":
+        return s.microbatches
+    return None
+
+
+def starts_step(case: Case, k: int) -> bool:
+    """Does backward ``k`` open a new step (so ``zero_grad`` runs before it)?"""
+    return k > 0 and k % case.schedule.microbatches == 0
+
+
+# backward(outputs, grad_outputs, inputs, params) -> input grads it returned
+Backward = Callable[
+    [list[torch.Tensor], list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.nn.Parameter]],
+    Grads,
+]
+Forward = Callable[[Built, dict[str, torch.Tensor]], list[torch.Tensor]]
+
+
+def _default_forward(built: Built, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return built.forward(values)
+
+
+def make_params(built: Built, device: str = "cpu") -> dict[str, torch.nn.Parameter]:
+    params = {}
+    values = built.params()
+    for p in built.case.params:
+        params[p.name] = torch.nn.Parameter(
+            values[p.name].to(device, built.dtype), requires_grad=p.requires_grad
+        )
+    init = built.case.schedule.grad_init
+    prefill = built.prefill()
+    for p in built.case.params:
+        if not p.requires_grad or init == "none":
+            continue
+        t = params[p.name]
+        t.grad = torch.zeros_like(t) if init == "zero" else prefill[p.name].to(device, built.dtype)
+    return params
+
+
+def zero_grad(params: Iterable[torch.Tensor], how: str) -> None:
+    """The case's ``zero_grad`` on tensors whose ``.grad`` the machinery fills."""
+    for p in params:
+        if how == "set_to_none":
+            p.grad = None
+        elif how == "zeros" and p.grad is not None:
+            p.grad.zero_()
+
+
+def zeroed(grads: dict[str, torch.Tensor | None], how: str) -> dict[str, torch.Tensor | None]:
+    """The same rule out of place, for the oracle's own sums (``keep`` keeps them)."""
+    if how == "set_to_none":
+        return {n: None for n in grads}
+    if how == "zeros":
+        return {n: None if g is None else torch.zeros_like(g) for n, g in grads.items()}
+    return grads
+
+
+class Held:
+    """Tensors the user holds; they must not change unless the user changes them.
+
+    A held ``.grad`` may change only by being the very tensor that later
+    accumulation writes into (AccumulateGrad's documented in-place sum);
+    anything else that changes under the user's feet is a mutation.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, torch.Tensor, torch.Tensor, Callable[[], torch.Tensor | None]]] = []
+
+    def hold(self, what: str, t: torch.Tensor | None, owner: Callable[[], torch.Tensor | None] = lambda: None) -> None:
+        if t is not None:
+            self.items.append((what, t, t.detach().clone(), owner))
+
+    def release(self, tensors: list[torch.Tensor]) -> None:
+        """The user let go of these: stop holding (and checking) them."""
+        ids = {id(t) for t in tensors}
+        self.items = [it for it in self.items if id(it[1]) not in ids]
+
+    def refresh(self) -> None:
+        """The user wrote (zero_grad): what they hold now is the new baseline."""
+        self.items = [(w, t, t.detach().clone(), o) for w, t, _, o in self.items]
+
+    def check(self, k: int) -> list[Mutation]:
+        found = []
+        for what, t, before, owner in self.items:
+            if owner() is t:
+                continue
+            now = t.detach()
+            if now.shape != before.shape or not torch.equal(now, before):
+                diff = float((now.double() - before.double()).abs().max()) if now.shape == before.shape else float("inf")
+                found.append(Mutation(k, what, diff))
+        return found
+
+
+def run_schedule(
+    case: Case,
+    name: str,
+    backward: Backward,
+    forward: Forward = _default_forward,
+    device: str = "cpu",
+) -> Observation:
+    built = Built(case)
+    obs = Observation(path=name)
+    k = -1
+    lifetime = None
+    try:
+        params = make_params(built, device)
+        trainer = Trainer(case, params) if has_step(case) else None
+        held = Held()
+        lifetime = Lifetime(case, params, held, device)
+        reported: set[str] = set()
+        for p_name, p in params.items():
+            held.hold(f"parameter {p_name}", p)
+            held.hold(f"{p_name}.grad before backward 0", p.grad, owner=lambda p=p: p.grad)
+        sched = case.schedule
+        for k in range(sched.backwards):
+            if starts_step(case, k):
+                zero_grad(params.values(), sched.zero_grad)
+                held.refresh()
+            inputs = {
+                x.name: built.inputs(k)[x.name].to(device, built.dtype).requires_grad_(x.requires_grad)
+                for x in case.inputs
+            }
+            cots = [c.to(device, built.dtype) for c in built.cotangents(k)]
+            for n, t in inputs.items():
+                held.hold(f"input {n} of backward {k}", t)
+            for i, c in enumerate(cots):
+                held.hold(f"grad output {i} of backward {k}", c)
+            outs = forward(built, {**params, **inputs})
+            out_snaps = [snap(o) for o in outs]
+            lifetime.after_forward(k, outs)
+            lifetime.begin(k)
+            input_grads = backward(outs, cots, inputs, params)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            for m in held.check(k):
+                if m.what not in reported:
+                    reported.add(m.what)
+                    obs.mutations.append(m)
+            seen = lifetime.end(k, obs)
+            grads = {n: snap(p.grad) for n, p in params.items()}
+            obs.steps.append(
+                Step(
+                    k=k,
+                    grads=grads,
+                    input_grads={n: snap(g) for n, g in input_grads.items()},
+                    outputs=out_snaps,
+                    retained={n: snap(t.grad) for n, t in built.retained.items()},
+                    seen=seen,
+                )
+            )
+            if trainer is not None and ends_step(case, k):
+                obs.steps[-1].after_step = trainer.step(snap)
+                held.refresh()  # the step wrote parameters and grads: the user's own writes
+            for n, p in params.items():
+                held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
+            for n, g in input_grads.items():
+                held.hold(f"grad of input {n} from backward {k}", g)
+            lifetime.between(k)
+    except Exception as e:  # a path that raises is a finding, not a crash
+        obs.failure = Failure(k, type(e).__name__, first_line(e))
+    finally:
+        if lifetime is not None:
+            lifetime.close()
+    return obs
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    cause = e.__cause__
+    if cause is not None:
+        line = f"{line} (caused by {type(cause).__name__}: {first_line(cause)})" if line else f"{type(cause).__name__}: {first_line(cause)}"
+    return line[:300]

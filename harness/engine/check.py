@@ -1,0 +1,132 @@
+"""The one check step: a case against the oracle on some paths.
+
+Fuzzing (``harness.engine.target``), replay (``replay_entries``: ``gradfuzz
+replay``, the gate, the pytest plugin's replay items) and the public
+``harness.check`` all go through ``CaseCheck``: the eager oracle and the
+case's tolerance are computed once, on first need, and shared by every path
+the case runs on; a path whose contract does not take the case is not run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from harness.case.spec import Case
+from harness.compare.values import Tolerance, compare
+from harness.observation import Divergence, Observation
+from harness.out import corpus
+from harness.paths import Path
+from oracles.eager import observe
+
+# A corpus case marked flaky (an order-dependent bug) gets this many tries
+# before replay calls it agreeing.
+FLAKY_TRIES = 8
+
+
+@dataclass
+class Profile:
+    """Where a target's CPU time went, per phase (seconds), for ``gradfuzz bench``."""
+
+    cases: int = 0
+    body: float = 0.0  # inside the test function, everything below included
+    oracle: float = 0.0
+    tolerance: float = 0.0
+    compare: float = 0.0
+    paths: dict[str, float] = field(default_factory=dict)
+    path_runs: dict[str, int] = field(default_factory=dict)
+
+
+class CaseCheck:
+    """One case; the oracle and the tolerance are shared by every path run on it.
+
+    ``slack`` loosens every comparison, exact mode included: it exists to
+    prove that selfcheck fails when detection is broken.
+    """
+
+    def __init__(self, case: Case, *, slack: float | None = None, lazy: bool = False,
+                 profile: Profile | None = None, oracle: Observation | None = None,
+                 tol: Tolerance | None = None) -> None:
+        self.case = case
+        self.slack = slack
+        self.lazy = lazy
+        self.profile = profile
+        self._oracle = oracle
+        self._tol = tol
+
+    @property
+    def oracle(self) -> Observation:
+        if self._oracle is None:
+            t0 = time.process_time()
+            self._oracle = observe(self.case)
+            if self.profile is not None:
+                self.profile.oracle += time.process_time() - t0
+        return self._oracle
+
+    @property
+    def tol(self) -> Tolerance:
+        if self._tol is None:
+            t0 = time.process_time()
+            self._tol = Tolerance.for_case(self.case, slack=self.slack, lazy=self.lazy)
+            if self.profile is not None:
+                self.profile.tolerance += time.process_time() - t0
+        return self._tol
+
+    def observe(self, path: Path) -> Observation:
+        """What ``path`` saw on this case (which must be in its contract)."""
+        t0 = time.process_time()
+        obs = path.run(self.case)
+        if self.profile is not None:
+            self.profile.paths[path.name] = self.profile.paths.get(path.name, 0.0) + (time.process_time() - t0)
+            self.profile.path_runs[path.name] = self.profile.path_runs.get(path.name, 0) + 1
+        return obs
+
+    def run(self, path: Path) -> list[Divergence]:
+        """The divergences of ``path`` on this case (which must be in its contract)."""
+        oracle, tol = self.oracle, self.tol
+        obs = self.observe(path)
+        t1 = time.process_time()
+        divs = compare(self.case, oracle, obs, retained_grads=path.contract.retained_grads, tol=tol)
+        if self.profile is not None:
+            self.profile.compare += time.process_time() - t1
+        return divs
+
+    def each(self, paths: Iterable[Path]) -> Iterator[tuple[Path, str | None, list[Divergence]]]:
+        """``(path, why not run or None, divergences)`` for each path in turn."""
+        for p in paths:
+            reason = p.supports(self.case)
+            yield p, reason, ([] if reason is not None else self.run(p))
+
+
+def check(case: Case, path: Path, oracle: Observation | None = None, tol: Tolerance | None = None,
+          slack: float | None = None) -> list[Divergence]:
+    """Run one case on one path; the case must be inside the path's contract."""
+    return CaseCheck(case, slack=slack, oracle=oracle, tol=tol).run(path)
+
+
+@dataclass
+class Replayed:
+    entry: corpus.Entry
+    path: Path
+    skipped: str | None  # why the path's contract does not take the case
+    divergences: list[Divergence]
+
+
+def replay_entries(entries: Iterable[corpus.Entry], paths: list[Path],
+                   slack: float | None = None) -> Iterator[Replayed]:
+    """Every corpus entry on every path, in that order; divergences carry their case.
+
+    An entry marked ``flaky`` that agrees is tried again (``FLAKY_TRIES``):
+    an order-dependent bug must not pass a replay by luck.
+    """
+    for entry in entries:
+        cc = CaseCheck(entry.case, slack=slack)
+        for path, reason, divs in cc.each(paths):
+            for _ in range(FLAKY_TRIES if reason is None and entry.meta.get("flaky") and not divs else 0):
+                divs = cc.run(path)
+                if divs:
+                    break
+            for d in divs:
+                d.case = entry.case.to_json()
+            yield Replayed(entry, path, reason, divs)

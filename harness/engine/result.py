@@ -1,0 +1,33 @@
+"""What a fuzzing or replay run found: per-path tallies and the divergences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.observation import Divergence
+
+
+@dataclass
+class Tally:
+    examples: int = 0
+    run: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    # Time to detection: examples and seconds until the first failing example
+    # (before shrinking), from this path's cold start.
+    first_hit_examples: int | None = None
+    first_hit_seconds: float | None = None
+
+
+@dataclass
+class Result:
+    paths: dict[str, Tally] = field(default_factory=dict)
+    divergences: list[Divergence] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    saved: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    expected: list[Divergence] = field(default_factory=list)  # known bugs on this torch
+
+    @property
+    def examples(self) -> int:
+        return sum(t.examples for t in self.paths.values())

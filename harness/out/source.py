@@ -1,0 +1,59 @@
+"""A case spelled out as plain torch source, for the standalone repro scripts.
+
+Every script template (``harness.out.repro``, ``harness.out.pipeline_repro``,
+``harness.out.dtensor_repro``) writes the module, its data and its custom
+autograd Functions the same way, from typed values only: names are the
+validated identifiers of the case, numbers are literals, text goes through
+``repr``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from harness.case import functions
+from harness.case.ops import OPS
+from harness.case.spec import Case, Use
+
+
+def _ref(use: Use, nodes: set[str]) -> str:
+    s = use.ref if use.ref in nodes else f"v[{use.ref!r}]"
+    if use.index is not None:
+        s = f"{s}[{use.index}]"
+    return f"{s}.mT" if use.transpose else s
+
+
+def forward_source(case: Case) -> str:
+    nodes = {n.name for n in case.nodes}
+    hooks = {h.node: h for h in case.hooks}
+    lines = ["def forward(v):"]
+    for n in case.nodes:
+        args = [_ref(u, nodes) for u in n.args]
+        lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")
+        h = hooks.get(n.name)
+        if h is not None:
+            body = f"lambda g: g * {h.factor}" if h.kind == "scale" else "lambda g: None"
+            lines.append(f"    if {n.name}.requires_grad:")
+            lines.append(f"        {n.name}.register_hook({body})  # a {h.kind} hook")
+        if n.name in case.retain_grad:
+            lines.append(f"    if {n.name}.requires_grad:")
+            lines.append(f"        {n.name}.retain_grad()")
+    outs = ", ".join(_ref(u, nodes) for u in case.outputs)
+    lines.append(f"    return [{outs}]")
+    return "\n".join(lines)
+
+
+def literal(t: Any) -> str:
+    return repr(t.tolist())
+
+
+def function_helpers(case: Case) -> list[str]:
+    """Source of the custom autograd Functions the case uses."""
+    used = {n.op for n in case.nodes}
+    helpers = []
+    if "layout_matmul" in used:
+        helpers.append(inspect.getsource(functions.LayoutMatmul))
+    if "pair" in used:
+        helpers.append(inspect.getsource(functions.Pair))
+    return helpers
