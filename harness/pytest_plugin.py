@@ -43,7 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gradfuzz-mode", choices=("both", "exact", "tolerance"), default="both")
     g.addoption("--gradfuzz-db", metavar="DIR|redis://HOST:PORT/N|none", default=None,
                 help="Hypothesis example database (default .gradfuzz/examples)")
-    g.addoption("--gradfuzz-save", metavar="DIR", default="cases/found", help="corpus directory for findings")
+    g.addoption("--gradfuzz-save", metavar="DIR", default=".gradfuzz/found",
+                help="where findings go, outside the replayed corpus (default .gradfuzz/found)")
     g.addoption("--gradfuzz-corpus", metavar="DIRS", default=None,
                 help="comma-separated corpus files/dirs replayed as items (default: cases, if present; '' for none)")
     g.addoption("--gradfuzz-run-dir", metavar="DIR", help=argparse_suppress())

@@ -194,3 +194,24 @@ def paths(options: Any = None) -> list:
 def isolated(name: str, impl: str, timeout: float = 60.0, owned_outputs: bool = False) -> IsolatedPath:
     return IsolatedPath(("tests.standins:standin", {"name": name, "impl": impl, "owned_outputs": owned_outputs}),
                         timeout=timeout)
+
+
+class crashes_in_its_own_code:
+    """A split 'canary' whose own wrapper code raises on cases with a weight
+    group (as the set-indexing canaries did on torch 2.11): what a fuzzer
+    finds is the canary crashing, not a gradient bug it injects."""
+
+    @staticmethod
+    def stage_backward_input(*args, **kwargs):
+        from oracles import split_fixed
+
+        dinputs, groups = split_fixed.stage_backward_input(*args, **kwargs)
+        if groups:
+            {"intermediates"}[0]  # noqa: B018  TypeError: 'set' object is not subscriptable
+        return dinputs, groups
+
+    @staticmethod
+    def stage_backward_weight(weights, param_groups, retain_graph=False):
+        from oracles import split_fixed
+
+        return split_fixed.stage_backward_weight(weights, param_groups, retain_graph)

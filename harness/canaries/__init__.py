@@ -28,6 +28,13 @@ class Canary:
     base: str | None
     budget: int = 300
     needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
+    # The finding kinds the injected bug produces. A canary is caught only by
+    # a finding of these kinds on a case where its base agrees (the injection
+    # removed, the finding goes away); anything else it shows (an exception
+    # from its own code on this torch, say) means the canary is broken.
+    expects: tuple[str, ...] = ("value",)
+    # Run instead when this canary cannot run here (a layout this torch lacks).
+    fallback: "Canary | None" = None
 
     def base_here(self) -> tuple[str | None, str]:
         """The base to judge against on the installed torch, and why it is not ``base``.

@@ -61,6 +61,6 @@ def canaries() -> list[Canary]:
 
     return [
         Canary(f"dtensor_{name}", lambda name=name, impl=impl: DTensorPath(f"canary.dtensor_{name}", impl),
-               "dtensor.fixed")
+               "dtensor.fixed", expects=("placement", "collective"))
         for name, impl in CANARIES_DTENSOR.items()
     ]

@@ -79,13 +79,21 @@ CANARIES = {
 
 def canaries() -> list[Canary]:
     """The founding nested-weight double count put back into the stock
-    stage's split backward, through the zero-bubble V schedule, judged
-    against stock."""
+    stage's split backward, through the zero-bubble V schedule on one rank,
+    judged against stock; where one rank cannot hold adjacent stages (torch
+    2.11 over gloo), through the interleaved zero-bubble schedule on two."""
     from harness.paths.pipeline.path import PipelinePath
     from harness.paths.pipeline.rank import discover
 
-    if "ZBVZeroBubble" not in discover():
-        return []
+    found = discover()
+    two = None
+    if "InterleavedZeroBubble" in found:
+        two = Canary("pipeline_pre_clamp_ranks2",
+                     lambda: PipelinePath("InterleavedZeroBubble", CANARIES["pre_clamp"], 2,
+                                          name="canary.pipeline_pre_clamp_ranks2"),
+                     "pipeline.InterleavedZeroBubble.ranks2.stock", needs_clamp=True)
+    if "ZBVZeroBubble" not in found:
+        return [two] if two else []
     return [Canary("pipeline_pre_clamp", lambda: PipelinePath("ZBVZeroBubble", CANARIES["pre_clamp"],
                                                               name="canary.pipeline_pre_clamp"),
-                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True)]
+                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True, fallback=two)]

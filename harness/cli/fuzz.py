@@ -182,10 +182,13 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
 
 
 def add_merge_parser(sub: Any) -> None:
+    from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
+
     m = sub.add_parser("merge", help="merge the findings of several machines (corpus dirs, redis://) into one corpus")
     m.add_argument("sources", nargs="+", metavar="DIR|redis://HOST:PORT/N",
                    help="corpus directories (copied from each machine) or a campaign's Redis")
-    m.add_argument("--into", default="cases/found", metavar="DIR", help="the corpus to merge into (default cases/found)")
+    m.add_argument("--into", default=DEFAULT_FOUND, metavar="DIR",
+                   help=f"the findings folder to merge into (default {DEFAULT_FOUND})")
     m.set_defaults(func=cmd_merge)
 
 

@@ -63,7 +63,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from harness.engine import runner
 
     paths = resolve(args.paths, _options(args))
-    files = corpus.discover(args.targets or ["cases"])
+    skipped: list[str] = []
+    files = corpus.discover(args.targets or ["cases"], skipped)
+    for d in skipped:
+        print(f"gradfuzz: {d} holds findings, not filed cases: not replayed (name it to replay it)", file=sys.stderr)
     if not files:
         raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets or ['cases'])}")
     result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None)
@@ -111,9 +114,10 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
     from harness.gate.selfcheck import selfcheck
 
     results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack)
-    missed = [r for r in results if not r.caught and not r.skipped]
+    missed = [r for r in results if r.state in ("missed", "broken")]
     for r in results:
-        state = f"skipped: {r.skipped}" if r.skipped else ("caught" if r.caught else "NOT CAUGHT")
+        state = {"skipped": f"skipped: {r.skipped}", "caught": "caught", "broken": f"BROKEN: {r.broken}",
+                 "missed": "NOT CAUGHT"}[r.state]
         print(f"  {r.name:<28} {state}" + (f" after {r.examples} examples ({r.seconds:.1f}s)" if r.caught else ""))
     print(f"gradfuzz selfcheck: {len(results) - len(missed)}/{len(results)} canaries " + ("ok" if not missed else
           "MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
@@ -129,7 +133,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.out.corpus import atomic_write
 
     paths = resolve(args.paths, _options(args))
-    report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=args.minutes,
+    minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
+    report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck,
                            progress=lambda s: print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()
@@ -171,6 +176,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
+
     parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -179,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--examples", type=int, help="examples per path (default 100)")
     f.add_argument("--minutes", type=float, help="total time budget, split over the paths")
     f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--save", metavar="DIR", default="cases/found", help="where shrunk failures go (default cases/found)")
+    f.add_argument("--save", metavar="DIR", default=DEFAULT_FOUND,
+                   help=f"where shrunk failures go, outside the replayed corpus (default {DEFAULT_FOUND})")
     f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
                    help="exact: small-integer data, any difference is a bug; tolerance: float data, nonlinear ops")
     from harness.cli import bench
@@ -204,11 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger")
     _add_path_args(g)
-    g.add_argument("--minutes", type=float, default=2.0, help="fuzzing budget after the replay (default 2)")
+    budget = g.add_mutually_exclusive_group()
+    budget.add_argument("--examples", type=int, help="examples per group of paths after the replay: the same verdict on any "
+                        "machine, whatever its load (the form for CI)")
+    budget.add_argument("--minutes", type=float, help="wall-clock fuzzing budget after the replay (local use; default 2 "
+                        "when --examples is not given)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--corpus", nargs="*", default=["cases"], help="corpus directories (default cases)")
     g.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
-    g.add_argument("--save", metavar="DIR", default="cases/found", help="where new findings go")
+    g.add_argument("--save", metavar="DIR", default=DEFAULT_FOUND,
+                   help=f"where new findings go, outside the replayed corpus (default {DEFAULT_FOUND})")
     g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
     g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
     g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")

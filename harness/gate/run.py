@@ -87,7 +87,8 @@ def run_gate(
     *,
     corpus_dirs: list[str],
     ledger_file: str,
-    minutes: float,
+    minutes: float | None = None,
+    examples: int | None = None,
     seed: int = 0,
     save_dir: str | None = None,
     run_selfcheck: bool = True,
@@ -102,7 +103,9 @@ def run_gate(
     if run_selfcheck:
         report.selfcheck = selfcheck(seed, progress, slack)
         for c in report.selfcheck:
-            if not c.caught and not c.skipped:
+            if c.state == "broken":
+                report.rows.append(Row("selfcheck", c.name, f"canary {c.name} is broken: {c.broken}", source="selfcheck"))
+            elif c.state == "missed":
                 report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
@@ -110,8 +113,10 @@ def run_gate(
         seen_as, shapes = _replay(live, entries, led, version, report, progress, slack)
     finally:
         close_paths(live)
-    if minutes > 0 and live:
-        result = fuzz(live, minutes=minutes, seed=seed, save_dir=save_dir, progress=progress, slack=slack)
+    if live and (examples or minutes):
+        # --examples: the same cases on every machine whatever its load (the CI form); --minutes: local use.
+        result = fuzz(live, examples=examples, minutes=None if examples else minutes, seed=seed, save_dir=save_dir,
+                      progress=progress, slack=slack)
         for name, t in result.paths.items():
             report.examples[name] = report.examples.get(name, 0) + t.examples
         seen = {(r.path, r.signature) for r in report.rows}

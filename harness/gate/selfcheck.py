@@ -1,15 +1,21 @@
 """Does the harness still catch its canaries on this installation?
 
-Run first by ``gradfuzz gate``: after a torch upgrade, a harness that lost
-its teeth (a comparison that stopped comparing, a generator that stopped
+Run first by ``gradfuzz gate``: after a torch upgrade, a harness that lost its
+teeth (a comparison that stopped comparing, a generator that stopped
 producing tied weights) must fail loudly rather than pass every path.
+
+The check is causal. A canary is *caught* only by a confirmed finding of the
+kinds its injected bug produces, on a case where its base path (the canary
+with the injection removed) agrees with the oracle. A canary that shows
+something else, such as an exception from its own code on this torch, is
+*broken*: what was caught is the canary, not the bug it carries. Both a
+missed and a broken canary fail the gate.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-
 
 from harness.canaries import Canary, all_canaries
 from harness.engine.runner import Result, fuzz_path
@@ -23,15 +29,24 @@ class CanaryResult:
     seconds: float
     detail: str
     skipped: str = ""
+    broken: str = ""  # why what was found is not the injected bug ("" if it is, or nothing was found)
+
+    @property
+    def state(self) -> str:
+        return "skipped" if self.skipped else "caught" if self.caught else "broken" if self.broken else "missed"
 
 
 def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryResult:
     path = c.make()
     available = path.availability()
     if not available.ok:
+        if c.fallback is not None:
+            return run_canary(c.fallback, seed, slack)
         return CanaryResult(c.name, False, None, 0.0, "", skipped=f"unavailable here: {available.reason}")
     base, note, skipped = c.resolve_base()
     if skipped:
+        if c.fallback is not None:
+            return run_canary(c.fallback, seed, slack)
         return CanaryResult(c.name, False, None, 0.0, "", skipped=skipped)
     result = Result()
     start = time.monotonic()
@@ -43,18 +58,33 @@ def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryRe
         if callable(close):
             close()
     tally = result.paths[path.name]
-    d = result.divergences[0] if result.divergences else None
-    detail = d.detail if d else f"not caught in {c.budget} examples ({tally.run} in contract)"
-    return CanaryResult(c.name, d is not None, tally.first_hit_examples, time.monotonic() - start,
-                        f"{detail}; {note}" if note else detail)
+    # Findings are confirmed (re-run) and judged against the base when found: the base agrees on each case.
+    firm = [d for d in result.divergences if not d.flaky]
+    own = [d for d in firm if d.kind in c.expects]
+    other = [d for d in firm if d.kind not in c.expects]
+    seconds = time.monotonic() - start
+    if own:
+        detail = own[0].detail
+        return CanaryResult(c.name, True, tally.first_hit_examples, seconds, f"{detail}; {note}" if note else detail)
+    if other:
+        d = other[0]
+        why = (f"found only {d.kind} findings, not the {'/'.join(c.expects)} its injected bug makes: {d.detail}"
+               f" (the canary fails for its own reasons on this torch)")
+        return CanaryResult(c.name, False, tally.first_hit_examples, seconds, why, broken=why)
+    detail = f"not caught in {c.budget} examples ({tally.run} in contract)"
+    return CanaryResult(c.name, False, None, seconds, detail)
 
 
-def selfcheck(seed: int = 0, progress=lambda s: None, slack: float | None = None) -> list[CanaryResult]:
+def selfcheck(seed: int = 0, progress=lambda s: None, slack: float | None = None,
+              canaries: list[Canary] | None = None) -> list[CanaryResult]:
     """``slack`` loosens every comparison: proof that a blunted harness fails here."""
     out = []
-    for c in all_canaries():
+    todo = all_canaries() if canaries is None else canaries
+    for i, c in enumerate(todo, 1):
         r = run_canary(c, seed, slack)
-        progress(f"[selfcheck] {c.name}: " + (r.skipped and f"skipped ({r.skipped})" or
-                                                ("caught" if r.caught else "NOT CAUGHT") + f" ({r.examples} examples, {r.seconds:.1f}s)"))
+        what = {"skipped": f"skipped ({r.skipped})", "caught": "caught", "broken": "BROKEN",
+                "missed": "NOT CAUGHT"}[r.state]
+        progress(f"[selfcheck {i}/{len(todo)}] {r.name}: {what}"
+                 + ("" if r.skipped else f" ({r.examples} examples, {r.seconds:.1f}s)"))
         out.append(r)
     return out

@@ -90,14 +90,32 @@ def load(file: str | os.PathLike) -> Entry:
     return Entry(case, meta, str(file))
 
 
-def discover(targets: Iterable[str | os.PathLike]) -> list[str]:
-    """Files and directories -> corpus files (``*.json``), sorted, none lost."""
+FINDINGS_MARK = ".gradfuzz.lock"  # every findings folder has its writers' lock file
+
+
+def discover(targets: Iterable[str | os.PathLike], skipped: list[str] | None = None) -> list[str]:
+    """Files and directories -> corpus files (``*.json``), sorted, none lost.
+
+    Inside a directory, hidden folders and findings folders (a fuzzer's
+    output, marked by its lock file) are passed over and listed in
+    ``skipped``: findings join the corpus when someone files them. A folder
+    given by name is read whatever it is."""
     found: list[str] = []
     for t in targets:
         p = pathlib.Path(t)
         if p.is_dir():
-            # ledger.json is the known-bug ledger beside the cases, not a case.
-            found.extend(str(f) for f in sorted(p.rglob("*.json")) if not f.name.startswith(".") and f.name != "ledger.json")
+            for f in sorted(p.rglob("*.json")):
+                rel = f.relative_to(p).parts
+                # ledger.json is the known-bug ledger beside the cases, not a case.
+                if any(part.startswith(".") for part in rel) or f.name == "ledger.json":
+                    continue
+                holder = next((p.joinpath(*rel[:i]) for i in range(1, len(rel))
+                               if (p.joinpath(*rel[:i]) / FINDINGS_MARK).exists()), None)
+                if holder is not None:
+                    if skipped is not None and str(holder) not in skipped:
+                        skipped.append(str(holder))
+                    continue
+                found.append(str(f))
         elif p.exists():
             found.append(str(p))
         else:

@@ -33,6 +33,8 @@ from harness.out import corpus, repro
 from harness.paths.base import Path, Repro
 
 LOCK_NAME = ".gradfuzz.lock"
+# Findings live outside the replayed corpus until someone files them (README "The corpus").
+DEFAULT_DIR = os.path.join(".gradfuzz", "found")
 _writer: tuple[int, str] | None = None
 
 

@@ -31,3 +31,31 @@ def test_canary_is_caught_from_cold_start(name, capsys):
     with capsys.disabled():
         print(f"\n{name}: caught after {tally.first_hit_examples} examples "
               f"({tally.first_hit_seconds:.2f}s); shrunk: {d.detail}\n{forward_source(Case.from_json(d.case))}")
+
+
+def _crashy():
+    from harness.canaries import Canary
+
+    return Canary("crashes_in_its_own_code",
+                  lambda: SplitPath("canary.crashes_in_its_own_code", "tests.standins:crashes_in_its_own_code",
+                                    stock_contract=True), "split.fixed", budget=100)
+
+
+def test_a_canary_that_crashes_for_its_own_reasons_is_broken_not_caught():
+    from harness.gate.selfcheck import run_canary
+
+    r = run_canary(_crashy())
+    assert r.state == "broken" and not r.caught
+    assert "TypeError" in r.broken and "not the value" in r.broken
+
+
+def test_a_broken_canary_fails_the_gate(monkeypatch, tmp_path):
+    from harness.gate import run as gate
+    from harness.gate import selfcheck
+
+    monkeypatch.setattr(selfcheck, "all_canaries", lambda: [_crashy()])
+    report = gate.run_gate(resolve("split.fixed"), corpus_dirs=[], ledger_file="cases/ledger.json", minutes=0,
+                           save_dir=str(tmp_path))
+    assert report.failed
+    (row,) = [r for r in report.rows if r.status == "selfcheck"]
+    assert "is broken" in row.detail and "TypeError" in row.detail

@@ -116,3 +116,27 @@ def test_a_failure_saved_yesterday_is_replayed_first_today(tmp_path):
         saved = json.loads((tmp_path / "found" / f"{sig}.json").read_text())
         assert saved["meta"]["count"] >= 2
     assert os.path.isdir(tmp_path / "db")
+
+
+def test_findings_folders_are_not_replayed_as_corpus(tmp_path):
+    """The README's two commands in order: findings the gate saved must not
+    turn the next replay red. A folder a fuzzer writes into carries its lock
+    file; discovery passes over it from a parent and says so, and reads it
+    when it is named."""
+    import shutil
+
+    from harness.cli.main import build_parser
+    from harness.out import findings
+
+    cases = tmp_path / "cases"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "split"), cases / "split")
+    found = cases / "found"
+    entry = corpus.Entry(nested(), {"title": "t"})
+    findings.record(str(found), "split.stock-value-0123456789", entry, "print('repro')\n")
+    skipped: list[str] = []
+    files = corpus.discover([cases], skipped)
+    assert files and not any("found" in f for f in files)
+    assert skipped == [str(found)]
+    assert corpus.discover([found]) == [str(found / "split.stock-value-0123456789.json")]
+    for command in ("fuzz", "gate"):
+        assert build_parser().parse_args([command]).save == os.path.join(".gradfuzz", "found")
