@@ -105,8 +105,12 @@ class Target:
         return f"gradfuzz:{self.name}:{self.mode}".encode()
 
     def strategy(self) -> Any:
+        """The target's cases, drawn until some path of it can take one: a
+        case no selected path can run is redrawn (Hypothesis filters it
+        before the example counts), never spent on nothing."""
         flags = dict(strategy_flags(self.paths[0]))
-        return cases(exact=self.exact, **flags)
+        paths = self.paths
+        return cases(exact=self.exact, **flags).filter(lambda c: any(p.supports(c) is None for p in paths))
 
     def check(self, case: Case, only: Path | None = None, known: set[str] = frozenset(),  # type: ignore[assignment]
               profile: Profile | None = None, tally: Callable[[Path, str | None], None] | None = None,
