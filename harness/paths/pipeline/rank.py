@@ -93,7 +93,7 @@ class _Probe(torch.nn.Module):
         return x * self.w
 
 
-def probe(world_size: int) -> dict[str, Any]:
+def probe(world_size: int, device: torch.device = torch.device("cpu")) -> dict[str, Any]:
     """Which (stages, microbatches) each schedule accepts with this many
     ranks, and where it puts each stage: found by constructing it (no
     communication happens in a constructor), not from a table, so a torch
@@ -116,7 +116,7 @@ def probe(world_size: int) -> dict[str, Any]:
                 try:
                     from torch.distributed.pipelining import PipelineStage
 
-                    stages = [PipelineStage(_Probe(), i, n, torch.device("cpu")) for i in mine]
+                    stages = [PipelineStage(_Probe().to(device), i, n, device) for i in mine]
                     s = _make_schedule(cls, stages, m, lambda o, t: o.sum())
                 except Exception as e:  # the schedule's own constraint (ValueError, AssertionError)
                     reasons.setdefault(name, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
@@ -128,7 +128,7 @@ def probe(world_size: int) -> dict[str, Any]:
         placement[name] = where
     out: dict[str, Any] = {"layouts": layouts, "placement": placement, "reasons": reasons}
     if world_size == 1:
-        out["same_rank"] = same_rank_p2p()
+        out["same_rank"] = same_rank_p2p(device)
     return out
 
 
@@ -137,7 +137,7 @@ def probe(world_size: int) -> dict[str, Any]:
 P2P_CALLS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
 
 
-def same_rank_p2p() -> dict[str, Any]:
+def same_rank_p2p(device: torch.device = torch.device("cpu")) -> dict[str, Any]:
     """Whether each multi-stage schedule runs two stages held by one rank:
     one step of the smallest such layout (stages 0 and 1 on this rank), on
     the group the one-process paths use (the default group, world size 1).
@@ -163,7 +163,7 @@ def same_rank_p2p() -> dict[str, Any]:
             continue
         for m in range(1, MAX_MICROBATCHES + 1):
             try:
-                s = _make_schedule(cls, [PipelineStage(_Probe(), i, 2, torch.device("cpu")) for i in (0, 1)], m,
+                s = _make_schedule(cls, [PipelineStage(_Probe().to(device), i, 2, device) for i in (0, 1)], m,
                                    lambda o, t: o.sum())
                 break
             except Exception:  # the schedule's own constraint
@@ -171,7 +171,7 @@ def same_rank_p2p() -> dict[str, Any]:
         else:
             continue  # takes no two stages on one rank
         try:
-            s.step(torch.ones(m, 1), target=torch.zeros(m, 1), return_outputs=False)
+            s.step(torch.ones(m, 1, device=device), target=torch.zeros(m, 1, device=device), return_outputs=False)
             works.append(name)
         except Exception as e:
             if any(f.name in P2P_CALLS and f.filename.endswith("distributed_c10d.py")
@@ -299,14 +299,28 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
 _pp: dict[str, Any] = {"group": None, "dirty": True, "threads": [], "retired": []}
 
 
+def _control(ctx: Any) -> Any:
+    """The group the ranks' main threads agree over (who is done, who failed):
+    gloo with CPU tensors, whatever the pool's backend. On NCCL the agreement
+    would queue on the GPU stream behind the case thread's sends and receives,
+    and the ranks would wait on each other for ever."""
+    import torch.distributed as dist
+
+    if ctx.device.type == "cpu":
+        return None  # the default group is gloo already
+    if _pp.get("control") is None:
+        _pp["control"] = dist.new_group(backend="gloo")
+    return _pp["control"]
+
+
 def _group(ctx: Any, timeout_s: float) -> Any:
     import torch.distributed as dist
     from datetime import timedelta
 
     if ctx.world_size == 1:
         return None
-    flag = torch.tensor([1.0 if _pp["dirty"] else 0.0], device=ctx.device)
-    dist.all_reduce(flag)
+    flag = torch.tensor([1.0 if _pp["dirty"] else 0.0])
+    dist.all_reduce(flag, group=_control(ctx))
     if float(flag.item()) > 0:
         # A replaced group may still have a case thread blocked in it (until
         # its timeout): destroy it only once its threads have ended.
@@ -332,7 +346,7 @@ def _group(ctx: Any, timeout_s: float) -> Any:
 def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """A pool message (``harness.workers.host``'s ``call`` op) for this module."""
     if msg.get("what") == "probe":
-        return probe(ctx.world_size)
+        return probe(ctx.world_size, ctx.device)
     group = _group(ctx, msg.get("wait", 3.0))
     args = (ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"], msg["placement"],
             ctx.device, group)
@@ -358,6 +372,8 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
     box: dict[str, Any] = {}
 
     def work() -> None:
+        if ctx.device.type == "cuda":
+            torch.cuda.set_device(ctx.device)  # the current device is per thread
         box["out"] = run_case(*args)
 
     t = threading.Thread(target=work, name="gradfuzz-pipeline-case", daemon=True)
@@ -368,8 +384,8 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
         out = box.get("out")
         failed = out is not None and out["failure"] is not None
         running = out is None
-        flags = torch.tensor([1.0 if failed else 0.0, 1.0 if running else 0.0], device=ctx.device)
-        dist.all_reduce(flags)
+        flags = torch.tensor([1.0 if failed else 0.0, 1.0 if running else 0.0])
+        dist.all_reduce(flags, group=_control(ctx))
         if float(flags[0]) > 0 or float(flags[1]) == 0:
             break
     if out is None:  # a peer failed while this rank waited for it
