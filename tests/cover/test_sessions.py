@@ -51,8 +51,8 @@ def test_two_fuzzers_share_one_redis_and_the_second_replays_the_first_failure_fi
         assert all(second[s]["examples"] <= k * (k + 1) // 2 for s in first), second
         # The same shrunk case on both machines.
         for sig in first:
-            assert (corpus.load(a / "cases" / "found" / f"{sig}.json").case
-                    == corpus.load(b / "cases" / "found" / f"{sig}.json").case)
+            assert (corpus.load(a / ".gradfuzz" / "found" / f"{sig}.json").case
+                    == corpus.load(b / ".gradfuzz" / "found" / f"{sig}.json").case)
         # One command merges the campaign's findings (the Redis log) into one corpus.
         m = gradfuzz("merge", url, "--into", "merged", cwd=tmp_path)
         assert m.returncode == 0, m.stdout + m.stderr
