@@ -338,7 +338,12 @@ class Run:
     notes: list[str] = field(default_factory=list)
 
 
+HARNESS_DIR: str | None = None  # --harness: run that checkout's harness (e.g. the code before a change)
+
+
 def gradfuzz_exe() -> list[str]:
+    if HARNESS_DIR:
+        return [sys.executable, "-m", "harness"]
     exe = shutil.which("gradfuzz")
     return [exe] if exe else [sys.executable, "-m", "harness"]
 
@@ -355,7 +360,7 @@ def run_bounded(cmd: list[str], cwd: str, timeout: float, mem_cap_gb: float,
     err = tempfile.TemporaryFile()
     start = time.monotonic()
     p = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, preexec_fn=limits,
-                         env=dict(os.environ, **(env or {}), PYTHONWARNINGS="ignore"))
+                         env=_env(env))
     rc = None
     rss_kb = 0
     termed = False
@@ -386,6 +391,13 @@ def run_bounded(cmd: list[str], cwd: str, timeout: float, mem_cap_gb: float,
     out.seek(0)
     err.seek(0)
     return rc, out.read().decode(errors="replace"), err.read().decode(errors="replace"), rss_kb / 1024, seconds
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ, **(extra or {}), PYTHONWARNINGS="ignore")
+    if HARNESS_DIR:
+        env["PYTHONPATH"] = HARNESS_DIR
+    return env
 
 
 def first_message(stdout: str, stderr: str) -> str:
@@ -575,7 +587,7 @@ def _run_with_signal(cmd, cwd, sig, after, args):
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
     start = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, start_new_session=True, env=_env())
     time.sleep(after)
     p.send_signal(sig)
     try:
@@ -704,9 +716,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--mem-cap-gb", type=float, default=4.0)
     ap.add_argument("--json", help="write the runs as JSON")
+    ap.add_argument("--harness", metavar="DIR", help="run the harness of this checkout (PYTHONPATH=DIR python -m harness)")
     ap.add_argument("--sandbox", help="keep the hostile files here (default: a temporary directory, removed)")
     args = ap.parse_args(argv)
     args.commands = tuple(args.commands.split(","))
+    global HARNESS_DIR
+    HARNESS_DIR = os.path.abspath(args.harness) if args.harness else None
     only = args.only.split(",")
     sandbox = Path(args.sandbox or tempfile.mkdtemp(prefix="gradfuzz-hostile-"))
     sandbox.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from harness.case.vocab import (  # noqa: F401  (re-exported: the spec's vocabul
     DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, SCHEMA_VERSION, ZERO_GRADS, SpecError,
 )
 from harness.case.validate import infer_shapes
+from harness.case import schema as sc
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class Case:
         if not isinstance(data, dict):
             raise SpecError("case", f"expected a JSON object, got {type(data).__name__}")
         version = data.get("version")
-        if version != SCHEMA_VERSION:
+        if type(version) is not int or version != SCHEMA_VERSION:
             raise SpecError(
                 "version",
                 f"unknown case schema version {version!r}; this gradfuzz reads version "
@@ -172,25 +173,11 @@ class Case:
 
     @classmethod
     def loads(cls, text: str) -> "Case":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SpecError("json", f"not valid JSON: {e}") from None
-        return cls.from_json(data)
+        return cls.from_json(sc.parse_json(text, "case"))
 
 
 # --- JSON encoding: dataclasses to dicts, tuples to lists, and back -------------
 
-_NESTED = {
-    ("Case", "params"): Param,
-    ("Case", "inputs"): Input,
-    ("Case", "nodes"): Node,
-    ("Case", "outputs"): Use,
-    ("Case", "hooks"): Hook,
-    ("Case", "schedule"): Schedule,
-    ("Node", "args"): Use,
-    ("Schedule", "events"): Event,
-}
 # Optional fields written only when set, so cases without them keep their JSON.
 _OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks"), ("Param", "placement"),
                     ("Schedule", "clip"), ("Schedule", "max_norm"), ("Schedule", "optimizer"),
@@ -209,59 +196,107 @@ def _encode(obj: Any) -> Any:
     return obj
 
 
+# Bounds of a case (see harness.case.schema for why every field has one).
+MAX_PARAMS = MAX_INPUTS = MAX_OUTPUTS = MAX_HOOKS = 64
+MAX_NODES = 256
+MAX_NDIM = 6
+MAX_DIM = 2**20
+MAX_EVENTS = 64
+MAX_SEED = 2**63 - 1
+MAX_FACTOR = 2**10
+
+
 def _decode(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise SpecError(where, f"expected an object, got {type(data).__name__}")
     names = {f.name: f for f in fields(cls)}
-    unknown = set(data) - set(names)
-    if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown field")
-    kwargs = {}
-    for name, f in names.items():
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise SpecError(f"{where}.{name}", "missing field")
-            continue
-        kwargs[name] = _decode_field(cls.__name__, name, data[name], f"{where}.{name}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise SpecError(where, str(e)) from None
+    required = [n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING]
+    sc.obj(data, where, required, names)
+    kwargs = {name: _decode_field(cls.__name__, name, data[name], f"{where}.{name}") for name in names if name in data}
+    return cls(**kwargs)
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...]:
+    sc.array(v, where, MAX_NDIM)
+    return tuple(sc.integer(d, f"{where}[{i}]", 1, MAX_DIM) for i, d in enumerate(v))
+
+
+def _attr_value(v: Any, where: str) -> Any:
+    if isinstance(v, list):
+        return tuple(sc.integer(d, f"{where}[{i}]", -MAX_DIM, MAX_DIM) for i, d in enumerate(sc.array(v, where, MAX_NDIM)))
+    if isinstance(v, str):
+        return sc.string(v, where, max_len=32)
+    if v is None:
+        return None
+    return sc.integer(v, where, -MAX_DIM, MAX_DIM)
+
+
+def _attrs(v: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    out = []
+    for i, kv in enumerate(sc.array(v, where, 8)):
+        if not isinstance(kv, list) or len(kv) != 2:
+            raise SpecError(f"{where}[{i}]", f"expected a [key, value] pair, got {sc._show(kv)}")
+        key = sc.string(kv[0], f"{where}[{i}][0]", max_len=32)
+        out.append((key, _attr_value(kv[1], f"{where}[{i}][1]")))
+    return tuple(out)
+
+
+def _strings(max_items: int, max_len: int = sc.MAX_NAME) -> Any:
+    return lambda v, w: tuple(sc.string(x, f"{w}[{i}]", max_len=max_len) for i, x in enumerate(sc.array(v, w, max_items)))
+
+
+def _nested(cls: type, max_items: int) -> Any:
+    return lambda v, w: tuple(_decode(cls, x, f"{w}[{i}]") for i, x in enumerate(sc.array(v, w, max_items)))
+
+
+_str = lambda n=sc.MAX_NAME: (lambda v, w: sc.string(v, w, max_len=n))  # noqa: E731
+
+# One checker per field: the type and the bounds of everything a case file may hold.
+_FIELDS: dict[tuple[str, str], Any] = {
+    ("Case", "params"): _nested(Param, MAX_PARAMS),
+    ("Case", "inputs"): _nested(Input, MAX_INPUTS),
+    ("Case", "nodes"): _nested(Node, MAX_NODES),
+    ("Case", "outputs"): _nested(Use, MAX_OUTPUTS),
+    ("Case", "hooks"): _nested(Hook, MAX_HOOKS),
+    ("Case", "schedule"): lambda v, w: _decode(Schedule, v, w),
+    ("Case", "retain_grad"): _strings(MAX_NODES),
+    ("Case", "dtype"): lambda v, w: sc.string(v, w, choices=DTYPES),
+    ("Case", "exact"): sc.boolean,
+    ("Case", "seed"): lambda v, w: sc.integer(v, w, 0, MAX_SEED),
+    ("Case", "version"): lambda v, w: sc.integer(v, w, SCHEMA_VERSION, SCHEMA_VERSION),
+    ("Case", "stages"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 1, MAX_NODES) for i, x in enumerate(sc.array(v, w, 3))),
+    ("Param", "name"): sc.name,
+    ("Param", "shape"): _shape,
+    ("Param", "requires_grad"): sc.boolean,
+    ("Param", "placement"): _str(16),
+    ("Input", "name"): sc.name,
+    ("Input", "shape"): _shape,
+    ("Input", "requires_grad"): sc.boolean,
+    ("Use", "ref"): sc.name,
+    ("Use", "transpose"): sc.boolean,
+    ("Use", "index"): lambda v, w: None if v is None else sc.integer(v, w, 0, 63),
+    ("Node", "name"): sc.name,
+    ("Node", "op"): _str(32),
+    ("Node", "args"): _nested(Use, 8),
+    ("Node", "attrs"): _attrs,
+    ("Hook", "node"): sc.name,
+    ("Hook", "kind"): lambda v, w: sc.string(v, w, choices=HOOK_KINDS),
+    ("Hook", "factor"): lambda v, w: sc.integer(v, w, -MAX_FACTOR, MAX_FACTOR),
+    ("Event", "after"): lambda v, w: sc.integer(v, w, 0, 1024),
+    ("Event", "kind"): lambda v, w: sc.string(v, w, choices=EVENT_KINDS),
+    ("Event", "sizes"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 1, EVENT_MAX_ELEMENTS) for i, x in enumerate(sc.array(v, w, 8))),
+    ("Schedule", "microbatches"): lambda v, w: sc.integer(v, w, 1, 16),
+    ("Schedule", "steps"): lambda v, w: sc.integer(v, w, 1, 8),
+    ("Schedule", "grad_init"): lambda v, w: sc.string(v, w, choices=GRAD_INITS),
+    ("Schedule", "zero_grad"): lambda v, w: sc.string(v, w, choices=ZERO_GRADS),
+    ("Schedule", "events"): _nested(Event, MAX_EVENTS),
+    ("Schedule", "retain_outputs"): sc.boolean,
+    ("Schedule", "param_hooks"): _strings(len(PARAM_HOOKS)),
+    ("Schedule", "clip"): _str(8),
+    ("Schedule", "max_norm"): lambda v, w: sc.number(v, w, 0, 1e6, lo_open=True),
+    ("Schedule", "optimizer"): _str(32),
+    ("Schedule", "optimizer_impl"): _str(16),
+    ("Schedule", "lr"): lambda v, w: sc.number(v, w, 0, 10, lo_open=True),
+}
 
 
 def _decode_field(owner: str, name: str, value: Any, where: str) -> Any:
-    nested = _NESTED.get((owner, name))
-    if nested is Schedule:
-        return _decode(Schedule, value, where)
-    if nested is not None:
-        if not isinstance(value, list):
-            raise SpecError(where, f"expected a list, got {type(value).__name__}")
-        return tuple(_decode(nested, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if name == "shape":
-        if not isinstance(value, list) or not all(isinstance(d, int) and d > 0 for d in value):
-            raise SpecError(where, f"expected a list of positive ints, got {value!r}")
-        return tuple(value)
-    if name == "attrs":
-        if not isinstance(value, list) or not all(
-            isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str) for kv in value
-        ):
-            raise SpecError(where, f"expected a list of [key, value] pairs, got {value!r}")
-        return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in value)
-    if name == "sizes":
-        if not isinstance(value, list) or not all(isinstance(d, int) and d > 0 for d in value):
-            raise SpecError(where, f"expected a list of positive ints, got {value!r}")
-        return tuple(value)
-    if name == "param_hooks":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise SpecError(where, f"expected a list of hook kinds, got {value!r}")
-        return tuple(value)
-    if name == "stages":
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise SpecError(where, f"expected a list of node positions, got {value!r}")
-        return tuple(value)
-    if name == "retain_grad":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise SpecError(where, f"expected a list of node names, got {value!r}")
-        return tuple(value)
-    return value
-
+    return _FIELDS[(owner, name)](value, where)

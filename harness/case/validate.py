@@ -1,7 +1,14 @@
-"""Validation of a Case: every error names the field it is about."""
+"""Validation of a Case: every error names the field it is about.
+
+Beyond shapes, the memory a case may take is bounded here, from shapes
+alone, before any tensor exists: each tensor at most ``MAX_NUMEL``
+elements, the whole case (oracle in float64 over every backward, grads,
+buffer-pressure events) at most ``CASE_MEMORY_BUDGET`` bytes.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from harness.case.ops import OPS, Result, Shape, ShapeError
@@ -31,6 +38,64 @@ def _use_shape(use: Use, known: dict[str, Result], where: str) -> Shape:
     return shape  # type: ignore[return-value]
 
 
+MAX_NUMEL = 2**22  # elements in one tensor
+CASE_MEMORY_BUDGET = 256 * 2**20  # bytes a case may ask for, estimated from shapes
+EVENTS_MAX_ELEMENTS = 2**24  # all alloc events of a schedule together
+
+# The attributes each op takes, and their type: "int", "int?" (or null), "shape", "layout".
+OP_ATTRS: dict[str, dict[str, str]] = {
+    "reshape": {"shape": "shape"}, "sum": {"dim": "int?"}, "mean": {"dim": "int?"},
+    "layout_matmul": {"layout": "layout"}, "chunk": {"chunks": "int", "dim": "int"},
+    "cat": {"dim": "int"}, "stack": {"dim": "int"},
+}
+
+
+def _check_attrs(op: str, attrs: tuple, where: str) -> None:
+    from harness.case.ops import LAYOUTS
+
+    allowed = OP_ATTRS.get(op, {})
+    seen = set()
+    for j, (key, value) in enumerate(attrs):
+        w = f"{where}.attrs[{j}]"
+        if key not in allowed:
+            raise SpecError(w, f"{op} takes no attribute {key!r}" + (f"; it takes {', '.join(allowed)}" if allowed else ""))
+        if key in seen:
+            raise SpecError(w, f"attribute {key!r} given twice")
+        seen.add(key)
+        want = allowed[key]
+        ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+              "int?": value is None or isinstance(value, int) and not isinstance(value, bool),
+              "shape": isinstance(value, tuple) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value),
+              "layout": value in LAYOUTS}[want]
+        if not ok:
+            raise SpecError(w, f"{op} attribute {key!r} must be "
+                               + {"int": "an integer", "int?": "an integer or null", "shape": "a list of positive integers",
+                                  "layout": f"one of {LAYOUTS}"}[want] + f", got {value!r}")
+
+
+def _numel(shape: Result) -> int:
+    if shape and isinstance(shape[0], tuple):
+        return sum(math.prod(s) for s in shape)  # type: ignore[arg-type]
+    return math.prod(shape)  # type: ignore[arg-type]
+
+
+def check_budget(case: Case, known: dict[str, Result]) -> int:
+    """Bytes the case asks for (estimated from shapes); a SpecError above the budget."""
+    params = sum(_numel(p.shape) for p in case.params)
+    per_backward = sum(_numel(known[x.name]) for x in case.inputs) + sum(_numel(known[n.name]) for n in case.nodes)
+    s = case.schedule
+    events = sum(sum(e.sizes) for e in s.events)
+    if events > EVENTS_MAX_ELEMENTS:
+        raise SpecError("schedule.events", f"alloc events hold {events} elements together; at most {EVENTS_MAX_ELEMENTS}")
+    # float64 oracle and the path in the case dtype, a grad per value, every backward held (retained outputs).
+    need = 8 * (4 * params + 4 * per_backward * s.backwards + events)
+    if need > CASE_MEMORY_BUDGET:
+        raise SpecError("case", f"needs about {need / 2**20:.0f} MiB ({params} parameter elements, {per_backward} "
+                                f"per backward x {s.backwards} backwards, {events} event elements); a case may use "
+                                f"{CASE_MEMORY_BUDGET // 2**20} MiB: make the shapes smaller")
+    return need
+
+
 def infer_shapes(case: Case) -> dict[str, Result]:
     """Shapes of every named value; raises SpecError on the first problem."""
     if case.dtype not in DTYPES:
@@ -48,11 +113,14 @@ def infer_shapes(case: Case) -> dict[str, Result]:
     _check_training(s)
     known: dict[str, Result] = {}
 
-    def declare(name: str, shape: Result, where: str) -> None:
+    def declare(name: str, shape: Result, where: str, field: str = "shape") -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise SpecError(f"{where}.name", f"{name!r} is not a valid identifier")
         if name in known:
             raise SpecError(f"{where}.name", f"{name!r} is defined twice")
+        if _numel(shape) > MAX_NUMEL:
+            raise SpecError(f"{where}.{field}" if field else where,
+                            f"{name!r} has {_numel(shape)} elements ({shape}); at most {MAX_NUMEL} in one tensor")
         known[name] = shape
 
     for i, p in enumerate(case.params):
@@ -68,13 +136,14 @@ def infer_shapes(case: Case) -> dict[str, Result]:
         if not op.min_args <= len(node.args) <= op.max_args:
             raise SpecError(f"{where}.args", f"{node.op} takes {op.min_args}..{op.max_args} operands, got {len(node.args)}")
         shapes = [_use_shape(u, known, f"{where}.args[{j}]") for j, u in enumerate(node.args)]
+        _check_attrs(node.op, node.attrs, where)
         try:
             result = op.shape(shapes, dict(node.attrs))
         except ShapeError as e:
             raise SpecError(where, f"{node.op}: {e}") from None
         if case.exact and not op.exact:
             raise SpecError(f"{where}.op", f"{node.op} is not exact; use it only with exact=false")
-        declare(node.name, result, where)
+        declare(node.name, result, where, "")
     if not case.outputs:
         raise SpecError("outputs", "a case needs at least one output")
     for i, u in enumerate(case.outputs):
@@ -89,6 +158,7 @@ def infer_shapes(case: Case) -> dict[str, Result]:
         if name not in nodes or isinstance(known[name][0] if known[name] else None, tuple):
             raise SpecError(f"retain_grad[{i}]", f"{name!r} is not a single-result node")
     _check_stages(case)
+    check_budget(case, known)
     return known
 
 

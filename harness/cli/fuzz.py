@@ -76,14 +76,15 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     print(text, flush=True)
     if args.json:
         data = report.to_json(result)
-        data.update(interrupted=interrupted, counts=counts, findings=extra.get("details", {}),
+        data.update(interrupted=interrupted, signal=signal.Signals(extra.get("signal", signal.SIGINT)).name if interrupted else None,
+                    counts=counts, findings=extra.get("details", {}),
                     workers=extra.get("workers", 1),
                     seconds=round(extra.get("seconds", 0.0), 3), cpu_s=round(extra.get("cpu_s", 0.0), 3))
         from harness.out.corpus import atomic_write
 
         atomic_write(args.json, json.dumps(data, indent=1) + "\n")
     if interrupted:
-        return 130
+        return exit_code(extra.get("signal", signal.SIGINT))
     if result.divergences:
         return 1
     return 2 if result.errors else 0
@@ -99,7 +100,8 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
                          seed=args.seed)
     display = Display(s.snapshot, args.progress, args.progress_every)
     s.on_event = display.event
-    previous = _on_sigint(stop, display)
+    got: list[int] = []
+    previous = _on_signals(stop, display, got)
     start = time.monotonic()
     display.start()
     try:
@@ -107,23 +109,37 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
                       session=s)
     finally:
         display.close()
-        signal.signal(signal.SIGINT, previous)
+        _restore(previous)
     return s.result, {"counts": s.counts, "details": s.details, "interrupted": s.interrupted or stop.requested,
-                      "seconds": time.monotonic() - start}
+                      "seconds": time.monotonic() - start, "signal": got[0] if got else signal.SIGINT}
 
 
-def _on_sigint(stop: Any, display: Any) -> Any:
-    """First Ctrl-C: stop between examples and report; the second: now."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what CI runners and ``timeout`` send
+
+
+def _on_signals(stop: Any, display: Any, got: list[int]) -> dict[int, Any]:
+    """First SIGINT or SIGTERM: stop between examples and report; the second: now."""
 
     def handler(signum: int, frame: Any) -> None:
         if stop.requested:
             raise KeyboardInterrupt
+        got.append(signum)
         stop.set()
         display.stopping = True
-        print("\ngradfuzz: interrupted: finishing the current example, saving, then the summary "
-              "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+        print(f"\ngradfuzz: interrupted ({signal.Signals(signum).name}): finishing the current example, saving, "
+              "then the summary (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
 
-    return signal.signal(signal.SIGINT, handler)
+    return {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+def exit_code(signum: int) -> int:
+    """The shell's code for a run stopped by ``signum``: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + int(signum)
 
 
 def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
@@ -151,15 +167,18 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
 
     stop = _Stop()
 
+    got: list[int] = []
+
     def handler(signum: int, frame: Any) -> None:
         first = not stop.requested
+        got.append(signum)
         stop.set()
         display.stopping = True
         if first:
             print("\ngradfuzz: interrupted: workers finish their current example and save "
                   "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     start = time.monotonic()
     ctl.start()
     display.start()
@@ -167,13 +186,14 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
         rc = ctl.wait()
     finally:
         display.close()
-        signal.signal(signal.SIGINT, previous)
+        _restore(previous)
     snaps = read_statuses(run_dir)
     result, extra = combine(snaps)
     result.unavailable.update(unavailable)
     extra["workers"] = len(snaps)
     extra["seconds"] = time.monotonic() - start
     extra["interrupted"] = extra["interrupted"] or stop.requested
+    extra["signal"] = got[0] if got else signal.SIGINT
     if not snaps or rc not in (0, 1):
         if not stop.requested or not snaps:
             result.errors.append(f"pytest-xdist session exited {rc}; its log ({ctl.log}):\n{ctl.log_tail()}")

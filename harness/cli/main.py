@@ -46,6 +46,77 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
 
 
+def _writable(path: str, flag: str, directory: bool = False) -> None:
+    """Fail before the run, not after it, when an output cannot be written:
+    create the folder it goes in and a scratch file there (permission bits
+    alone say nothing to root)."""
+    import os
+    import tempfile
+
+    p = os.path.abspath(path)
+    if os.path.exists(p) and directory != os.path.isdir(p):
+        raise UsageError(f"{flag} {path}: is {'not ' if directory else ''}a directory")
+    folder = p if directory else os.path.dirname(p)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=folder, prefix=".gradfuzz-writable-")
+        os.close(fd)
+        os.unlink(scratch)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write there ({e.strerror}: {e.filename})") from None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) before any work: budgets, counts, outputs.
+
+    A typo in CI (``--examples 0``, ``--minutes -1``) must not read as a
+    clean pass, and an unwritable ``--json`` must not be found after an
+    hour of fuzzing."""
+    import math
+    import os
+
+    cmd = args.command
+    examples = getattr(args, "examples", None)
+    if examples is not None and examples < 1:
+        raise UsageError(f"--examples {examples}: expected at least 1 example per path")
+    minutes = getattr(args, "minutes", None)
+    if minutes is not None:
+        lowest = 0.0 if cmd == "gate" else None  # gate --minutes 0: replay only
+        if not math.isfinite(minutes) or minutes < 0 or (lowest is None and minutes == 0):
+            raise UsageError(f"--minutes {minutes}: expected a positive number of minutes"
+                             + (" (0: replay only)" if cmd == "gate" else ""))
+    if getattr(args, "world_size", 2) is not None and not 1 <= getattr(args, "world_size", 2) <= 64:
+        raise UsageError(f"--world-size {args.world_size}: expected 1..64 ranks")
+    timeout = getattr(args, "timeout", 10.0)
+    if timeout is not None and (not math.isfinite(timeout) or not 0 < timeout <= 86400):
+        raise UsageError(f"--timeout {timeout}: expected a positive number of seconds (at most 86400)")
+    every = getattr(args, "progress_every", 10.0)
+    if every is not None and (not math.isfinite(every) or every <= 0):
+        raise UsageError(f"--progress-every {every}: expected a positive number of seconds")
+    shards = getattr(args, "shards", None)
+    if shards is not None and shards < 1:
+        raise UsageError(f"--shards {shards}: expected at least 1")
+    seed = getattr(args, "seed", 0)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise UsageError(f"--seed {seed}: expected 0..2**63-1")
+    n = getattr(args, "numprocesses", None)
+    if n is not None:
+        if n != "auto" and not (n.isdigit() and n.isascii()):
+            raise UsageError(f"-n {n!r}: expected a number of processes or 'auto'")
+        cores = os.cpu_count() or 1
+        if n != "auto" and int(n) > cores:
+            print(f"gradfuzz: warning: -n {n} is more than the {cores} core(s) here; using -n {cores}",
+                  file=sys.stderr)
+            args.numprocesses = str(cores)
+    for flag in ("json", "junit", "markdown", "html"):
+        if getattr(args, flag, None):
+            _writable(getattr(args, flag), f"--{flag}")
+    if getattr(args, "save", None):
+        _writable(args.save, "--save", directory=True)
+    if getattr(args, "into", None):
+        _writable(args.into, "--into", directory=True)
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     paths = resolve(args.paths, _options(args))
     if args.examples is not None and args.minutes is not None:
@@ -62,13 +133,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from harness.cli import report
     from harness.engine import runner
 
-    paths = resolve(args.paths, _options(args))
     skipped: list[str] = []
     files = corpus.discover(args.targets or ["cases"], skipped)
     for d in skipped:
         print(f"gradfuzz: {d} holds findings, not filed cases: not replayed (name it to replay it)", file=sys.stderr)
     if not files:
         raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets or ['cases'])}")
+    for f in files:  # every file read and checked before any path is built
+        corpus.load(f)
+    paths = resolve(args.paths, _options(args))
     result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None)
     print(report.summary(result, verb=f"replayed {len(files)} case(s),"))
     if args.json:
@@ -132,6 +205,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.gate import report as gate_report
     from harness.out.corpus import atomic_write
 
+    from harness.gate import ledger
+
+    # Every input read and checked before the self-check, the paths or the replay start.
+    ledger.load(args.ledger)
+    for f in corpus.discover(args.corpus):
+        corpus.load(f)
+    base = ledger.load_report(args.baseline) if args.baseline else None
     paths = resolve(args.paths, _options(args))
     minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
@@ -139,11 +219,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                            progress=lambda s: print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()
     print(gate_report.terminal(rep))
-    if args.baseline:
-        try:
-            base = json.loads(open(args.baseline).read())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UsageError(f"--baseline {args.baseline}: cannot read a gate report ({e})") from None
+    if base is not None:
         print("\n".join(gate.compare_baseline(rep, base)))
     if args.json:
         atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
@@ -163,15 +239,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def cmd_table(args: argparse.Namespace) -> int:
     import json
 
+    from harness.gate.ledger import load_report
     from harness.gate.versions import table
 
-    reports = []
-    for f in args.reports:
-        try:
-            reports.append(json.loads(open(f).read()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise UsageError(f"{f}: not a gate report ({e})") from None
-    print(table(reports))
+    print(table([load_report(f) for f in args.reports]))
     return 0
 
 
@@ -255,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         # Under torchrun, ranks other than 0 follow rank 0's cases and exit when it is done.
         return pool.follow_torchrun(getattr(args, "dtensor_backend", None))
     try:
+        check_args(args)
         return args.func(args)
     except (UsageError, CorpusError, SpecError) as e:
         print(f"gradfuzz: error: {e}", file=sys.stderr)

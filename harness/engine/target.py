@@ -328,6 +328,13 @@ class TargetRun:
             self.known.add(d.signature)
         if again is not None:
             self.known.update(d.signature for d in again[1])
+        if flaky and all(d.kind == "crash" for d in divs):
+            # A worker that died once and not on the re-run was killed from outside
+            # the case (by the harness, a signal, the OOM killer): the harness's error,
+            # not a finding against the path.
+            self.result.errors.append(f"{path.name}: harness error, not a finding: a worker died once and the re-run "
+                                      f"of the same case did not (killed from outside?): {divs[0].detail[:300]}")
+            return
         self.result.divergences.extend(divs)
         examples, seconds = getattr(self, "_first", (self.drawn, time.monotonic() - self.started))
         f = Finding(path, case, divs, flaky, examples, seconds)

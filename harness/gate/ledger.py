@@ -8,14 +8,16 @@ report and a one-line summary. The gate classifies every result against it.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
+from harness.case import schema as sc
+from harness.case.spec import SpecError
 from harness.out.corpus import CorpusError, covers
 
 LEDGER_VERSION = 1
@@ -71,30 +73,106 @@ def first(hits: list[Bug], version: str | None) -> Bug | None:
     return hits[0] if hits else None
 
 
-def load(file: str) -> Ledger:
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_BUG_FIELDS = ("id", "path", "torch", "summary", "upstream", "cases", "signatures")
+MAX_BUGS = 10_000
+
+
+def _case_file(v: Any, where: str) -> str:
+    """A corpus file relative to the ledger, never outside the ledger's folder."""
+    sc.string(v, where, max_len=512, empty=False)
+    if os.path.isabs(v) or ".." in v.replace("\\", "/").split("/") or "\0" in v:
+        raise SpecError(where, f"{v[:60]!r} must be a path relative to the ledger, inside its folder")
+    return v
+
+
+def _torch_range(v: Any, where: str) -> str:
+    sc.string(v, where, max_len=64)
     try:
-        data = json.loads(open(file).read())
-    except OSError as e:
-        raise CorpusError(file, f"cannot read ledger: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise CorpusError(file, f"ledger is not valid JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict) or data.get("gradfuzz_ledger") != LEDGER_VERSION:
-        raise CorpusError(file, f"field gradfuzz_ledger: expected {LEDGER_VERSION}, got {data.get('gradfuzz_ledger') if isinstance(data, dict) else data!r}")
-    bugs = []
-    for i, b in enumerate(data.get("bugs", [])):
-        where = f"bugs[{i}]"
-        missing = [k for k in ("id", "path", "torch", "summary") if k not in b]
-        if missing:
-            raise CorpusError(file, f"field {where}.{missing[0]}: missing")
-        try:
-            SpecifierSet(b["torch"])
-        except InvalidSpecifier as e:
-            raise CorpusError(file, f"field {where}.torch: {e}") from None
-        unknown = set(b) - {"id", "path", "torch", "summary", "upstream", "cases", "signatures"}
-        if unknown:
-            raise CorpusError(file, f"field {where}.{sorted(unknown)[0]}: unknown field")
-        bugs.append(Bug(**{**b, "cases": tuple(b.get("cases", ())), "signatures": tuple(b.get("signatures", ()))}))
+        SpecifierSet(v)
+    except InvalidSpecifier as e:
+        raise SpecError(where, f"not a version range: {e}") from None
+    return v
+
+
+def from_json(data: Any, file: str) -> Ledger:
+    """A parsed ledger -> Ledger, every field checked; FileError naming the file and field."""
+    try:
+        sc.obj(data, "", ("gradfuzz_ledger", "bugs"))
+        v = data["gradfuzz_ledger"]
+        if type(v) is not int or v != LEDGER_VERSION:
+            raise SpecError("gradfuzz_ledger", f"expected {LEDGER_VERSION}, got {sc._show(v)}")
+        bugs, ids = [], set()
+        for i, b in enumerate(sc.array(data["bugs"], "bugs", MAX_BUGS)):
+            where = f"bugs[{i}]"
+            sc.obj(b, where, ("id", "path", "torch", "summary"), _BUG_FIELDS)
+            sc.string(b["id"], f"{where}.id", max_len=128, pattern=_ID)
+            sc.string(b["path"], f"{where}.path", max_len=256, empty=False)
+            if (b["id"], b["path"]) in ids:  # one entry per bug and path
+                raise SpecError(f"{where}.id", f"{b['id']!r} on {b['path']!r} is filed by an earlier entry too")
+            ids.add((b["id"], b["path"]))
+            _torch_range(b["torch"], f"{where}.torch")
+            sc.string(b["summary"], f"{where}.summary", max_len=sc.MAX_TEXT)
+            sc.string(b.get("upstream", ""), f"{where}.upstream", max_len=sc.MAX_TEXT)
+            cases = tuple(_case_file(c, f"{where}.cases[{j}]") for j, c in enumerate(sc.array(b.get("cases", []), f"{where}.cases")))
+            sigs = tuple(sc.signature(x, f"{where}.signatures[{j}]")
+                         for j, x in enumerate(sc.array(b.get("signatures", []), f"{where}.signatures", 1024)))
+            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs}))
+    except SpecError as e:
+        if not e.where:
+            raise CorpusError(file, "expected a JSON object with gradfuzz_ledger and bugs") from None
+        raise CorpusError(file, f"field {e}") from None
     return Ledger(bugs, os.path.dirname(os.path.abspath(file)))
+
+
+def load(file: str) -> Ledger:
+    """The known-bug ledger, checked whole before the gate does anything."""
+    return from_json(sc.read_json(file, sc.MAX_LEDGER_BYTES, "ledger"), file)
+
+
+# --- gate reports (``gate --baseline``, ``gradfuzz table``) ---------------------------
+
+REPORT_STATUSES = ("known", "fixed", "regression", "new", "not_reproduced", "unavailable", "selfcheck")
+_ROW_FIELDS = ("status", "path", "detail", "bug", "signature", "source", "case", "divergence", "upstream")
+
+
+def _version(v: Any, where: str) -> str:
+    sc.string(v, where, max_len=64, empty=False)
+    try:
+        Version(v.split("+")[0])
+    except InvalidVersion:
+        raise SpecError(where, f"{v!r} is not a torch version") from None
+    return v
+
+
+def report_from_json(data: Any, file: str) -> dict[str, Any]:
+    """A gate report another run wrote: the fields ``table`` and ``--baseline`` use, checked."""
+    try:
+        sc.obj(data, "", ("torch", "rows"), ("schema", "passed", "seconds", "examples", "counts", "selfcheck"))
+        if "schema" in data:
+            sc.integer(data["schema"], "schema", 1, 1)
+        _version(data["torch"], "torch")
+        opt_text = lambda x, w: x if x is None else sc.string(x, w, max_len=sc.MAX_TEXT)  # noqa: E731
+        for i, row in enumerate(sc.array(data["rows"], "rows", 100_000)):
+            w = f"rows[{i}]"
+            sc.obj(row, w, ("status", "path", "detail", "bug", "signature"), _ROW_FIELDS)
+            sc.string(row["status"], f"{w}.status", choices=REPORT_STATUSES)
+            sc.string(row["path"], f"{w}.path", max_len=256)
+            sc.string(row["detail"], f"{w}.detail", max_len=sc.MAX_TEXT)
+            for k in ("bug", "signature", "source", "upstream"):
+                opt_text(row.get(k), f"{w}.{k}")
+            for k in ("case", "divergence"):
+                if row.get(k) is not None:
+                    sc.obj(row[k], f"{w}.{k}", open_keys=True)
+    except SpecError as e:
+        if not e.where:
+            raise CorpusError(file, "expected a gate report (a JSON object with torch and rows)") from None
+        raise CorpusError(file, f"field {e}") from None
+    return data
+
+
+def load_report(file: str) -> dict[str, Any]:
+    return report_from_json(sc.read_json(file, sc.MAX_REPORT_BYTES, "gate report"), file)
 
 
 def to_json(ledger: Ledger) -> dict[str, Any]:

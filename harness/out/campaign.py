@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.case.spec import Case
+from harness.case import schema as sc
+from harness.case.spec import SpecError
 from harness.out import corpus
 
 FINDINGS_KEY = "gradfuzz:findings"
+MAX_ITEMS = 100_000  # finds one merge reads from a campaign's log
 
 
 class DatabaseError(ValueError):
@@ -42,15 +44,31 @@ def publish_finding(spec: str | None, signature: str, entry_json: dict[str, Any]
 
 
 def fetch_findings(spec: str) -> list[tuple[str, Any, str | None]]:
-    """Every find in the campaign's log: (signature, corpus Entry, repro script)."""
+    """Every find in the campaign's log: (signature, corpus Entry, repro script).
+
+    A Redis without authentication is writable by anyone who reaches it, so
+    each item is checked like a file from a stranger (size, JSON, the corpus
+    schema, the signature format) before anything is built; a bad item is a
+    DatabaseError naming the item and the field."""
     client = redis_client(spec)
     out = []
-    for i, raw in enumerate(client.lrange(FINDINGS_KEY, 0, -1)):
-        item = json.loads(raw)
-        data = item["entry"]
+    for i, raw in enumerate(client.lrange(FINDINGS_KEY, 0, MAX_ITEMS - 1)):
+        where = f"{spec} {FINDINGS_KEY}[{i}]"
         try:
-            case = Case.from_json(data["case"])
-        except Exception as e:
-            raise DatabaseError(f"{spec} {FINDINGS_KEY}[{i}]: field case: {e}") from None
-        out.append((item["signature"], corpus.Entry(case, data.get("meta", {}), f"{spec}#{i}"), item.get("script")))
+            if len(raw) > sc.MAX_ITEM_BYTES:
+                raise SpecError("item", f"{len(raw)} bytes; at most {sc.MAX_ITEM_BYTES}")
+            item = sc.obj(sc.parse_json(raw, "finding"), "", ("signature", "entry"), ("script",))
+            sig = sc.signature(item["signature"], "signature")
+            script = item.get("script")
+            if script is not None:
+                sc.string(script, "script", max_len=sc.MAX_ITEM_BYTES)
+            data = sc.obj(item["entry"], "entry", ("case",), ("meta",))
+        except SpecError as e:
+            raise DatabaseError(f"{where}: {sc.message(e)}" if e.where else
+                                f"{where}: expected an object with signature, entry and script") from None
+        try:
+            entry = corpus.from_json({"gradfuzz_corpus": corpus.CORPUS_VERSION, **data}, f"{spec}#{i}")
+        except corpus.CorpusError as e:
+            raise DatabaseError(f"{where}: {str(e).split(': ', 1)[1].replace('field ', 'field entry.', 1)}") from None
+        out.append((sig, entry, script))
     return out

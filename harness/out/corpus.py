@@ -22,15 +22,13 @@ from typing import Any, Iterable
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from harness.case import schema as sc
 from harness.case.spec import Case, SpecError
 
 CORPUS_VERSION = 1
 
 
-class CorpusError(ValueError):
-    def __init__(self, file: str | os.PathLike, message: str) -> None:
-        super().__init__(f"{file}: {message}")
-        self.file = str(file)
+CorpusError = sc.FileError  # the one error type of every file loader: exit 2 naming file and field
 
 
 def covers(patterns: str, path: str) -> bool:
@@ -58,36 +56,101 @@ class Entry:
         return {"gradfuzz_corpus": CORPUS_VERSION, "case": self.case.to_json(), "meta": self.meta}
 
 
-def load(file: str | os.PathLike) -> Entry:
+def _torch_spec(v: Any, where: str) -> str:
+    sc.string(v, where, max_len=64)
     try:
-        text = pathlib.Path(file).read_text()
-    except OSError as e:
-        raise CorpusError(file, f"cannot read: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CorpusError(file, f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        SpecifierSet(v)
+    except InvalidSpecifier as e:
+        raise SpecError(where, f"not a version range: {e}") from None
+    return v
+
+
+def _expect(v: Any, where: str) -> Any:
+    for i, e in enumerate(sc.array(v, where, 64)):
+        w = f"{where}[{i}]"
+        sc.obj(e, w, ("path",), ("torch", "note"))
+        sc.string(e["path"], f"{w}.path", max_len=256)
+        sc.string(e.get("note", ""), f"{w}.note", max_len=sc.MAX_TEXT)
+        _torch_spec(e.get("torch", ""), f"{w}.torch")
+    return v
+
+
+def _float_or_none(v: Any, where: str) -> Any:
+    # max_abs/ratio may be inf/nan in a record of what was seen; only their type matters.
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise SpecError(where, f"expected a number or null, got {sc._show(v)}")
+    return v
+
+
+def _divergences(v: Any, where: str) -> Any:
+    text = lambda x, w: sc.string(x, w, max_len=sc.MAX_CORPUS_BYTES)  # noqa: E731
+    opt = lambda f: lambda x, w: None if x is None else f(x, w)  # noqa: E731
+    checks = {"path": text, "kind": text, "param": opt(text), "microbatch": opt(lambda x, w: sc.integer(x, w, 0, 2**20)),
+              "max_abs": _float_or_none, "max_rel": _float_or_none, "ratio": _float_or_none, "detail": text,
+              "signature": lambda x, w: x if x == "" else sc.signature(x, w), "flaky": sc.boolean, "shape": text}
+    for i, d in enumerate(sc.array(v, where, 64)):
+        sc.obj(d, f"{where}[{i}]", (), checks)
+        for k, x in d.items():
+            checks[k](x, f"{where}[{i}].{k}")
+    return v
+
+
+_count = lambda v, w: sc.integer(v, w, 0, 2**53)  # noqa: E731
+_text = lambda v, w: sc.string(v, w, max_len=sc.MAX_TEXT)  # noqa: E731
+# Every field a corpus file's meta may hold, and its check. Written by the
+# harness (signature, counts, found_with, ...) or by people (title, notes, expect).
+META_FIELDS: dict[str, Any] = {
+    "title": sc.line, "source": _text, "analysis": _text, "notes": _text, "upstream": _text,
+    "signature": sc.signature,
+    "count": _count,
+    "counts": lambda v, w: sc.dict_of(v, w, _count, 4096),
+    "first_seen": lambda v, w: sc.string(v, w, max_len=64), "last_seen": lambda v, w: sc.string(v, w, max_len=64),
+    "flaky": sc.boolean,
+    "expect": _expect,
+    "found_with": lambda v, w: (sc.obj(v, w, (), ("path", "torch")), sc.path_name(v.get("path", ""), f"{w}.path"),
+                                sc.line(v.get("torch", ""), f"{w}.torch", 64)),
+    "checked": lambda v, w: sc.dict_of(v, w, _text, 64),
+    "divergences": _divergences,
+}
+
+
+def check_meta(meta: Any, where: str = "meta") -> dict[str, Any]:
+    """A corpus entry's meta, field by field (SpecError naming the field)."""
+    sc.obj(meta, where, (), META_FIELDS)
+    for k, v in meta.items():
+        META_FIELDS[k](v, f"{where}.{k}")
+    return meta
+
+
+def from_json(data: Any, file: str) -> Entry:
+    """A parsed corpus file (or Redis item) -> Entry; FileError naming ``file`` and the field."""
     if not isinstance(data, dict):
         raise CorpusError(file, "expected a JSON object with gradfuzz_corpus, case and meta")
     if "gradfuzz_corpus" not in data:
         raise CorpusError(file, "field gradfuzz_corpus: missing (is this a gradfuzz corpus file?)")
-    if data["gradfuzz_corpus"] != CORPUS_VERSION:
-        raise CorpusError(
-            file, f"field gradfuzz_corpus: unknown corpus version {data['gradfuzz_corpus']!r}; this gradfuzz reads {CORPUS_VERSION}"
-        )
+    unknown = sorted(str(k) for k in data if k not in ("gradfuzz_corpus", "case", "meta"))
+    if unknown:
+        raise CorpusError(file, f"field {unknown[0][:64]}: unknown field (a corpus file has gradfuzz_corpus, case, meta)")
+    if "case" not in data:
+        raise CorpusError(file, "field case: missing")
+    v = data["gradfuzz_corpus"]
+    if type(v) is not int or v != CORPUS_VERSION:
+        raise CorpusError(file, f"field gradfuzz_corpus: unknown corpus version {sc._show(v)}; this gradfuzz reads {CORPUS_VERSION}")
     meta = data.get("meta", {})
-    if not isinstance(meta, dict):
-        raise CorpusError(file, "field meta: expected an object")
-    for i, e in enumerate(meta.get("expect", [])):
-        try:
-            SpecifierSet(e.get("torch", ""))
-        except (InvalidSpecifier, AttributeError) as err:
-            raise CorpusError(file, f"field meta.expect[{i}].torch: {err}") from None
     try:
-        case = Case.from_json(data.get("case"))
+        check_meta(meta)
+    except SpecError as e:
+        raise CorpusError(file, f"field {e}") from None
+    try:
+        case = Case.from_json(data["case"])
     except SpecError as e:
         raise CorpusError(file, f"field case.{e}" if not str(e).startswith("case") else f"field {e}") from None
     return Entry(case, meta, str(file))
+
+
+def load(file: str | os.PathLike) -> Entry:
+    """A corpus file, checked whole (size, encoding, nesting, every field) before anything is built."""
+    return from_json(sc.read_json(file, sc.MAX_CORPUS_BYTES, "corpus file"), str(file))
 
 
 FINDINGS_MARK = ".gradfuzz.lock"  # every findings folder has its writers' lock file
@@ -143,8 +206,12 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
 
 
 def save(directory: str | os.PathLike, name: str, entry: Entry, repro: str | None = None) -> str:
-    """Write ``name.json`` (and ``name.py``, the standalone repro) under ``directory``."""
-    target = pathlib.Path(directory) / f"{name}.json"
+    """Write ``name.json`` (and ``name.py``, the standalone repro) under ``directory``.
+
+    ``name`` is a signature: the file stays inside ``directory`` and its name
+    cannot be imported (a signature has dashes), whatever a corpus said."""
+    pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+    target = sc.safe_target(directory, name, ".json")
     atomic_write(target, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
     if repro is not None:
         atomic_write(target.with_suffix(".py"), repro)

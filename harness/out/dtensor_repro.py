@@ -16,16 +16,18 @@ from __future__ import annotations
 from harness.build.tensors import Built
 from harness.case.spec import Case
 from harness.objects import Ref
-from harness.out.source import forward_source, function_helpers, literal
+from harness.out.source import checked, forward_source, function_helpers, literal
 from harness.paths.base import Repro
 
 
 def script(case: Case, machinery: Repro, title: str) -> str:
+    case = checked(case)
     b = Built(case)
     sched = case.schedule
     local = all(p.placement in ("", "partial") for p in case.params)
     impl_import = "" if machinery.impl in ("", "stock") else Ref.parse(machinery.impl).import_line("layout_impl")
     data = [
+        f"TITLE = {str(title)!r}",
         f"DTYPE = torch.{case.dtype}",
         "PARAMS = {" + ", ".join(f"{p.name!r}: {literal(b.params()[p.name])}" for p in case.params) + "}",
         "PLACEMENT = " + repr({p.name: p.placement for p in case.params}),
@@ -41,7 +43,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
         "]",
     ]
     header = f'''#!/usr/bin/env python
-"""gradfuzz repro: {title!r}
+"""gradfuzz repro: see TITLE below.
 
 Expected: eager autograd in float64, summed out of place. Actual: DTensor
 parameters on {machinery.world_size} rank(s), grad-layout handling {machinery.impl or 'stock'!r}, in {case.dtype}.

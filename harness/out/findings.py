@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pathlib
 from typing import Any, Iterator
 
+from harness.case import schema as sc
 from harness.case.spec import Case
 from harness.observation import Divergence
 from harness.out import corpus, repro
@@ -98,7 +99,8 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
     ``counts`` (writer id -> finds) is given when merging a corpus that
     already counted its finds; by default this is one find by this process.
     """
-    target = pathlib.Path(directory) / f"{signature}.json"
+    pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+    target = sc.safe_target(directory, signature, ".json")  # inside ``directory``, never an importable name
     with locked(directory):
         old = _read(target)
         meta = {k: v for k, v in entry.meta.items() if k not in ("count", "counts")}
@@ -139,30 +141,54 @@ def merge(sources: list[str], into: str) -> dict[str, Any]:
     """Merge corpus directories (and Redis finding logs, ``redis://...``) into ``into``.
 
     Per-writer counts merge by maximum (so merging twice changes nothing)
-    and the smaller case wins. Returns a summary.
+    and the smaller case wins. Every source is read and checked whole
+    before anything is written. Signatures are checked (the harness's own
+    format, or a content hash for a hand-filed case) and repro scripts are
+    generated here from the checked case, never copied: a script from
+    another machine or from Redis is text from a stranger. Returns a summary.
     """
-    from harness.out import campaign as database
-    merged: dict[str, int] = {}
-    added = 0
+    from harness.out import campaign
+
+    items: list[tuple[str, str, corpus.Entry]] = []
     for src in sources:
-        if src.startswith("redis://"):
-            items = database.fetch_findings(src)
+        if src.startswith(("redis://", "rediss://", "unix://")):
+            items += [(src, sig, e) for sig, e, _ in campaign.fetch_findings(src)]
         else:
-            items = []
             for f in corpus.discover([src]):
                 e = corpus.load(f)
-                sig = e.meta.get("signature") or pathlib.Path(f).stem
-                script_file = pathlib.Path(f).with_suffix(".py")
-                items.append((sig, e, script_file.read_text() if script_file.exists() else None))
-        for sig, e, script in items:
-            if script is None:
-                found = e.meta.get("found_with", {}).get("path", "")
-                script = repro.script(e.case, found, Repro(template="none", why=f"merged from {src}"), title=e.meta.get("title", ""))
-            counts = e.meta.get("counts") or {f"{src}:{sig}": int(e.meta.get("count", 1))}
-            r = record(into, sig, e, script, counts=counts)
-            added += r.new
-            merged[sig] = r.count
+                items.append((src, e.meta.get("signature") or sc.case_signature(e.case.to_json()), e))
+    merged: dict[str, int] = {}
+    added = 0
+    scripts = _ScriptMaker()
+    for src, sig, e in items:
+        found = e.meta.get("found_with", {}).get("path", "")
+        script = scripts(e.case, found, e.meta.get("title", ""))
+        counts = e.meta.get("counts") or {f"{src}:{sig}": int(e.meta.get("count", 1))}
+        r = record(into, sig, e, script, counts=counts)
+        added += r.new
+        merged[sig] = r.count
     return {"into": into, "signatures": len(merged), "new": added, "counts": merged}
+
+
+class _ScriptMaker:
+    """Repro scripts for merged finds, with the machinery of the path that found
+    them when this installation has it (paths are made once, on first need)."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, Any] | None = None
+
+    def __call__(self, case: Case, path_name: str, title: str) -> str:
+        if self.paths is None:
+            from harness.paths import Options, all_paths
+
+            try:
+                self.paths = {p.name: p for p in all_paths(Options())}
+            except Exception:  # no machinery here: a script with the oracle side only
+                self.paths = {}
+        p = self.paths.get(path_name)
+        machinery = p.repro(case) if p is not None else Repro(
+            template="none", why=f"path {path_name!r} is not installed here")
+        return repro.script(case, path_name or "unknown path", machinery, title=title)
 
 
 def save_finding(save_dir: str, path: Path, case: Case, divs: list[Divergence], source: str) -> str:
@@ -177,7 +203,7 @@ def finding_entry(path: Path, case: Case, divs: list[Divergence], source: str) -
 
     first = divs[0]
     meta = {
-        "title": f"{path.name}: {first.detail.split(';')[0]}",
+        "title": " ".join(f"{path.name}: {first.detail.split(';')[0]}".split())[:1000],  # one line (corpus schema)
         "source": source,
         "found_with": {"torch": torch.__version__, "path": path.name},
         "signature": first.signature,

@@ -16,7 +16,7 @@ import keyword
 from harness.objects import Ref
 from harness.build.tensors import Built
 from harness.case.ops import OPS
-from harness.out.source import forward_source, function_helpers, literal
+from harness.out.source import checked, factor_literal, forward_source, function_helpers, literal
 from harness.paths.base import Repro
 from harness.case.spec import Case, Use
 from harness.build.stages import StageSpec, cut
@@ -56,7 +56,7 @@ def stage_source(case: Case, spec: StageSpec) -> str:
         lines.append(f"        {n.name} = {OPS[n.op].source([ref(u) for u in n.args], dict(n.attrs))}")
         h = hooks.get(n.name)
         if h is not None:
-            body = f"lambda g: g * {h.factor}" if h.kind == "scale" else "lambda g: None"
+            body = f"lambda g: g * {factor_literal(h.factor)}" if h.kind == "scale" else "lambda g: None"
             lines += [f"        if {n.name}.requires_grad:",
                       f"            {n.name}.register_hook({body})  # a {h.kind} hook"]
     outs = [ref(u) for u in spec.outputs]
@@ -67,6 +67,7 @@ def stage_source(case: Case, spec: StageSpec) -> str:
 def script(case: Case, machinery: Repro, title: str) -> str:
     schedule, impl, world_size = machinery.schedule, machinery.stage_impl, machinery.world_size
     placement = list(machinery.placement)
+    case = checked(case)
     b = Built(case)
     sched = case.schedule
     specs = cut(case)
@@ -76,6 +77,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     else:
         stage_import = Ref.parse(impl, default_attr="PipelineStage").import_line("Stage") + "  # the stage class under test"
     data = [
+        f"TITLE = {str(title)!r}",
         f"DTYPE = torch.{case.dtype}",
         "PARAMS = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.params().items()) + "}",
         "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
@@ -95,7 +97,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
         f"STAGE_PARAMS = {[list(s.params) for s in specs]}",
     ]
     header = f'''#!/usr/bin/env python
-"""gradfuzz repro: {title}
+"""gradfuzz repro: see TITLE below.
 
 Expected: eager autograd in float64 over the whole model (torch.autograd.grad
 per microbatch, summed out of place). Actual: torch.distributed.pipelining

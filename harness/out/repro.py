@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness.build.tensors import Built
 from harness.case.spec import Case
-from harness.out.source import forward_source, function_helpers, literal
+from harness.out.source import checked, forward_source, function_helpers, literal
 from harness.paths.base import Repro
 
 
@@ -20,8 +20,12 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
 
     ``machinery`` is the path's ``repro(case)``: its template picks the
     script's shape (``harness.paths.base.Repro``). The ``schedule`` template
-    is written here; pipeline stages and DTensor ranks have theirs.
+    is written here; pipeline stages and DTensor ranks have theirs. Every
+    value of the case is checked first and text (title, path name) goes in
+    through ``repr`` only: corpus files and Redis items come from strangers.
     """
+    case = checked(case)
+    title, path_name = str(title), str(path_name)
     if machinery.template == "pipeline":
         from harness.out import pipeline_repro
 
@@ -41,6 +45,8 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
 
     params = b.params()
     data = [
+        f"TITLE = {title or path_name!r}",
+        f"PATH = {path_name!r}  # the machinery under test",
         f"DTYPE = torch.{case.dtype}",
         "PARAMS = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in params.items()) + "}",
         "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
@@ -59,10 +65,10 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
         "]",
     ]
     header = f'''#!/usr/bin/env python
-"""gradfuzz repro: {title or path_name}
+"""gradfuzz repro: see TITLE and PATH below.
 
 Expected: eager autograd in float64 (torch.autograd.grad per backward,
-summed out of place). Actual: {path_name}, in {case.dtype}.
+summed out of place). Actual: the machinery of PATH, in {case.dtype}.
 Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
 {sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
 Run with plain python; exit status 1 when they differ. The loop keeps every

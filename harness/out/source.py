@@ -14,7 +14,22 @@ from typing import Any
 
 from harness.case import functions
 from harness.case.ops import OPS
-from harness.case.spec import Case, Use
+from harness.case.spec import Case, SpecError, Use
+
+
+def checked(case: Case) -> Case:
+    """The case as its own JSON would load: every name a validated,
+    non-keyword identifier, every number a number of its type, every attribute
+    one its op takes. Scripts are generated only from such values (a Case made
+    in code, not read from a file, gets the same check here)."""
+    return Case.from_json(case.to_json())
+
+
+def factor_literal(factor: Any) -> str:
+    """A hook factor as a literal, after its type check (never pasted text)."""
+    if isinstance(factor, bool) or not isinstance(factor, int):
+        raise SpecError("hooks.factor", f"expected an integer, got {factor!r}")
+    return repr(int(factor))
 
 
 def _ref(use: Use, nodes: set[str]) -> str:
@@ -33,7 +48,7 @@ def forward_source(case: Case) -> str:
         lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")
         h = hooks.get(n.name)
         if h is not None:
-            body = f"lambda g: g * {h.factor}" if h.kind == "scale" else "lambda g: None"
+            body = f"lambda g: g * {factor_literal(h.factor)}" if h.kind == "scale" else "lambda g: None"
             lines.append(f"    if {n.name}.requires_grad:")
             lines.append(f"        {n.name}.register_hook({body})  # a {h.kind} hook")
         if n.name in case.retain_grad:

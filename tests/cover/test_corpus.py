@@ -44,7 +44,7 @@ def test_replay(file, path):
 
 def test_corpus_write_is_atomic_and_round_trips(tmp_path):
     entry = corpus.load(FILES[0])
-    target = corpus.save(tmp_path, "copy", entry, repro="print('hi')\n")
+    target = corpus.save(tmp_path, "split.stock-value-0123456789", entry, repro="print('hi')\n")
     again = corpus.load(target)
     assert again.case == entry.case and again.meta == entry.meta
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

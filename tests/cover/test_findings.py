@@ -29,23 +29,23 @@ def _bigger(case: Case) -> Case:
 def test_same_signature_bumps_the_count_and_keeps_the_smaller_case(tmp_path):
     small = nested()
     big = _bigger(small)
-    r1 = findings.record(tmp_path, "sig-a", _entry(big, "big"), "print('big')\n")
+    r1 = findings.record(tmp_path, "split.stock-value-aaaaaaaaaa", _entry(big, "big"), "print('big')\n")
     assert r1.new and r1.count == 1
-    r2 = findings.record(tmp_path, "sig-a", _entry(small, "small"), "print('small')\n")
+    r2 = findings.record(tmp_path, "split.stock-value-aaaaaaaaaa", _entry(small, "small"), "print('small')\n")
     assert not r2.new and r2.count == 2 and r2.replaced
-    r3 = findings.record(tmp_path, "sig-a", _entry(big, "big again"), "print('big again')\n")
+    r3 = findings.record(tmp_path, "split.stock-value-aaaaaaaaaa", _entry(big, "big again"), "print('big again')\n")
     assert r3.count == 3 and not r3.replaced
-    e = corpus.load(tmp_path / "sig-a.json")
+    e = corpus.load(tmp_path / "split.stock-value-aaaaaaaaaa.json")
     assert e.case == small and e.meta["title"] == "small" and e.meta["count"] == 3
-    assert (tmp_path / "sig-a.py").read_text() == "print('small')\n"
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["sig-a.json", "sig-a.py"]
+    assert (tmp_path / "split.stock-value-aaaaaaaaaa.py").read_text() == "print('small')\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["split.stock-value-aaaaaaaaaa.json", "split.stock-value-aaaaaaaaaa.py"]
 
 
 def _writer(args):
     directory, worker, n = args
     case = nested()
     for i in range(n):
-        findings.record(directory, f"sig-{i % 3}", _entry(case if (i + worker) % 2 else _bigger(case)), f"# {worker} {i}\n")
+        findings.record(directory, f"split.stock-value-000000000{i % 3}", _entry(case if (i + worker) % 2 else _bigger(case)), f"# {worker} {i}\n")
     return findings.writer_id()
 
 
@@ -55,7 +55,7 @@ def test_two_writers_on_one_directory_lose_nothing(tmp_path):
         writers = pool.map(_writer, [(str(tmp_path), 0, 30), (str(tmp_path), 1, 30)])
     assert len(set(writers)) == 2
     files = sorted(tmp_path.glob("*.json"))
-    assert [f.name for f in files] == ["sig-0.json", "sig-1.json", "sig-2.json"]
+    assert [f.name for f in files] == ["split.stock-value-0000000000.json", "split.stock-value-0000000001.json", "split.stock-value-0000000002.json"]
     total = 0
     for f in files:
         e = corpus.load(f)  # every file parses: no torn writes
@@ -69,15 +69,15 @@ def test_two_writers_on_one_directory_lose_nothing(tmp_path):
 def test_merge_adds_other_corpora_and_merging_twice_changes_nothing(tmp_path):
     a, b, into = tmp_path / "a", tmp_path / "b", tmp_path / "into"
     for _ in range(2):
-        findings.record(a, "sig-x", _entry(_bigger(nested())), "# a\n")
+        findings.record(a, "split.stock-value-cccccccccc", _entry(_bigger(nested())), "# a\n")
     findings._writer = None  # another machine
-    findings.record(b, "sig-x", _entry(nested()), "# b\n")
-    findings.record(b, "sig-y", _entry(nested()), "# b\n")
+    findings.record(b, "split.stock-value-cccccccccc", _entry(nested()), "# b\n")
+    findings.record(b, "split.stock-value-dddddddddd", _entry(nested()), "# b\n")
     s1 = findings.merge([str(a), str(b)], str(into))
-    assert s1["counts"] == {"sig-x": 3, "sig-y": 1} and s1["new"] == 2
+    assert s1["counts"] == {"split.stock-value-cccccccccc": 3, "split.stock-value-dddddddddd": 1} and s1["new"] == 2
     s2 = findings.merge([str(a), str(b)], str(into))
-    assert s2["counts"] == {"sig-x": 3, "sig-y": 1} and s2["new"] == 0
-    assert corpus.load(into / "sig-x.json").case == nested()
+    assert s2["counts"] == {"split.stock-value-cccccccccc": 3, "split.stock-value-dddddddddd": 1} and s2["new"] == 0
+    assert corpus.load(into / "split.stock-value-cccccccccc.json").case == nested()
 
 
 def test_masking_database_keeps_examples_that_pass_only_because_they_are_known():

@@ -1,0 +1,398 @@
+"""Corpus files, ledgers, gate reports and Redis items are input from strangers.
+
+The loaders are fuzzed with Hypothesis (arbitrary JSON, arbitrary bytes, and
+valid files with one part replaced by arbitrary JSON): each returns a valid
+object or raises its one input error type, in bounded time. Generated repro
+scripts are parsed and compared with the template: hostile text changes
+constants, never code. Names that become files are refused unless they are
+signatures written inside the target folder.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import signal
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from harness.case import schema
+from harness.case.spec import Case, SpecError
+from harness.gate import ledger
+from harness.out import corpus, findings, repro
+from harness.out.source import checked
+from harness.paths.base import Repro
+from tests.redis_server import redis_server
+
+CASE_FILE = "cases/split/nested_weight_double_count.json"
+LEDGER_FILE = "cases/ledger.json"
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
+    | st.sampled_from(["", "no", "false", "1", "class", "../x", "split.stock", "<2.13", "float32", "matmul", "w0", "n0"]),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12) | st.sampled_from(
+        ["case", "meta", "params", "nodes", "shape", "name", "op", "args", "ref", "version", "gradfuzz_corpus",
+         "gradfuzz_ledger", "bugs", "id", "path", "torch", "rows", "status", "schedule", "hooks", "factor"]), kids, max_size=5),
+    max_leaves=20,
+)
+
+
+def _paths(doc, prefix=()):
+    """Every position in a JSON document, as key tuples."""
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, prefix + (i,))
+
+
+def _replace(doc, where, value):
+    doc = copy.deepcopy(doc)
+    if not where:
+        return value
+    cur = doc
+    for k in where[:-1]:
+        cur = cur[k]
+    cur[where[-1]] = value
+    return doc
+
+
+@st.composite
+def mutated(draw, base):
+    """``base`` with one position replaced by arbitrary JSON (or deleted)."""
+    positions = list(_paths(base))
+    where = draw(st.sampled_from(positions))
+    if where and draw(st.integers(0, 4)) == 0:
+        doc = copy.deepcopy(base)
+        cur = doc
+        for k in where[:-1]:
+            cur = cur[k]
+        del cur[where[-1]]
+        return doc
+    return _replace(base, where, draw(json_values))
+
+
+BASE_ENTRY = json.load(open(CASE_FILE))
+BASE_LEDGER = json.load(open(LEDGER_FILE))
+BASE_LEDGER = {**BASE_LEDGER, "bugs": BASE_LEDGER["bugs"][:2]}
+BASE_REPORT = {"schema": 1, "torch": "2.13.0", "passed": True, "rows": [
+    {"status": "known", "path": "split.stock", "detail": "d", "bug": "b", "signature": "split.stock-value-0123456789",
+     "source": "fuzz", "case": None, "divergence": None, "upstream": ""}]}
+FAST = settings(max_examples=150, deadline=2000, suppress_health_check=list(HealthCheck), database=None)
+counts: dict[str, int] = {}
+
+
+def _bounded(fn, what):
+    counts[what] = counts.get(what, 0) + 1
+    start = time.monotonic()
+    try:
+        return fn()
+    finally:
+        assert time.monotonic() - start < 2.0, f"{what} took {time.monotonic() - start:.1f}s"
+
+
+def check_corpus(data):
+    try:
+        e = _bounded(lambda: corpus.from_json(data, "hostile.json"), "corpus")
+    except corpus.CorpusError as err:
+        assert "hostile.json" in str(err)
+        return
+    assert isinstance(e.case, Case)
+    assert Case.from_json(e.case.to_json()) == e.case  # what loads, round-trips
+    checked(e.case)
+
+
+def check_ledger(data):
+    try:
+        led = _bounded(lambda: ledger.from_json(data, "hostile-ledger.json"), "ledger")
+    except corpus.CorpusError as err:
+        assert "hostile-ledger.json" in str(err)
+        return
+    for b in led.bugs:
+        assert all(isinstance(c, str) and ".." not in c for c in b.cases)
+        b.relation("2.13.0")
+
+
+def check_report(data):
+    try:
+        rep = _bounded(lambda: ledger.report_from_json(data, "report.json"), "report")
+    except corpus.CorpusError as err:
+        assert "report.json" in str(err)
+        return
+    from harness.gate.versions import table
+
+    table([rep])
+
+
+@FAST
+@given(mutated(BASE_ENTRY))
+def test_corpus_loader_mutations(data):
+    check_corpus(data)
+
+
+@FAST
+@given(json_values)
+def test_loaders_on_arbitrary_json(data):
+    check_corpus(data)
+    check_ledger(data)
+    check_report(data)
+    try:
+        Case.from_json(data)
+    except SpecError:
+        pass
+
+
+@FAST
+@given(mutated(BASE_LEDGER))
+def test_ledger_loader_mutations(data):
+    check_ledger(data)
+
+
+@FAST
+@given(mutated(BASE_REPORT))
+def test_report_loader_mutations(data):
+    check_report(data)
+
+
+@settings(max_examples=100, deadline=2000, suppress_health_check=list(HealthCheck), database=None)
+@given(st.binary(max_size=200) | st.binary(max_size=50).map(lambda b: json.dumps(BASE_ENTRY).encode()[:400] + b))
+def test_loaders_on_arbitrary_bytes(tmp_path_factory, raw):
+    f = tmp_path_factory.mktemp("b") / "bytes.json"
+    f.write_bytes(raw)
+    for load in (corpus.load, ledger.load, ledger.load_report):
+        try:
+            _bounded(lambda: load(str(f)), "bytes")
+        except corpus.CorpusError as err:
+            assert str(f) in str(err)
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"[" * 100_000, "nests"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b"", "empty"),
+    (b'{"gradfuzz_corpus": 1, "case": {}, "meta": {"x": ' + b"1" * 5000 + b"}}", "not usable JSON"),
+])
+def test_malformed_bytes_name_the_file(tmp_path, raw, words):
+    f = tmp_path / "bad.json"
+    f.write_bytes(raw)
+    with pytest.raises(corpus.CorpusError, match=words) as info:
+        corpus.load(f)
+    assert str(f) in str(info.value)
+
+
+def test_oversized_file_is_refused_before_it_is_read(tmp_path):
+    f = tmp_path / "big.json"
+    f.write_bytes(b" " * (schema.MAX_CORPUS_BYTES + 1))
+    start = time.monotonic()
+    with pytest.raises(corpus.CorpusError, match="larger than"):
+        corpus.load(f)
+    assert time.monotonic() - start < 1
+
+
+@pytest.mark.parametrize("where, value, field", [
+    (("case", "exact"), "no", "case.exact"),
+    (("case", "version"), True, "case.version"),
+    (("case", "seed"), 2**80, "case.seed"),
+    (("case", "params", 0, "shape"), [200_000, 200_000], "case.params[0].shape"),
+    (("case", "params", 0, "shape"), [3000, 3000], "case.params[0].shape"),  # 9M elements, under MAX_DIM, over MAX_NUMEL
+    (("case", "params", 0, "requires_grad"), "false", "case.params[0].requires_grad"),
+    (("case", "schedule", "microbatches"), True, "case.schedule.microbatches"),
+    (("case", "nodes", 0, "name"), "class", "case.nodes[0].name"),
+    (("meta", "title"), 'x"""\nimport os', "meta.title"),
+    (("meta", "signature"), "../../escape/sitecustomize", "meta.signature"),
+    (("meta", "signature"), "torch", "meta.signature"),
+    (("meta", "found_with"), {"path": "split.stock\nimport os"}, "meta.found_with.path"),
+    (("meta", "expect", 0, "torch"), 2.13, "meta.expect[0].torch"),
+])
+def test_hostile_fields_are_named(where, value, field):
+    with pytest.raises(corpus.CorpusError) as info:
+        corpus.from_json(_replace(BASE_ENTRY, where, value), "f.json")
+    assert f"field {field}" in str(info.value)
+
+
+def test_memory_budget_is_checked_before_any_tensor():
+    data = copy.deepcopy(BASE_ENTRY)
+    data["case"]["schedule"] = {"microbatches": 16, "steps": 8, "grad_init": "none", "zero_grad": "set_to_none",
+                                "events": [{"after": i % 120, "kind": "alloc", "sizes": [2**22]} for i in range(64)]}
+    with pytest.raises(corpus.CorpusError, match="schedule.events"):
+        corpus.from_json(data, "f.json")
+
+
+# --- repro scripts: data, never code ------------------------------------------------
+
+def _skeleton(text: str) -> str:
+    """The script's AST with every constant blanked: the template's code alone."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            node.value = None
+    return ast.dump(tree)
+
+
+NONE = Repro(template="none", why="a test")
+HOSTILE_TEXT = ['x"""\n__import__("os").system("id")\n"""', "'''; import os #", "\\", "\x00\u2028", "{x}", "a" * 500]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_script_from_hostile_text_has_only_the_template(text):
+    case = corpus.load(CASE_FILE).case
+    plain = repro.script(case, "split.stock", NONE, title="plain")
+    hostile = repro.script(case, text, NONE, title=text)
+    assert _skeleton(hostile) == _skeleton(plain)
+
+
+def test_script_from_a_hostile_case_is_refused():
+    case = corpus.load(CASE_FILE).case
+    from dataclasses import replace
+
+    from harness.case.spec import Hook
+
+    node = case.nodes[0].name
+    bad = replace(case, hooks=(Hook(node, "scale", "1)\n__import__('os').system('id')\n(0"),))  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="factor"):
+        repro.script(bad, "split.stock", NONE)
+    renamed = replace(case, nodes=(replace(case.nodes[0], name="class"),) + case.nodes[1:])
+    with pytest.raises(SpecError, match="name"):
+        repro.script(renamed, "split.stock", NONE)
+
+
+def test_dtensor_script_from_hostile_title_has_only_the_template():
+    case = corpus.load(CASE_FILE).case
+    machinery = Repro(template="torchrun", world_size=2)
+    plain = repro.script(case, "dtensor.stock", machinery, title="plain")
+    hostile = repro.script(case, HOSTILE_TEXT[0], machinery, title=HOSTILE_TEXT[0])
+    assert _skeleton(hostile) == _skeleton(plain)
+
+
+def test_pipeline_script_from_hostile_title_has_only_the_template():
+    case = corpus.load(CASE_FILE).case
+    machinery = Repro(template="pipeline", schedule="GPipe", stage_impl="stock", placement=(0,), world_size=1)
+    plain = repro.script(case, "pipeline.GPipe.stock", machinery, title="plain")
+    hostile = repro.script(case, HOSTILE_TEXT[0], machinery, title=HOSTILE_TEXT[0])
+    assert _skeleton(hostile) == _skeleton(plain)
+
+
+# --- names that become files --------------------------------------------------------
+
+@pytest.mark.parametrize("sig", ["../../escape/sitecustomize", "torch", "/tmp/x", "a/b", "split.stock-value-01234",
+                                 "sitecustomize", "split.stock-value-0123456789/../../x"])
+def test_only_signatures_become_files(tmp_path, sig):
+    entry = corpus.load(CASE_FILE)
+    with pytest.raises(SpecError, match="signature"):
+        findings.record(tmp_path / "into", sig, entry, "print(1)\n")
+    assert not any(p.suffix == ".py" for p in tmp_path.rglob("*"))
+
+
+def test_merge_refuses_a_hostile_signature_and_writes_nothing(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    data = _replace(BASE_ENTRY, ("meta", "signature"), "../../escape/sitecustomize")
+    (src / "a.json").write_text(json.dumps(data))
+    with pytest.raises(corpus.CorpusError, match="meta.signature"):
+        findings.merge([str(src)], str(tmp_path / "into"))
+    assert not (tmp_path / "into").exists() and not (tmp_path / "escape").exists()
+
+
+def test_merge_files_a_hand_written_case_under_its_content_hash(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "torch.json").write_text(json.dumps(BASE_ENTRY))  # a file name that is a module name
+    summary = findings.merge([str(src)], str(tmp_path / "into"))
+    (sig,) = summary["counts"]
+    assert sig.startswith("corpus-case-") and schema.SIGNATURE_RE.match(sig)
+    assert sorted(p.name for p in (tmp_path / "into").iterdir() if not p.name.startswith(".")) == [f"{sig}.json", f"{sig}.py"]
+
+
+def test_redis_items_are_checked(tmp_path):
+    redis = pytest.importorskip("redis")
+    from harness.out import campaign as database
+
+    with redis_server(tmp_path) as url:
+        client = redis.Redis.from_url(url)
+        good = {"case": BASE_ENTRY["case"], "meta": {"title": "t"}}
+        for item, words in [
+            ({"signature": "../escape/torch", "entry": good, "script": "print(1)"}, "field signature"),
+            ({"signature": "torch", "entry": good}, "field signature"),
+            ({"signature": "split.fixed-value-0123456789", "entry": _replace(good, ("case", "hooks"), [
+                {"node": "n0", "kind": "scale", "factor": "1)\nimport os\n(0"}])}, "field entry.case.hooks[0].factor"),
+            (b"\xff{", "not UTF-8"),
+            ({"signature": "split.fixed-value-0123456789", "entry": []}, "field entry"),
+        ]:
+            client.delete(database.FINDINGS_KEY)
+            client.rpush(database.FINDINGS_KEY, item if isinstance(item, bytes) else json.dumps(item))
+            with pytest.raises(database.DatabaseError) as info:
+                findings.merge([url], str(tmp_path / "into"))
+            assert f"{database.FINDINGS_KEY}[0]" in str(info.value) and words in str(info.value), str(info.value)
+            assert not (tmp_path / "into").exists() and not (tmp_path / "escape").exists()
+
+
+# --- the command line -------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["fuzz", "--examples", "0"], "--examples 0"),
+    (["fuzz", "--examples", "-5"], "--examples -5"),
+    (["fuzz", "--minutes", "-1"], "--minutes -1"),
+    (["fuzz", "--minutes", "nan"], "--minutes nan"),
+    (["fuzz", "--world-size", "0"], "--world-size 0"),
+    (["fuzz", "--timeout", "-1"], "--timeout -1"),
+    (["fuzz", "--examples", "1", "--json", "/proc/gradfuzz/x.json"], "--json"),
+    (["gate", "--minutes", "-1"], "--minutes -1"),
+    (["merge", "x", "--into", "/proc/gradfuzz"], "--into"),
+])
+def test_cli_usage_errors_before_any_work(capsys, argv, words):
+    from harness.cli.main import main
+
+    start = time.monotonic()
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
+    assert time.monotonic() - start < 2
+
+
+def test_cli_caps_processes_at_the_core_count(capsys):
+    import argparse
+
+    from harness.cli.main import check_args
+
+    args = argparse.Namespace(command="fuzz", numprocesses="999")
+    check_args(args)
+    assert args.numprocesses == str(os.cpu_count()) and "-n 999" in capsys.readouterr().err
+
+
+def test_replay_reads_the_file_before_building_paths(tmp_path, capsys, monkeypatch):
+    from harness.cli import main as cli
+
+    monkeypatch.setattr(cli, "resolve", lambda *a, **k: pytest.fail("paths built before the file was read"))
+    (tmp_path / "e.json").write_bytes(b"")
+    assert cli.main(["replay", str(tmp_path / "e.json")]) == 2
+    assert "e.json: empty corpus file" in capsys.readouterr().err
+
+
+def test_sigterm_stops_like_sigint():
+    from harness.cli import fuzz as fuzz_command
+
+    class Stop:
+        requested = False
+
+        def set(self):
+            self.requested = True
+
+    class Display:
+        stopping = False
+
+    got: list[int] = []
+    stop = Stop()
+    previous = fuzz_command._on_signals(stop, Display(), got)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    finally:
+        fuzz_command._restore(previous)
+    assert stop.requested and got == [signal.SIGTERM]
+    assert fuzz_command.exit_code(signal.SIGTERM) == 143 and fuzz_command.exit_code(signal.SIGINT) == 130
