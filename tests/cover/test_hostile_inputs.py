@@ -396,3 +396,28 @@ def test_sigterm_stops_like_sigint():
         fuzz_command._restore(previous)
     assert stop.requested and got == [signal.SIGTERM]
     assert fuzz_command.exit_code(signal.SIGTERM) == 143 and fuzz_command.exit_code(signal.SIGINT) == 130
+
+
+@pytest.mark.parametrize("kind, reproduces, finding", [("crash", False, False), ("crash", True, True), ("value", False, True)])
+def test_a_crash_that_does_not_reproduce_is_a_harness_error(kind, reproduces, finding):
+    """A worker killed from outside (by the harness, a signal, the OOM killer)
+    dies once; the confirming re-run of the same case does not. That is the
+    harness's error, not a finding against the path."""
+    from types import SimpleNamespace
+
+    from harness.engine.result import Result
+    from harness.engine.target import TargetRun, _Round
+    from harness.observation import Divergence
+
+    case = corpus.load(CASE_FILE).case
+    path = SimpleNamespace(name="dtensor.stock")
+    div = Divergence("dtensor.stock", kind, None, None, None, None, None, "a rank died", "dtensor.stock-crash-0123456789")
+    run = TargetRun.__new__(TargetRun)
+    run.target = SimpleNamespace(check=lambda c, p, known: (None, [div]) if reproduces else None)
+    run.result, run.known, run.findings, run.on_finding = Result(), set(), [], None
+    run.drawn, run.started = 1, time.monotonic()
+    run._confirm_and_record(_Round(path, case, [div]))
+    assert bool(run.findings) == finding and bool(run.result.divergences) == finding
+    assert bool(run.result.errors) == (not finding)
+    if not finding:
+        assert "harness error, not a finding" in run.result.errors[0]
