@@ -105,7 +105,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"-n {n!r}: expected a number of processes or 'auto'")
         cores = os.cpu_count() or 1
         if n != "auto" and int(n) > cores:
-            print(f"gradfuzz: warning: -n {n} is more than the {cores} core(s) here; using -n {cores}",
+            print(f"gradfuzz: warning: -n {n} is more than the {cores} core(s) here: capped at -n {cores}",
                   file=sys.stderr)
             args.numprocesses = str(cores)
     for flag in ("json", "junit", "markdown", "html"):
