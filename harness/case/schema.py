@@ -260,17 +260,21 @@ def dict_of(v: Any, where: str, value: Any, max_items: int = MAX_LIST) -> dict[s
 
 # --- writing --------------------------------------------------------------------------
 
-def safe_target(directory: str | os.PathLike, stem: str, suffix: str) -> FsPath:
-    """``directory/stem+suffix``, refused unless it stays inside ``directory``
-    and its name could never be imported (a ``torch.py`` beside repro
-    scripts would run whenever one of them does)."""
-    if not isinstance(stem, str) or not SIGNATURE_RE.match(stem):
-        raise SpecError("signature", f"{_show(stem)} is not a gradfuzz signature (PATH-KIND-<10 hex digits>), "
-                                     "so it is not written as a file")
-    if stem.isidentifier():  # unreachable with the pattern (it has dashes); kept as the rule itself
-        raise SpecError("signature", f"{stem!r} would be importable as a module")
+_FILE_STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def safe_target(directory: str | os.PathLike, stem: str, suffix: str, *, signature: bool = True) -> FsPath:
+    """``directory/stem+suffix``, refused unless it stays inside ``directory``.
+
+    With ``signature`` (names that come from data: findings, merges, Redis)
+    the stem must be a gradfuzz signature, which has dashes and so can never
+    be imported (a ``torch.py`` beside repro scripts would run whenever one of
+    them does). Without it (a corpus file a person names), a plain file name."""
+    if not isinstance(stem, str) or not (SIGNATURE_RE if signature else _FILE_STEM).match(stem) or len(stem) > 160:
+        what = "a gradfuzz signature (PATH-KIND-<10 hex digits>)" if signature else "a plain file name"
+        raise SpecError("signature" if signature else "name", f"{_show(stem)} is not {what}, so it is not written as a file")
     base = FsPath(directory).resolve()
     target = (base / f"{stem}{suffix}").resolve()
     if target.parent != base:
-        raise SpecError("signature", f"{_show(stem)} would write outside {base}")
+        raise SpecError("signature" if signature else "name", f"{_show(stem)} would write outside {base}")
     return target

@@ -262,7 +262,8 @@ _FIELDS: dict[tuple[str, str], Any] = {
     ("Case", "exact"): sc.boolean,
     ("Case", "seed"): lambda v, w: sc.integer(v, w, 0, MAX_SEED),
     ("Case", "version"): lambda v, w: sc.integer(v, w, SCHEMA_VERSION, SCHEMA_VERSION),
-    ("Case", "stages"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 1, MAX_NODES) for i, x in enumerate(sc.array(v, w, 3))),
+    # Types and bounds here; which cuts make sense is validate's (it names ``stages[i]``).
+    ("Case", "stages"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 0, MAX_NODES) for i, x in enumerate(sc.array(v, w, 16))),
     ("Param", "name"): sc.name,
     ("Param", "shape"): _shape,
     ("Param", "requires_grad"): sc.boolean,

@@ -208,10 +208,15 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
 def save(directory: str | os.PathLike, name: str, entry: Entry, repro: str | None = None) -> str:
     """Write ``name.json`` (and ``name.py``, the standalone repro) under ``directory``.
 
-    ``name`` is a signature: the file stays inside ``directory`` and its name
-    cannot be imported (a signature has dashes), whatever a corpus said."""
+    The files stay inside ``directory``, and a repro script is never written
+    under a name Python could import (``torch.py`` beside other scripts would
+    run whenever one of them does): findings are named by signature, which
+    has dashes (``harness.out.findings.record`` insists on one)."""
     pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
-    target = sc.safe_target(directory, name, ".json")
+    target = sc.safe_target(directory, name, ".json", signature=False)
+    if repro is not None and name.isidentifier():
+        raise SpecError("name", f"{name!r}: a repro script {name}.py could be imported as a module; "
+                                "name it by its signature")
     atomic_write(target, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
     if repro is not None:
         atomic_write(target.with_suffix(".py"), repro)

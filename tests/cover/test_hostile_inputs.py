@@ -421,3 +421,14 @@ def test_a_crash_that_does_not_reproduce_is_a_harness_error(kind, reproduces, fi
     assert bool(run.result.errors) == (not finding)
     if not finding:
         assert "harness error, not a finding" in run.result.errors[0]
+
+
+def test_a_named_corpus_file_gets_no_importable_script(tmp_path):
+    entry = corpus.load(CASE_FILE)
+    corpus.save(tmp_path, "nested", entry)  # a corpus file a person names: fine without a script
+    with pytest.raises(SpecError, match="imported"):
+        corpus.save(tmp_path, "torch", entry, repro="print(1)\n")
+    for bad in ("../x", "/abs", ".hidden", "a/b"):
+        with pytest.raises(SpecError):
+            corpus.save(tmp_path, bad, entry)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["nested.json"]
