@@ -85,7 +85,7 @@ BASE_LEDGER = {**BASE_LEDGER, "bugs": BASE_LEDGER["bugs"][:2]}
 BASE_REPORT = {"schema": 1, "torch": "2.13.0", "passed": True, "rows": [
     {"status": "known", "path": "split.stock", "detail": "d", "bug": "b", "signature": "split.stock-value-0123456789",
      "source": "fuzz", "case": None, "divergence": None, "upstream": ""}]}
-FAST = settings(max_examples=150, deadline=2000, suppress_health_check=list(HealthCheck), database=None)
+FAST = settings(max_examples=300, deadline=2000, suppress_health_check=list(HealthCheck), database=None)
 counts: dict[str, int] = {}
 
 
@@ -161,7 +161,7 @@ def test_report_loader_mutations(data):
     check_report(data)
 
 
-@settings(max_examples=100, deadline=2000, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=200, deadline=2000, suppress_health_check=list(HealthCheck), database=None)
 @given(st.binary(max_size=200) | st.binary(max_size=50).map(lambda b: json.dumps(BASE_ENTRY).encode()[:400] + b))
 def test_loaders_on_arbitrary_bytes(tmp_path_factory, raw):
     f = tmp_path_factory.mktemp("b") / "bytes.json"
