@@ -237,7 +237,6 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    import json
 
     from harness.gate.ledger import load_report
     from harness.gate.versions import table
