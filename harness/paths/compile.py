@@ -397,9 +397,9 @@ class _Run:
     def __init__(self, path: CompilePath, case: Case) -> None:
         self.path = path
         self.case = case
+        self.evictions0, self.resets0 = path.cache.evictions, path.cache.resets
         self.artifact, self.hit = path.artifact(case)
         self.graphs0 = path._graphs
-        self.evictions0, self.resets0 = path.cache.evictions, path.cache.resets
         self.limit0 = _watch.hits
         self.compile_s = 0.0
         self.run_s = 0.0
