@@ -225,6 +225,21 @@ def _near_recompile_limit() -> bool:
     return False
 
 
+class CompileFailed(RuntimeError):
+    """A backend raised while compiling: the finding names the backend's own exception."""
+
+
+def _compile_failure(e: Exception) -> Exception:
+    """``BackendCompilerFailed`` says only "backend='x' raised:" on its first
+    line, so every compiler error would share one signature; name the
+    exception the backend raised and its first line instead."""
+    inner = getattr(e, "inner_exception", None)
+    if inner is None or type(e).__name__ != "BackendCompilerFailed":
+        return e
+    text = next((ln.strip() for ln in str(inner).splitlines() if ln.strip()), "")
+    return CompileFailed(f"the backend failed to compile: {type(inner).__name__}: {text}")
+
+
 class _LimitWatch(logging.Handler):
     """Counts dynamo's 'hit config.recompile_limit' warnings: a frame that
     fell back to eager (the case then did not test compiled code there)."""
@@ -350,6 +365,8 @@ class CompilePath:
                 self._graphs += 1
                 return inner(gm, example_inputs)
 
+            # dynamo names the backend in its errors by this name
+            counting.__name__ = getattr(inner, "__name__", None) or str(self.flavor.backend)
             self._backend = counting
         return self._backend
 
@@ -412,6 +429,11 @@ class _Run:
         t = time.perf_counter()
         try:
             return fn()
+        except Exception as e:
+            named = _compile_failure(e)
+            if named is e:
+                raise
+            raise named from e
         finally:
             dt = time.perf_counter() - t
             if self.path._graphs != before:
