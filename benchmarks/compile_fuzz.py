@@ -38,7 +38,7 @@ def main() -> int:
 
     rows = []
     for name in args.paths:
-        (path,) = resolve(name)
+        path = next(p for p in resolve(name) if p.name == name)
         result = Result()
         start = time.monotonic()
         try:

@@ -94,6 +94,7 @@ class Flavor:
     compiled_autograd: bool = False
     compile_forward: bool = True
     other_size_first: bool = False  # warm up at another batch size (the dynamic paths)
+    device: str = "cpu"
 
     def describe(self) -> str:
         what = f'torch.compile(backend="{self.backend}", dynamic={self.dynamic})'
@@ -101,7 +102,7 @@ class Flavor:
             what += " with compiled autograd" + ("" if self.compile_forward else " (eager forward)")
         if self.other_size_first:
             what += ", first run at another batch size"
-        return what
+        return f"{what} on {self.device}"
 
 
 FLAVORS = {
@@ -112,6 +113,7 @@ FLAVORS = {
                                              compiled_autograd=True, compile_forward=False),
     "compile.dynamic.symbolic": Flavor("compile.dynamic.symbolic", backend="inductor", dynamic=True, other_size_first=True),
     "compile.dynamic.recompile": Flavor("compile.dynamic.recompile", backend="inductor", dynamic=False, other_size_first=True),
+    "compile.inductor.cuda": Flavor("compile.inductor.cuda", backend="inductor", device="cuda"),
 }
 
 
@@ -330,6 +332,14 @@ class CompilePath:
     def availability(self) -> Availability:
         if not hasattr(torch, "compile"):
             return Availability(False, f"torch {torch.__version__} has no torch.compile")
+        if self.flavor.device != "cpu":
+            if not torch.cuda.is_available():
+                return Availability(False, f"needs CUDA: torch {torch.__version__} sees no CUDA device")
+            from torch.utils._triton import has_triton
+
+            if not has_triton():
+                return Availability(False, "Inductor on CUDA needs Triton, which is not installed")
+            return Availability(True, self.flavor.describe())
         if self.flavor.backend == "inductor" and self._backend_override is None:
             from shutil import which
 
@@ -344,7 +354,7 @@ class CompilePath:
 
     def run(self, case: Case) -> Observation:
         r = _Run(self, case)
-        obs = run_schedule(case, self.name, r.backward, forward=r.forward)
+        obs = run_schedule(case, self.name, r.backward, forward=r.forward, device=self.flavor.device)
         obs.extra["compile"] = r.extra()
         self.stats.add(obs.extra["compile"])
         if obs.extra["compile"]["limit_fallbacks"]:
@@ -476,9 +486,10 @@ class _Run:
             return
         vb = Built(variant)
         self.warm_size = tuple(variant.inputs[0].shape) if variant.inputs else None
-        params = {n: torch.nn.Parameter(t.to(built.dtype), requires_grad=p.requires_grad)
+        dev = self.path.flavor.device
+        params = {n: torch.nn.Parameter(t.to(dev, built.dtype), requires_grad=p.requires_grad)
                   for (n, t), p in zip(vb.params().items(), variant.params)}
-        inputs = {x.name: t.to(built.dtype).requires_grad_(x.requires_grad)
+        inputs = {x.name: t.to(dev, built.dtype).requires_grad_(x.requires_grad)
                   for (n, t), x in zip(vb.inputs(0).items(), variant.inputs)}
         with self._config():
             outs = self._timed(lambda: self.artifact.forward({**params, **inputs}))
