@@ -33,8 +33,8 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="gradfuzz-inductor-"))
 
-    from harness.paths import resolve
-    from harness.runner import Result, close_paths, fuzz_path
+    from harness.engine.runner import Result, fuzz_path
+    from harness.paths import close_paths, resolve
 
     rows = []
     for name in args.paths:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from packaging.version import Version
 
-FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline")
+FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline", "harness.canaries.compile")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Canary:
     base: str | None
     budget: int = 300
     needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
+    shrink: bool = True  # False: stop at the first failing example (paths where each shrink step compiles)
 
     def base_here(self) -> tuple[str | None, str]:
         """The base to judge against on the installed torch, and why it is not ``base``.

@@ -60,28 +60,24 @@ from typing import Any, Callable
 
 import torch
 
-from harness.build import Built
-from harness.isolation import IsolatedPath, progress
+from harness.build.schedule import run_schedule
+from harness.build.tensors import Built
+from harness.case.spec import Case, SpecError
+from harness.case.validate import infer_shapes
 from harness.observation import Grads, Observation
-from harness.paths.base import Availability, Contract, run_schedule
-from harness.shapes import infer_shapes
-from harness.spec import Case, SpecError
+from harness.paths.base import Availability, Contract, Options, Repro
+from harness.workers.isolation import IsolatedPath, progress
 
 CACHE_SIZE = 16  # structures whose compiled code stays alive
 RESET_EVERY = 64  # new structures between full dynamo resets
 COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
 
 
-@dataclass(frozen=True)
-class CompileContract(Contract):
-    """The compile paths promise everything eager does (retained grads too),
-    and want parameter hooks (drawn with the lifetime schedules) and training
-    steps (clip and optimizer, drawn with the DTensor flag; the placements it
-    also draws are ignored here)."""
-
-    retained_grads: bool = True
-    lifetime_schedules: bool = True
-    dtensor_placements: bool = True
+# The compile paths promise everything eager does (retained grads too), and
+# want parameter hooks (drawn with the lifetime schedules) and training steps
+# (clip and optimizer, drawn with the DTensor flag; the placements it also
+# draws are ignored here).
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True)
 
 
 @dataclass(frozen=True)
@@ -320,7 +316,7 @@ class CompilePath:
     def __init__(self, flavor: Flavor, backend: Callable[..., Any] | None = None, name: str | None = None) -> None:
         self.flavor = flavor
         self.name = name or flavor.name
-        self.contract = CompileContract()
+        self.contract = CONTRACT
         self._backend_override = backend  # a callable backend (the canary) instead of flavor.backend
         self.cache = StructureCache()
         self.stats = Stats()
@@ -364,7 +360,7 @@ class CompilePath:
     def close(self) -> None:
         self.cache.reset()
 
-    def repro_source(self) -> tuple[str, str, str]:
+    def repro(self, case: Case) -> Repro:
         """The machinery for ``harness.repro``: the case's forward through
         ``torch.compile`` as this flavour calls it (the canary's backend has
         no standalone form: its scripts use ``aot_eager``)."""
@@ -402,7 +398,7 @@ class CompilePath:
             "    if live:\n"
             f"        {call}[o for o, _ in live], [c for _, c in live])\n"
         )
-        return "", body, "\n".join(lines) + "\n"
+        return Repro(backward=body, forward="\n".join(lines) + "\n")
 
     # --- compilation ------------------------------------------------------
 
@@ -555,19 +551,86 @@ class _Run:
         }
 
 
-class IsolatedCompilePath(IsolatedPath):
-    """A compile path in its child process, with the child's per-case
-    compile figures summed here (``stats``)."""
+class Flavors:
+    """The child's side of the shared compile worker: every flavour, each
+    built on first use, each with its own structure cache."""
 
-    def __init__(self, recipe: tuple[str, dict[str, Any]], timeout: float = COMPILE_TIMEOUT) -> None:
-        super().__init__(recipe, timeout=timeout)
-        self.stats = Stats()
+    name = "compile.worker"
+    contract = CONTRACT
+
+    def __init__(self) -> None:
+        self.paths: dict[str, CompilePath] = {}
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def supports(self, case: Case) -> str | None:
+        return None
+
+    def path(self, name: str) -> CompilePath:
+        if name not in self.paths:
+            self.paths[name] = make(name)
+        return self.paths[name]
+
+    def run_on(self, name: str, case: Case) -> Observation:
+        return self.path(name).run(case)
 
     def run(self, case: Case) -> Observation:
-        obs = super().run(case)
+        raise TypeError("the compile worker runs a case on a named flavour (run_on)")
+
+
+class SharedWorker(IsolatedPath):
+    """One child process for every compile flavour: a child costs seconds to
+    start (torch, dynamo), and the flavours take turns anyway. A crash or a
+    timeout restarts it, and every flavour's cache with it."""
+
+    def __init__(self, timeout: float = COMPILE_TIMEOUT,
+                 recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile:Flavors", {})) -> None:
+        super().__init__(recipe, timeout=timeout)
+        self._flavor = ""
+
+    def _message(self, case: Case) -> tuple:
+        return ("run", case.dumps(), self._flavor)
+
+    def run_on(self, name: str, case: Case) -> Observation:
+        self._flavor = name
+        obs = self.run(case)
+        obs.path = name  # a crash or timeout observation is made here, under the worker's name
+        return obs
+
+
+class IsolatedCompilePath:
+    """A compile flavour run in the shared worker process, with the child's
+    per-case compile figures summed here (``stats``)."""
+
+    def __init__(self, name: str, worker: SharedWorker) -> None:
+        self.local = make(name)
+        self.name = name
+        self.contract = self.local.contract
+        self.worker = worker
+        self.stats = Stats()
+
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
+
+    def availability(self) -> Availability:
+        return self.local.availability()
+
+    def supports(self, case: Case) -> str | None:
+        return self.local.supports(case)
+
+    def repro(self, case: Case) -> Repro:
+        return self.local.repro(case)
+
+    def run(self, case: Case) -> Observation:
+        obs = self.worker.run_on(self.name, case)
         if "compile" in obs.extra:
             self.stats.add(obs.extra["compile"])
         return obs
+
+    def close(self) -> None:
+        self.worker.close()  # the next run of any flavour starts a fresh one
 
 
 def make(name: str) -> CompilePath:
@@ -575,56 +638,7 @@ def make(name: str) -> CompilePath:
     return CompilePath(FLAVORS[name])
 
 
-def paths(options: Any) -> list:
-    """The registry's factory: each compile flavour in its own worker process."""
-    timeout = max(float(getattr(options, "timeout", 10.0)), COMPILE_TIMEOUT)
-    return [IsolatedCompilePath(("harness.paths.compile:make", {"name": n}), timeout=timeout) for n in FLAVORS]
-
-
-# --- the canary ---------------------------------------------------------------
-
-
-def scaled_grad_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """A deliberately wrong ``torch.compile`` backend: AOTAutograd with no code
-    generation (as ``aot_eager``), except that the compiled backward doubles
-    the grad of the graph's first parameter that requires grad. The backward
-    graph returns one grad per forward input, in input order, so the output
-    at the parameter's position is that parameter's grad."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    idx = next((i for i, t in enumerate(example_inputs)
-                if isinstance(t, torch.nn.Parameter) and t.requires_grad), None)
-
-    def fw_compiler(g: torch.fx.GraphModule, _inputs: list[Any]) -> Any:
-        return make_boxed_func(g.forward)
-
-    def bw_compiler(g: torch.fx.GraphModule, _inputs: list[Any]) -> Any:
-        run = g.forward
-
-        def scaled(args: list[Any]) -> list[Any]:
-            res = list(run(*args))
-            if idx is not None and idx < len(res) and res[idx] is not None:
-                res[idx] = res[idx] * 2
-            return res
-
-        scaled._boxed_call = True  # type: ignore[attr-defined]
-        return scaled
-
-    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler)(gm, example_inputs)
-
-
-def canary_path() -> CompilePath:
-    return CompilePath(FLAVORS["compile.aot_eager"], backend=scaled_grad_backend, name="canary.compile_scaled_grad")
-
-
-def canaries() -> list[Any]:
-    """For ``harness.canaries.all_canaries`` (``gradfuzz selfcheck``): a
-    custom backend that wraps AOTAutograd and doubles one weight's grad,
-    judged against ``compile.aot_eager``. A scaled grad shows on the first
-    case with a parameter in a compiled graph, so a small budget suffices
-    (and keeps a selfcheck with detection broken short); it is not shrunk,
-    since every shrink step compiles new structures (about 200 s)."""
-    from harness.canaries import Canary
-
-    return [Canary("compile_scaled_grad", canary_path, "compile.aot_eager", budget=30, shrink=False)]
+def paths(options: Options) -> list:
+    """The registry's factory: every compile flavour, one worker process for all."""
+    worker = SharedWorker(timeout=max(float(options.timeout), COMPILE_TIMEOUT))
+    return [IsolatedCompilePath(n, worker) for n in FLAVORS]

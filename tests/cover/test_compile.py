@@ -12,9 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from harness.paths.compile import FLAVORS, CompilePath, IsolatedCompilePath, Stats, canary_path, other_size, structure_key
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case, Hook, Input, Node, Param, Schedule, Use
+from harness.canaries.compile import canary_path
+from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
+from harness.engine.runner import Result, check, fuzz_path
+from harness.paths.compile import FLAVORS, CompilePath, Flavors, IsolatedCompilePath, SharedWorker, Stats, other_size, structure_key
 from tests.helpers import nested
 
 
@@ -53,7 +54,7 @@ def test_other_size_grows_the_batch_dim_only_where_the_shape_rules_allow():
     assert other_size(square) is None  # (4, 3) + (3, 3) does not broadcast
 
 
-@pytest.mark.parametrize("flavor", ["compile.aot_eager", "compile.autograd"])
+@pytest.mark.parametrize("flavor", ["compile.autograd"])
 def test_compiled_grads_match_the_oracle_on_hooks_views_custom_functions_and_prefilled_grads(flavor):
     path = CompilePath(FLAVORS[flavor])
     try:
@@ -114,17 +115,20 @@ def _hanging_backend(gm, example_inputs):
     time.sleep(600)
 
 
-def hanging_path() -> CompilePath:
-    """A recipe for the child: a compiler that never returns."""
-    return CompilePath(FLAVORS["compile.aot_eager"], backend=_hanging_backend, name="compile.hangs")
+class HangingFlavors(Flavors):
+    """A recipe for the child: every flavour's compiler never returns."""
+
+    def path(self, name: str) -> CompilePath:
+        return CompilePath(FLAVORS[name], backend=_hanging_backend)
 
 
 def test_a_hanging_compile_is_a_timeout_finding_and_the_worker_is_replaced():
-    path = IsolatedCompilePath(("tests.cover.test_compile:hanging_path", {}), timeout=3.0)
+    worker = SharedWorker(timeout=3.0, recipe=("tests.cover.test_compile:HangingFlavors", {}))
+    path = IsolatedCompilePath("compile.aot_eager", worker)
     try:
         (d,) = check(nested(), path)
-        assert d.kind == "timeout" and "no result after 3s" in d.detail
-        assert path._proc is None  # killed; the next case starts a fresh worker
+        assert d.kind == "timeout" and "no result after 3s" in d.detail and d.path == "compile.aot_eager"
+        assert worker._proc is None  # killed; the next case starts a fresh worker
     finally:
         path.close()
 
