@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from packaging.version import Version
 
-FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline")
+FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline", "harness.canaries.compile")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Canary:
     expects: tuple[str, ...] = ("value",)
     # Run instead when this canary cannot run here (a layout this torch lacks).
     fallback: "Canary | None" = None
+    shrink: bool = True  # False: stop at the first failing example (paths where each shrink step compiles)
 
     def base_here(self) -> tuple[str | None, str]:
         """The base to judge against on the installed torch, and why it is not ``base``.

@@ -33,10 +33,12 @@ def fuzz_path(
     progress: Callable[[str], None] = lambda s: None,
     relative_to: Path | None = None,
     slack: float | None = None,
+    detect_only: bool = False,
 ) -> None:
     """Fuzz one path alone, from a cold start (no database); ``relative_to``
     counts only cases where that path agrees with the oracle (a fork judged
-    against the implementation it forked, a canary against its base)."""
+    against the implementation it forked, a canary against its base);
+    ``detect_only`` stops at the first failing example, unshrunk."""
     from harness.engine.target import Target, TargetRun
 
     def on_finding(f) -> None:
@@ -48,7 +50,7 @@ def fuzz_path(
 
     target = Target([path], exact=exact, seed=seed, relative_to={path.name: relative_to} if relative_to is not None else {},
                     slack=slack)
-    TargetRun(target, result, examples=examples, deadline=deadline, on_finding=on_finding).run()
+    TargetRun(target, result, examples=examples, deadline=deadline, on_finding=on_finding, detect_only=detect_only).run()
 
 
 def fuzz(

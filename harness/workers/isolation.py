@@ -176,13 +176,18 @@ class IsolatedPath:
 
     # --- the path protocol ------------------------------------------------
 
+    def _message(self, case: Case) -> tuple:
+        """What the child gets for one case; a child serving several paths
+        (the compile flavours share one) also gets the path's name."""
+        return ("run", case.dumps())
+
     def run(self, case: Case) -> Observation:
         if self._proc is None or self._proc.poll() is not None:
             self._kill()
             self._start()
         self._log_mark()
         try:
-            self._send(("run", case.dumps()))
+            self._send(self._message(case))
             reply = self._recv(self.timeout)
         except (BrokenPipeError, OSError):
             reply = None
@@ -304,7 +309,7 @@ def worker() -> int:
             send(("ready",))
         elif msg[0] == "run":
             assert path is not None
-            obs = path.run(Case.loads(msg[1]))
+            obs = path.run(Case.loads(msg[1])) if len(msg) < 3 else path.run_on(msg[2], Case.loads(msg[1]))
             healthy, why = _device_healthy(path)
             if not healthy:
                 k = obs.steps[-1].k if obs.steps else -1

@@ -1,0 +1,155 @@
+"""The compile paths: the structure cache, stats, errors as findings, the canary.
+
+Compiles are slow, so these use ``aot_eager`` in-process on a handful of
+small cases (one compile each, well under a second); the fuzzing runs are in
+tests/nocover/test_compile_slow.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from harness.canaries.compile import canary_path
+from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
+from harness.engine.runner import Result, check, fuzz_path
+from harness.paths.compile import FLAVORS, CompilePath, Flavors, IsolatedCompilePath, SharedWorker, Stats, other_size, structure_key
+from tests.helpers import nested
+
+
+def _rich() -> Case:
+    """Tied and transposed uses, a custom Function with a transposed grad, a
+    scale hook, retain_grad, a view output, prefilled grads over two steps."""
+    return Case(
+        params=(Param("w0", (3, 3)), Param("b1", (3,))),
+        inputs=(Input("x0", (2, 3), requires_grad=True),),
+        nodes=(
+            Node("n0", "matmul", (Use("x0"), Use("w0"))),
+            Node("n1", "add", (Use("n0"), Use("b1"))),
+            Node("n2", "layout_matmul", (Use("n1"), Use("w0", transpose=True)), (("layout", "transposed"),)),
+        ),
+        outputs=(Use("n2", transpose=True), Use("n1")),
+        hooks=(Hook("n1", "scale", 2),),
+        retain_grad=("n0",),
+        schedule=Schedule(microbatches=2, steps=2, grad_init="prefilled", zero_grad="zeros"),
+    )
+
+
+def test_structure_key_ignores_data_and_schedule_but_not_the_graph():
+    a = nested(microbatches=2)
+    assert structure_key(a) == structure_key(dataclasses.replace(a, seed=7, exact=False, schedule=Schedule(3, 2)))
+    assert structure_key(a) != structure_key(dataclasses.replace(a, hooks=(Hook("n0", "scale", 2),)))
+    bigger = dataclasses.replace(a, inputs=(Input("x0", (5, 3), requires_grad=True),))
+    assert structure_key(a) != structure_key(bigger)
+    assert structure_key(a, shapes=False) == structure_key(bigger, shapes=False)
+
+
+def test_other_size_grows_the_batch_dim_only_where_the_shape_rules_allow():
+    v = other_size(nested())
+    assert v is not None and v.inputs[0].shape == (3, 3) and v.params == nested().params
+    square = dataclasses.replace(nested(), inputs=(Input("x0", (3, 3)),),
+                                 nodes=(Node("n0", "add", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
+    assert other_size(square) is None  # (4, 3) + (3, 3) does not broadcast
+
+
+@pytest.mark.parametrize("flavor", ["compile.autograd"])
+def test_compiled_grads_match_the_oracle_on_hooks_views_custom_functions_and_prefilled_grads(flavor):
+    path = CompilePath(FLAVORS[flavor])
+    try:
+        for case in (_rich(), dataclasses.replace(_rich(), seed=3, exact=False)):
+            assert check(case, path) == []
+    finally:
+        path.close()
+    s = path.stats
+    assert (s.cases, s.structures, s.hits) == (2, 1, 1), s  # the second seed reused the first compile
+    assert s.graphs >= 1 and s.compile_s > 0 and s.not_compiled == 0 and s.limit_fallbacks == 0
+
+
+def test_data_variations_reuse_one_artifact_and_eviction_drops_its_code():
+    path = CompilePath(FLAVORS["compile.aot_eager"])
+    path.cache.size = 1
+    try:
+        first = path.run(nested(2)).extra["compile"]
+        again = path.run(dataclasses.replace(nested(2), seed=5)).extra["compile"]
+        assert not first["hit"] and first["graphs"] >= 1
+        assert again["hit"] and again["graphs"] == 0 and again["compile_s"] == 0.0 and again["run_s"] > 0
+        other = path.run(_rich()).extra["compile"]
+        assert not other["hit"] and other["evictions"] == 1
+        back = path.run(nested(2)).extra["compile"]
+        assert not back["hit"] and back["graphs"] >= 1  # evicted: compiled afresh, not served stale
+    finally:
+        path.close()
+    assert path.cache.resets >= 1
+
+
+def test_the_dynamic_paths_run_the_case_after_a_compile_at_another_size():
+    path = CompilePath(FLAVORS["compile.dynamic.recompile"])
+    path._backend_override = torch._dynamo.lookup_backend("aot_eager")  # the recompilation, without Inductor's cost
+    try:
+        obs = path.run(nested(2))
+        assert obs.failure is None and obs.extra["compile"]["warm_size"] == (3, 3)
+        assert obs.extra["compile"]["graphs"] >= 2  # one at the warm-up size, one after the guard failed
+        assert check(dataclasses.replace(nested(2), seed=4), path) == []
+    finally:
+        path.close()
+
+
+def _raising_backend(gm, example_inputs):
+    raise RuntimeError("codegen failed for a valid graph")
+
+
+def test_a_compiler_error_on_a_valid_case_is_an_error_finding():
+    path = CompilePath(FLAVORS["compile.aot_eager"], backend=_raising_backend, name="compile.broken")
+    try:
+        (d,) = check(nested(2), path)
+    finally:
+        path.close()
+    assert d.kind == "error" and "codegen failed" in d.detail
+
+
+def _hanging_backend(gm, example_inputs):
+    import time
+
+    time.sleep(600)
+
+
+class HangingFlavors(Flavors):
+    """A recipe for the child: every flavour's compiler never returns."""
+
+    def path(self, name: str) -> CompilePath:
+        return CompilePath(FLAVORS[name], backend=_hanging_backend)
+
+
+def test_a_hanging_compile_is_a_timeout_finding_and_the_worker_is_replaced():
+    worker = SharedWorker(timeout=3.0, recipe=("tests.cover.test_compile:HangingFlavors", {}))
+    path = IsolatedCompilePath("compile.aot_eager", worker)
+    try:
+        (d,) = check(nested(), path)
+        assert d.kind == "timeout" and "no result after 3s" in d.detail and d.path == "compile.aot_eager"
+        assert worker._proc is None  # killed; the next case starts a fresh worker
+    finally:
+        path.close()
+
+
+def test_the_scaled_grad_canary_is_caught_from_a_cold_start():
+    canary, base = canary_path(), CompilePath(FLAVORS["compile.aot_eager"])
+    result = Result()
+    try:
+        fuzz_path(canary, examples=30, deadline=None, seed=0, result=result, save_dir=None,
+                  relative_to=base, detect_only=True)
+    finally:
+        canary.close()
+        base.close()
+    assert result.divergences, "the doubled grad survived 30 examples"
+    d = result.divergences[0]
+    assert d.kind == "value" and d.ratio == pytest.approx(2.0)
+
+
+def test_stats_sum_per_case_figures():
+    s = Stats()
+    s.add({"hit": False, "graphs": 2, "compile_s": 1.5, "run_s": 0.1, "rss_mb": 300.0})
+    s.add({"hit": True, "graphs": 0, "compile_s": 0.0, "run_s": 0.2, "rss_mb": 310.0})
+    j = s.to_json()
+    assert (j["cases"], j["structures"], j["hits"], j["graphs"], j["hit_rate"], j["rss_mb"]) == (2, 1, 1, 2, 0.5, 310.0)
