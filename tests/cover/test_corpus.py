@@ -18,14 +18,27 @@ from harness.engine.runner import check
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "cases")
 FILES = corpus.discover([ROOT])
 PATHS = resolve(None)
+# Every compile path recompiles per case (seconds each): the default run replays
+# on them the cases filed for them (``meta.expect`` names a compile path, or the
+# case lives in cases/compile); every case on every compile path is the slow
+# test tests/nocover/test_corpus_compile_slow.py.
+COMPILE = [p for p in PATHS if p.name.startswith("compile.")]
+
+
+def _filed_for_compile(file: str) -> bool:
+    entry = corpus.load(file)
+    return os.path.relpath(file, ROOT).startswith("compile") or any(
+        e.get("path", "").startswith("compile") for e in entry.meta.get("expect", []))
+
+
+PAIRS = [(f, p) for f in FILES for p in PATHS if p not in COMPILE or _filed_for_compile(f)]
 
 
 def test_corpus_is_not_empty():
     assert any(f.endswith("nested_weight_double_count.json") for f in FILES)
 
 
-@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
-@pytest.mark.parametrize("file", FILES, ids=lambda f: os.path.relpath(f, ROOT))
+@pytest.mark.parametrize("file, path", PAIRS, ids=lambda x: x.name if hasattr(x, "name") else os.path.relpath(x, ROOT))
 def test_replay(file, path):
     available = path.availability()
     if not available.ok:
