@@ -8,6 +8,10 @@
 #   bash benchmarks/device_runs.sh pipeline   # issue 6: the nested double count through zero bubble
 #   bash benchmarks/device_runs.sh pipeline-ranks2  # issue 6: zero-bubble schedules on 2 ranks
 #   bash benchmarks/device_runs.sh nccl       # issue 4 on NCCL: 2 ranks with 2 GPUs, else 1 rank
+#   bash benchmarks/device_runs.sh nccl-pipeline  # issue 18: the pipeline schedules on 2 ranks over NCCL
+#   bash benchmarks/device_runs.sh selfcheck  # issue 19: every canary family on this torch, and a broken one
+#   bash benchmarks/device_runs.sh gate-examples  # issue 19: the deterministic gate, its Markdown summary
+#   bash benchmarks/device_runs.sh compile-cuda   # issue 17: compile.inductor.cuda from a cold start
 #
 # Every command's output lands in $OUT/<step>.log and one line per step in
 # $OUT/summary.txt, so a step that runs out of time still leaves the others.
@@ -85,8 +89,28 @@ pipeline-ranks2)
         pipeline.ZBVZeroBubble.ranks2.stock,pipeline.InterleavedZeroBubble.ranks2.stock,pipeline.ZBVZeroBubble.ranks2.fixed,pipeline.InterleavedZeroBubble.ranks2.fixed \
         --examples 300 --seed 1 --db none --progress none --save "$OUT/found-ranks2" --json "$OUT/pipeline-ranks2.json"
     ;;
+nccl-pipeline)
+    # NCCL needs a GPU per rank: two ranks on the two GPUs.
+    step nccl-pipeline-replay 150 python -m harness replay cases/pipeline -v --paths \
+        pipeline.GPipe.ranks2,pipeline.1F1B.ranks2,pipeline.InterleavedZeroBubble.ranks2
+    step nccl-pipeline-fuzz 300 python -m harness fuzz --paths \
+        pipeline.GPipe.ranks2,pipeline.1F1B.ranks2,pipeline.InterleavedZeroBubble.ranks2,pipeline.ZBVZeroBubble.ranks2 \
+        --examples 60 --seed 1 --db none --progress none --save "$OUT/found-nccl-pipeline" --json "$OUT/nccl-pipeline.json"
+    ;;
+selfcheck)
+    step selfcheck 300 python -m harness selfcheck
+    step selfcheck-broken 120 python -m pytest -q -p no:cacheprovider -n 0 tests/cover/test_canaries.py -k broken
+    ;;
+gate-examples)
+    step gate-examples 420 python -m harness gate --examples 100 --seed 0 --save "$OUT/found-gate-ex" \
+        --json "$OUT/gate-examples.json" --markdown "$OUT/gate-examples.md"
+    ;;
+compile-cuda)
+    step compile-cuda 330 python benchmarks/compile_fuzz.py --minutes 5 --paths compile.inductor.cuda \
+        --save "$OUT/found-compile-cuda" --json "$OUT/compile-cuda.json"
+    ;;
 *)
-    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl" >&2
+    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda" >&2
     exit 2
     ;;
 esac
