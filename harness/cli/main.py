@@ -216,11 +216,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck,
-                           progress=lambda s: print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
+                           progress=lambda s: (args.verbose or not s.startswith("[case]"))
+                           and print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()
-    print(gate_report.terminal(rep))
     if base is not None:
         print("\n".join(gate.compare_baseline(rep, base)))
+    print(gate_report.terminal(rep))  # the verdict is its last line
     if args.json:
         atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
     if args.junit:
@@ -297,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
     g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
     g.add_argument("--no-selfcheck", action="store_true", help="skip the canaries (not recommended)")
+    g.add_argument("-v", "--verbose", action="store_true", help="one line per corpus case and path replayed")
     g.add_argument("--tolerance-slack", type=float, help=argparse.SUPPRESS)
     g.set_defaults(func=cmd_gate)
 

@@ -233,6 +233,10 @@ def fuzz(paths: list[Path], *, examples: int | None = None, minutes: float | Non
             if session.stop():
                 session.interrupted = True
                 break
+            if session.on_event is not None:
+                budget = f"{examples} examples" if examples is not None else \
+                    f"~{max(0.0, (minutes or 0) * 60 - (time.monotonic() - start)) / (len(targets) - i):.0f}s"
+                session.on_event(f"[phase] fuzz target {i + 1}/{len(targets)}: {t.name} ({budget})")
             deadline = None
             if minutes is not None:
                 deadline = session.slice((minutes * 60 - (time.monotonic() - start)) / (len(targets) - i))

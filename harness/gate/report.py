@@ -29,19 +29,60 @@ def _sorted(rows):
     return sorted(rows, key=lambda r: (ORDER.index(r["status"]), r["path"]))
 
 
-def terminal(rep: dict[str, Any]) -> str:
-    lines = [f"gradfuzz gate on torch {rep['torch']}: {'PASSED' if rep['passed'] else 'FAILED'} "
-             f"({rep['seconds']:.0f}s, examples {rep['examples']})"]
-    caught = [c for c in rep["selfcheck"] if c["caught"]]
-    if rep["selfcheck"]:
-        lines.append(f"  self-check: {len(caught)}/{len(rep['selfcheck'])} canaries caught"
-                     + "".join(f"; {c['name']} skipped ({c['skipped']})" for c in rep["selfcheck"] if c["skipped"]))
+def family(path: str) -> str:
+    return path.split(".", 1)[0]
+
+
+def groups(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows grouped by (status, ledger bug or signature, path family), worst
+    first: one line per bug and family however many paths and cases show
+    it, with the count, the paths and one representative row."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in _sorted(rep["rows"]):
-        bug = f" [{r['bug']}]" if r["bug"] else (f" [{r['signature']}]" if r["signature"] else "")
-        lines.append(f"  {STATUS_WORDS[r['status']]}: {r['path']}{bug}")
-        lines.append(f"      {r['detail'][:400]}")
-        if r.get("upstream"):
-            lines.append(f"      upstream: {r['upstream']}")
+        what = r["bug"] or (r["signature"] if r["status"] in ("new", "regression") else "") or ""
+        key = (r["status"], what, family(r["path"]))
+        g = out.setdefault(key, {"status": r["status"], "what": what, "family": key[2], "count": 0, "paths": [],
+                                 "first": r})
+        g["count"] += 1
+        if r["path"] not in g["paths"]:
+            g["paths"].append(r["path"])
+    return list(out.values())
+
+
+def _paths_text(g: dict[str, Any], most: int = 4) -> str:
+    paths = g["paths"]
+    return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
+def verdict(rep: dict[str, Any]) -> str:
+    """The last line on the terminal, pytest style."""
+    c = rep["counts"]
+    parts = [f"{c[k]} {k.replace('_', ' ')}" for k in ("selfcheck", "regression", "new", "known", "fixed",
+                                                        "not_reproduced", "unavailable") if c.get(k)]
+    text = f" gradfuzz gate on torch {rep['torch']}: {'PASSED' if rep['passed'] else 'FAILED'} ({', '.join(parts) or 'nothing to report'}) in {rep['seconds']:.0f}s "
+    return text.center(max(len(text) + 8, 79), "=")
+
+
+def terminal(rep: dict[str, Any]) -> str:
+    lines = []
+    if rep["selfcheck"]:
+        caught = [c for c in rep["selfcheck"] if c["caught"]]
+        lines.append(f"self-check: {len(caught)}/{len(rep['selfcheck'])} canaries caught"
+                     + "".join(f"; {c['name']} skipped ({c['skipped']})" for c in rep["selfcheck"] if c["skipped"])
+                     + "".join(f"; {c['name']} BROKEN" for c in rep["selfcheck"] if c.get("broken")))
+    ex = rep.get("examples") or {}
+    if ex:
+        lines.append(f"examples: {sum(ex.values())} over {len(ex)} paths")
+    for g in reversed(groups(rep)):  # the worst last, next to the verdict
+        r = g["first"]
+        times = f" x{g['count']}" if g["count"] > 1 else ""
+        ident = f" [{g['what']}]" if g["what"] else ""
+        lines.append(f"{STATUS_WORDS[g['status']]}{times}: {g['family']}{ident} on {_paths_text(g)}")
+        if g["status"] in ("new", "regression", "selfcheck", "fixed") or g["status"] == "known" and not g["what"]:
+            lines.append(f"    {r['detail'][:400]}")
+        if r.get("upstream") and g["status"] != "known":
+            lines.append(f"    upstream: {r['upstream']}")
+    lines.append(verdict(rep))
     return "\n".join(lines)
 
 
@@ -54,41 +95,43 @@ def markdown(rep: dict[str, Any]) -> str:
         f"{c['unavailable']} paths unavailable; self-check {sum(1 for s in rep['selfcheck'] if s['caught'])}"
         f"/{len(rep['selfcheck'])} canaries caught.",
         "",
-        "| status | path | bug / signature | detail |",
-        "| --- | --- | --- | --- |",
+        "| status | rows | family: paths | bug / signature | detail |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for r in _sorted(rep["rows"]):
-        ident = r["bug"] or r["signature"] or ""
-        if r.get("upstream", "").startswith("http"):
+    for g in groups(rep):
+        r = g["first"]
+        ident = g["what"]
+        if ident and r.get("upstream", "").startswith("http"):
             ident = f"[{ident}]({r['upstream'].split()[0]})"
         detail = r["detail"].replace("|", "\\|").replace("\n", " ")[:300]
-        out.append(f"| {STATUS_WORDS[r['status']]} | `{r['path']}` | {ident} | {detail} |")
+        out.append(f"| {STATUS_WORDS[g['status']]} | {g['count']} | {g['family']}: `{_paths_text(g)}` | {ident} | {detail} |")
     return "\n".join(out) + "\n"
 
 
 def junit(rep: dict[str, Any]) -> str:
-    """One test case per path and source (corpus case or fuzz target)."""
+    """One test case per group of rows (status, bug or signature, family) and
+    one per fuzzed path, so a CI test view lists what failed, not 70 rows."""
     suite = ET.Element("testsuite", name=f"gradfuzz gate (torch {rep['torch']})")
-    cases: dict[tuple[str, str], list[dict]] = {}
-    for r in rep["rows"]:
-        cases.setdefault((r["path"], r["source"] or "path"), []).append(r)
-    for name, n in rep["examples"].items():
-        cases.setdefault((name, "fuzz"), [])
-    failures = skipped = 0
-    for (path, source), rows in sorted(cases.items()):
-        tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{path}", name=source)
-        bad = [r for r in rows if r["status"] in ("new", "regression", "selfcheck")]
-        if bad:
+    failures = skipped = tests = 0
+    for g in groups(rep):
+        tests += 1
+        r = g["first"]
+        tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{g['family']}",
+                           name=f"{g['status']} {g['what'] or r['path']}")
+        body = f"{STATUS_WORDS[g['status']]} x{g['count']} on {', '.join(g['paths'])}\n{r['detail']}"
+        if g["status"] in ("new", "regression", "selfcheck"):
             failures += 1
-            f = ET.SubElement(tc, "failure", message=f"{STATUS_WORDS[bad[0]['status']]}: {bad[0]['detail'][:200]}")
-            f.text = "\n\n".join(f"{STATUS_WORDS[r['status']]} [{r['bug'] or r['signature']}]\n{r['detail']}" for r in bad)
-        elif any(r["status"] == "unavailable" for r in rows):
+            ET.SubElement(tc, "failure", message=f"{STATUS_WORDS[g['status']]}: {r['detail'][:200]}").text = body
+        elif g["status"] == "unavailable":
             skipped += 1
-            ET.SubElement(tc, "skipped", message=rows[0]["detail"][:300])
-        elif rows:
-            out = ET.SubElement(tc, "system-out")
-            out.text = "\n".join(f"{STATUS_WORDS[r['status']]}: {r['bug'] or r['signature']}: {r['detail']}" for r in rows)
-    suite.set("tests", str(len(cases)))
+            ET.SubElement(tc, "skipped", message=f"{', '.join(g['paths'])}: {r['detail'][:300]}")
+        else:
+            ET.SubElement(tc, "system-out").text = body
+    for name, n in sorted((rep.get("examples") or {}).items()):
+        tests += 1
+        ET.SubElement(ET.SubElement(suite, "testcase", classname=f"gradfuzz.{family(name)}", name=f"examples {name}"),
+                      "system-out").text = f"{n} examples"
+    suite.set("tests", str(tests))
     suite.set("failures", str(failures))
     suite.set("skipped", str(skipped))
     suite.set("errors", "0")
@@ -178,29 +221,35 @@ def html_page(rep: dict[str, Any]) -> str:
         "pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:320px;font-size:12px}",
         "</style></head><body>",
         f"<h1>gradfuzz gate: {'passed' if rep['passed'] else 'FAILED'} on torch {html.escape(rep['torch'])}</h1>",
-        f"<p>{html.escape(str(rep['counts']))}; examples {html.escape(str(rep['examples']))}; {rep['seconds']:.0f}s</p>",
-        "<table><tr><th>status</th><th>path</th><th>bug / signature</th><th>detail</th></tr>",
+        "<p>" + ", ".join(f"{n} {html.escape(k.replace('_', ' '))}" for k, n in rep["counts"].items() if n)
+        + f"; {sum((rep.get('examples') or {}).values())} examples over {len(rep.get('examples') or {})} paths;"
+        f" {rep['seconds']:.0f}s</p>",
+        "<table><tr><th>status</th><th>rows</th><th>family: paths</th><th>bug / signature</th><th>detail</th></tr>",
     ]
-    for r in _sorted(rep["rows"]):
-        parts.append(f"<tr class='{r['status']}'><td>{STATUS_WORDS[r['status']]}</td><td>{html.escape(r['path'])}</td>"
-                     f"<td>{html.escape(r['bug'] or r['signature'] or '')}</td><td>{html.escape(r['detail'][:500])}</td></tr>")
+    # One section per group with a case to show: a known bug replayed from many
+    # corpus cases would otherwise re-run (and plot) the same thing dozens of times.
+    grouped = groups(rep)
+    anchors = {id(g): f"d{i}" for i, g in enumerate(x for x in grouped if x["first"].get("case")
+                                                     and x["first"].get("divergence"))}
+    for g in grouped:
+        r = g["first"]
+        what = html.escape(g["what"])
+        link = f"<a href='#{anchors[id(g)]}'>{what or 'details'}</a>" if id(g) in anchors else what
+        parts.append(f"<tr class='{g['status']}'><td>{STATUS_WORDS[g['status']]}</td><td>{g['count']}</td>"
+                     f"<td>{html.escape(g['family'])}: {html.escape(_paths_text(g))}</td><td>{link}</td>"
+                     f"<td>{html.escape(r['detail'][:500])}</td></tr>")
     parts.append("</table>")
-    # One section per distinct finding: a known bug replayed from many corpus
-    # cases would otherwise re-run (and plot) the same thing dozens of times.
-    sections: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in _sorted(rep["rows"]):
-        if r.get("case") and r.get("divergence"):
-            sections.setdefault((r["status"], r["path"], r["bug"] or r["signature"] or ""), []).append(r)
     paths: dict[str, Any] = {}
     try:
-        for i, ((status, name, what), rows) in enumerate(sections.items()):
-            r = rows[0]
+        for g in (g for g in grouped if id(g) in anchors):
+            r = g["first"]
+            name = r["path"]
             if name not in paths:
                 paths[name] = next((p for p in _resolve_quietly(name) if p.name == name), None)
             path = paths[name]
-            more = f" ({len(rows)} rows; the first is shown)" if len(rows) > 1 else ""
-            parts.append(f"<h2 id='d{i}'>{html.escape(STATUS_WORDS[status])}: {html.escape(name)} "
-                         f"{html.escape(what)}</h2><p>{html.escape(r['detail'])}{more}</p>")
+            more = f" ({g['count']} rows on {', '.join(g['paths'])}; the first is shown)" if g["count"] > 1 else ""
+            parts.append(f"<h2 id='{anchors[id(g)]}'>{html.escape(STATUS_WORDS[g['status']])}: {html.escape(name)} "
+                         f"{html.escape(g['what'])}</h2><p>{html.escape(r['detail'])}{more}</p>")
             parts.append(_heatmaps(r, path))
             try:
                 case = Case.from_json(r["case"])

@@ -150,8 +150,17 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
     reproduced: dict[str, list[Divergence]] = {}
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
+    started, shown, done = time.monotonic(), 0.0, 0
+    last_file = None
     for r in replay_entries(entries, live, slack):
         entry, p, divs = r.entry, r.path, r.divergences
+        if entry.file != last_file:
+            last_file, done = entry.file, done + 1
+            now = time.monotonic()
+            if now - shown >= 5 or done == len(entries):
+                shown = now
+                left = (now - started) / done * (len(entries) - done)
+                progress(f"[phase] replay {done}/{len(entries)} corpus cases on {len(live)} paths, ~{left:.0f}s left")
         if r.skipped is not None:
             continue
         report.examples[p.name] = report.examples.get(p.name, 0) + 1
@@ -174,7 +183,7 @@ def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, rep
                 ran.add(b.id)
             else:  # decided once every ledger case has shown its signatures
                 unmatched.append((d, entry.file))
-        progress(f"[gate] {p.name} {entry.file}: {len(divs)} divergence(s)")
+        progress(f"[case] {p.name} {entry.file}: {len(divs)} divergence(s)")
     live_names = {p.name for p in live}
     by_id = {b.id: b for b in led.bugs}
     seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}

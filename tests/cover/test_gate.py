@@ -65,7 +65,7 @@ def test_reports_render_from_the_json(tmp_path):
     suite = ET.fromstring(gate_report.junit(rep))
     assert suite.get("failures") == "1" and len(suite.findall("testcase")) >= 2
     md = gate_report.markdown(rep)
-    assert "| NEW divergence | `split.stock` |" in md
+    assert "| NEW divergence | 1 | split: `split.stock` |" in md  # one row per (status, bug or signature, family)
     page = gate_report.html_page(rep)
     assert "def forward(v):" in page  # the repro script inline
     try:
@@ -175,3 +175,20 @@ def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(
     assert any(r.signature in old["signatures"] for r in fuzz), [r.detail for r in fuzz]
     assert {r.status for r in fuzz} == {"new"} and report.failed
     assert [r.status for r in report.rows if r.source != "fuzz"] == ["fixed"]
+
+
+def test_reports_group_a_bug_seen_on_many_paths_into_one_row_and_end_on_the_verdict():
+    row = {"status": "known", "bug": "optim-x", "signature": "s", "detail": "d", "source": "fuzz", "upstream": ""}
+    rep = {"torch": "2.13.0", "passed": True, "seconds": 3.0, "examples": {"split.stock": 5},
+           "counts": {"new": 0, "regression": 0, "known": 31, "fixed": 0, "not_reproduced": 0, "unavailable": 0,
+                      "selfcheck": 0},
+           "selfcheck": [],
+           "rows": [{**row, "path": f"pipeline.S{i}.stock"} for i in range(30)] + [{**row, "path": "split.stock"}]}
+    md = gate_report.markdown(rep)
+    body = [ln for ln in md.splitlines() if ln.startswith("| known")]
+    assert len(body) == 2  # 30 pipeline rows -> one, the split row -> one
+    assert "| 30 | pipeline: `pipeline.S0.stock, " in md and " and 26 more` | optim-x |" in md
+    term = gate_report.terminal(rep).splitlines()
+    assert term[-1].startswith("=") and "PASSED (31 known)" in term[-1]
+    suite = ET.fromstring(gate_report.junit(rep))
+    assert len([t for t in suite.findall("testcase") if not t.get("name").startswith("examples")]) == 2
