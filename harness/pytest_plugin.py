@@ -147,7 +147,10 @@ def _worker_session(config: pytest.Config) -> Any:
         run_dir = config.getoption("gradfuzz_run_dir")
         stop = Stop(os.path.join(run_dir, "stop") if run_dir else None)
         db = config.getoption("gradfuzz_db")
+        from harness.gate.ledger import labeller
+
         _session = Session(save_dir=config.getoption("gradfuzz_save") or None, db_spec=db, database=open_database(db),
+                           label=labeller(),
                            stop=stop, seed=config.getoption("gradfuzz_seed"),
                            worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
         _session.set_budget(config.getoption("gradfuzz_examples"), config.getoption("gradfuzz_minutes"))
@@ -186,11 +189,12 @@ class FuzzItem(pytest.Function):
         if errors:
             raise RuntimeError("; ".join(errors))
         if run.findings:
-            lines = [f"{len(run.findings)} new divergence signature(s) on {self.target.name}:"]
+            lines = [f"{len(run.findings)} divergence signature(s) not seen earlier in this session on {self.target.name}:"]
             for f in run.findings:
                 d = f.divergences[0]
                 where = session.details.get(d.signature, {}).get("file")
-                lines.append(f"  {f.path.name} {d.kind} [{d.signature}]{' FLAKY' if f.flaky else ''}: {d.detail}")
+                known = session.details.get(d.signature, {}).get("ledger", "")
+                lines.append(f"  {f.path.name} {d.kind} [{d.signature}] ({known}){' FLAKY' if f.flaky else ''}: {d.detail}")
                 if where:
                     lines.append(f"      reproduce: gradfuzz repro {where}")
             raise FuzzFailure("\n".join(lines))

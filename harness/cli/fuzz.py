@@ -70,7 +70,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
         for sig, c in sorted(counts.items(), key=lambda kv: -kv[1]):
             d = extra.get("details", {}).get(sig, {})
             first = f", first after {d['examples']} example(s) ({d['seconds']:.2f}s)" if d.get("examples") is not None else ""
-            text += f"\n  {sig}: {c}x{first}"
+            known = f" ({d['ledger']})" if d.get("ledger") else ""
+            text += f"\n  {sig}{known}: {c}x{first}"
     for e in result.errors:
         text += f"\nerror: {e}"
     print(text, flush=True)
@@ -96,8 +97,10 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
     from harness.engine.target import Stop
 
     stop = Stop()
+    from harness.gate.ledger import labeller
+
     s = sessions.Session(save_dir=args.save, db_spec=args.db, database=open_database(args.db), stop=stop,
-                         seed=args.seed)
+                         seed=args.seed, label=labeller())
     display = Display(s.snapshot, args.progress, args.progress_every)
     s.on_event = display.event
     got: list[int] = []

@@ -41,8 +41,12 @@ def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
 class Session:
     def __init__(self, *, save_dir: str | None, db_spec: str | None = None, database: Any = None,
                  stop: Stop | None = None, seed: int = 0, worker: str = "main",
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None,
+                 label: Callable[[str, str], str] | None = None) -> None:
+        """``label(path, signature)`` names the known bug a finding is (the
+        ledger lives above the engine: the front passes it in)."""
         self.result = Result()
+        self.label = label
         self.save_dir = save_dir
         self.db_spec = db_spec
         self.database = database
@@ -68,6 +72,8 @@ class Session:
         self.counts[sig] = self.counts.get(sig, 0) + 1
         self.details.setdefault(sig, {"path": f.path.name, "kind": first.kind, "detail": first.detail,
                                       "flaky": f.flaky, "examples": f.examples, "seconds": round(f.seconds, 3)})
+        if self.label is not None:
+            self.details[sig]["ledger"] = self.label(f.path.name, sig)
         saved = ""
         if self.save_dir:
             source = f"gradfuzz fuzz --paths {f.path.name} --seed {self.seed}"
@@ -86,7 +92,8 @@ class Session:
                     self.result.errors.append(f"publishing {sig} to {self.db_spec}: {e}")
         if self.on_event is not None:
             flaky = " (FLAKY: did not reproduce)" if f.flaky else ""
-            self.on_event(f"[{f.path.name}] divergence {sig}: {first.detail}{flaky}{saved}")
+            known = f" ({self.details[sig]['ledger']})" if "ledger" in self.details[sig] else ""
+            self.on_event(f"[{f.path.name}] divergence {sig}{known}: {first.detail}{flaky}{saved}")
 
     # -- running --------------------------------------------------------------
 

@@ -180,3 +180,19 @@ def to_json(ledger: Ledger) -> dict[str, Any]:
         "gradfuzz_ledger": LEDGER_VERSION,
         "bugs": [{k: list(v) if isinstance(v, tuple) else v for k, v in b.__dict__.items()} for b in ledger.bugs],
     }
+
+
+def labeller(file: str = "cases/ledger.json"):
+    """``label(path, signature)`` for fuzzing fronts: ``known: <id>`` when the
+    ledger names the signature for that path, else ``not in ledger``. The
+    ledger is read once; without one every finding is ``not in ledger``."""
+    import torch
+
+    led = load(file) if os.path.exists(file) else Ledger()
+    version = torch.__version__
+
+    def label(path: str, signature: str) -> str:
+        bug = led.match(path, signature, version=version)
+        return f"known: {bug.id}" if bug is not None else "not in ledger"
+
+    return label

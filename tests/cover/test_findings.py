@@ -5,6 +5,7 @@ import json
 import multiprocessing
 import os
 
+from harness.observation import Divergence
 from harness.out import corpus
 from harness.out import findings
 from harness.engine.database import MaskingDatabase
@@ -140,3 +141,22 @@ def test_findings_folders_are_not_replayed_as_corpus(tmp_path):
     assert corpus.discover([found]) == [str(found / "split.stock-value-0123456789.json")]
     for command in ("fuzz", "gate"):
         assert build_parser().parse_args([command]).save == os.path.join(".gradfuzz", "found")
+
+
+def test_fuzz_findings_are_labelled_with_their_ledger_bug_or_as_not_in_it(tmp_path):
+    from harness.engine.session import Session
+    from harness.engine.target import Finding
+    from harness.gate.ledger import labeller
+    from harness.paths import resolve
+
+    label = labeller(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "ledger.json"))
+    assert label("split.stock", "split.stock-value-4ac5c59b9c") == "known: split-nested-double-count"
+    assert label("split.fixed", "split.stock-value-4ac5c59b9c") == "not in ledger"
+    assert labeller(str(tmp_path / "none.json"))("split.stock", "split.stock-value-4ac5c59b9c") == "not in ledger"
+    events: list[str] = []
+    s = Session(save_dir=None, on_event=events.append, label=label)
+    d = Divergence("split.stock", "value", "w0", 0, 1.0, 1.0, 2.0, "counted twice",
+                   signature="split.stock-value-4ac5c59b9c")
+    s.on_finding(Finding(resolve("split.stock")[0], nested(), [d], False, 3, 0.1))
+    assert s.details[d.signature]["ledger"] == "known: split-nested-double-count"
+    assert "(known: split-nested-double-count)" in events[-1]
