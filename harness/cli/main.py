@@ -43,7 +43,6 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=2, help="ranks for process-group paths (default 2)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per case before a multi-process path is declared hung")
     p.add_argument("--path", action="append", metavar="MODULE:ATTR", help="add a third-party path (repeatable)")
-    p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
 
 
 def _writable(path: str, flag: str, directory: bool = False) -> None:
@@ -124,6 +123,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.generate import MODES
 
     exact = MODES[args.mode]
+    if args.seed is None:  # a local session explores a new stream; the printed seed replays it
+        import random
+
+        args.seed = random.SystemRandom().randrange(2**31)
+        print(f"gradfuzz fuzz: seed {args.seed} (--seed {args.seed} draws the same cases again)", file=sys.stderr)
     from harness.cli import fuzz as fuzz_command  # sessions: -n N, --db, live progress, findings saved as they happen
 
     return fuzz_command.run(args, _options(args), exact, paths)
@@ -153,21 +157,30 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from harness.engine import runner
 
     entry = corpus.load(args.case)
-    paths = resolve(args.paths or entry.meta.get("found_with", {}).get("path") or None, _options(args))
+    found_on = entry.meta.get("found_with", {}).get("path")
+    try:
+        paths = resolve(args.paths or found_on or None, _options(args))
+    except UsageError as e:
+        if args.paths or not found_on:
+            raise
+        raise UsageError(f"{args.case} was found on {found_on!r}, which is not a path here: a third-party path "
+                         f"needs the same --path MODULE:ATTR it was fuzzed with ({e})") from None
     status = 0
+    # With --script the standalone script is the only thing on stdout (`> repro.py` runs as is).
+    say = (lambda s: print(s, file=sys.stderr)) if args.script else print
     for p in paths:
         a = p.availability()
         if not a.ok:
-            print(f"{p.name}: not run, unavailable here: {a.reason}")
+            say(f"{p.name}: not run, unavailable here: {a.reason}")
             continue
         reason = p.supports(entry.case)
         if reason:
-            print(f"{p.name}: not run, case outside its contract: {reason}")
+            say(f"{p.name}: not run, case outside its contract: {reason}")
             continue
         divs = runner.check(entry.case, p)
-        print(f"{p.name}: {'DIVERGES' if divs else 'agrees with the oracle'}")
+        say(f"{p.name}: {'DIVERGES' if divs else 'agrees with the oracle'}")
         for d in divs:
-            print(f"  {d.kind} [{d.signature}] {d.detail}")
+            say(f"  {d.kind} [{d.signature}] {d.detail}")
         if divs:
             status = 1
         if args.script:
@@ -246,17 +259,32 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("gradfuzz")
+    except PackageNotFoundError:
+        mine = "(not installed)"
+    import torch
+
+    return f"gradfuzz {mine} (torch {torch.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
 
     parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     f = sub.add_parser("fuzz", help="generate cases and compare every path with eager autograd")
     _add_path_args(f)
+    f.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     f.add_argument("--examples", type=int, help="examples per path (default 100)")
     f.add_argument("--minutes", type=float, help="total time budget, split over the paths")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=int, help="the seed of the case stream (default: a fresh one, printed at the start; "
+                   "the gate and selfcheck default to 0)")
     f.add_argument("--save", metavar="DIR", default=DEFAULT_FOUND,
                    help=f"where shrunk failures go, outside the replayed corpus (default {DEFAULT_FOUND})")
     f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
@@ -271,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="replay corpus cases on every available path")
     _add_path_args(r)
+    r.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     r.add_argument("targets", nargs="*", help="corpus files or directories (default: cases)")
     r.add_argument("-v", "--verbose", action="store_true")
     r.set_defaults(func=cmd_replay)
@@ -283,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger")
     _add_path_args(g)
+    g.add_argument("--json", metavar="FILE", help="the full gate record as JSON (every other report renders from it)")
     budget = g.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, help="examples per group of paths after the replay: the same verdict on any "
                         "machine, whatever its load (the form for CI)")
@@ -303,7 +333,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_gate)
 
     sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
-    _add_path_args(sc)
     sc.add_argument("--seed", type=int, default=0)
     sc.add_argument("--tolerance-slack", type=float,
                     help="loosen every comparison by this factor (to see selfcheck fail when detection is broken)")

@@ -82,3 +82,20 @@ def test_replay_of_the_shipped_corpus_passes_on_every_available_path():
     r = gradfuzz("replay", "cases", "--paths", names)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "split.fixed" in r.stdout and "clean" in r.stdout
+
+
+def test_version_json_only_where_honoured_and_repro_script_alone_on_stdout(tmp_path, capsys):
+    from harness.cli.main import build_parser, main
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])
+    assert "gradfuzz" in capsys.readouterr().out
+    for command in (["selfcheck"], ["paths"], ["repro", "x.json"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(command + ["--json", "r.json"])
+    capsys.readouterr()
+    case = os.path.join(ROOT, "cases", "split", "nested_weight_double_count.json")
+    main(["repro", case, "--paths", "split.fixed", "--script"])
+    out = capsys.readouterr()
+    compile(out.out, "repro.py", "exec")  # stdout is the script alone: `> r.py` runs as is
+    assert "split.fixed: agrees" in out.err
