@@ -329,7 +329,10 @@ def _group(ctx: Any, timeout_s: float) -> Any:
         _pp["threads"] = []
         keep = []
         for old, threads in _pp["retired"]:
-            if any(t.is_alive() for t in threads):
+            # On NCCL a communicator is never destroyed here: destroying one whose
+            # peer rank still waits in it blocks this rank while the peer builds
+            # the next group (seen on 2 GPUs). It lives until the pool restarts.
+            if any(t.is_alive() for t in threads) or ctx.device.type != "cpu":
                 keep.append((old, threads))
                 continue
             try:
