@@ -43,7 +43,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DELETE = object()
 PAYLOAD_MARK = "PWNED"
