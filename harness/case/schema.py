@@ -278,3 +278,15 @@ def safe_target(directory: str | os.PathLike, stem: str, suffix: str, *, signatu
     if target.parent != base:
         raise SpecError("signature" if signature else "name", f"{_show(stem)} would write outside {base}")
     return target
+
+
+def version_range(v: Any, where: str) -> str:
+    """A PEP 440 specifier of torch versions (``"<2.13"``, ``">=2.11"``)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    string(v, where, max_len=64)
+    try:
+        SpecifierSet(v)
+    except InvalidSpecifier as e:
+        raise SpecError(where, f"not a version range: {e}") from None
+    return v

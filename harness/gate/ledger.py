@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.case import schema as sc
@@ -86,15 +86,6 @@ def _case_file(v: Any, where: str) -> str:
     return v
 
 
-def _torch_range(v: Any, where: str) -> str:
-    sc.string(v, where, max_len=64)
-    try:
-        SpecifierSet(v)
-    except InvalidSpecifier as e:
-        raise SpecError(where, f"not a version range: {e}") from None
-    return v
-
-
 def from_json(data: Any, file: str) -> Ledger:
     """A parsed ledger -> Ledger, every field checked; FileError naming the file and field."""
     try:
@@ -111,7 +102,7 @@ def from_json(data: Any, file: str) -> Ledger:
             if (b["id"], b["path"]) in ids:  # one entry per bug and path
                 raise SpecError(f"{where}.id", f"{b['id']!r} on {b['path']!r} is filed by an earlier entry too")
             ids.add((b["id"], b["path"]))
-            _torch_range(b["torch"], f"{where}.torch")
+            sc.version_range(b["torch"], f"{where}.torch")
             sc.string(b["summary"], f"{where}.summary", max_len=sc.MAX_TEXT)
             sc.string(b.get("upstream", ""), f"{where}.upstream", max_len=sc.MAX_TEXT)
             cases = tuple(_case_file(c, f"{where}.cases[{j}]") for j, c in enumerate(sc.array(b.get("cases", []), f"{where}.cases")))

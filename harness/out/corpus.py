@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pathlib
 from typing import Any, Iterable
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from harness.case import schema as sc
@@ -56,22 +56,13 @@ class Entry:
         return {"gradfuzz_corpus": CORPUS_VERSION, "case": self.case.to_json(), "meta": self.meta}
 
 
-def _torch_spec(v: Any, where: str) -> str:
-    sc.string(v, where, max_len=64)
-    try:
-        SpecifierSet(v)
-    except InvalidSpecifier as e:
-        raise SpecError(where, f"not a version range: {e}") from None
-    return v
-
-
 def _expect(v: Any, where: str) -> Any:
     for i, e in enumerate(sc.array(v, where, 64)):
         w = f"{where}[{i}]"
         sc.obj(e, w, ("path",), ("torch", "note"))
         sc.string(e["path"], f"{w}.path", max_len=256)
         sc.string(e.get("note", ""), f"{w}.note", max_len=sc.MAX_TEXT)
-        _torch_spec(e.get("torch", ""), f"{w}.torch")
+        sc.version_range(e.get("torch", ""), f"{w}.torch")
     return v
 
 
