@@ -34,6 +34,7 @@ class Tolerance:
     eps: float
     bounds: dict[str, torch.Tensor]
     peak: float
+    scale: float = 1.0  # the slack's loosening, applied to after-step comparisons too
 
     @classmethod
     def for_case(cls, case: Case, slack: float | None = None, lazy: bool = False) -> "Tolerance":
@@ -41,12 +42,13 @@ class Tolerance:
         comparison, exact mode included: it exists to prove that selfcheck
         fails when detection is broken."""
         eps = EPS[case.dtype] * (slack if slack is not None else SLACK)
+        scale = 1.0 if slack is None else slack / SLACK
         if case.exact and slack is None:
             return cls(True, 0.0, {}, 0.0)
         if lazy:
-            return _LazyTolerance(eps, case)
+            return _LazyTolerance(eps, case, scale)
         b = magnitude_bounds(case)
-        return cls(False, eps, b, float(b.pop("__peak__")))
+        return cls(False, eps, b, float(b.pop("__peak__")), scale)
 
     def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
         if self.exact:
@@ -62,8 +64,8 @@ class _LazyTolerance(Tolerance):
     the cheap test in ``_value`` (every element within eps of its own size),
     and the bounds cost a forward and backward of their own."""
 
-    def __init__(self, eps: float, case: Case) -> None:
-        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("_case", case)):
+    def __init__(self, eps: float, case: Case, scale: float = 1.0) -> None:
+        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale), ("_case", case)):
             object.__setattr__(self, k, v)
 
     def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
@@ -117,7 +119,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
         for role, expected, actual in groups:
             if actual is None:  # not observable at this backward (a pipeline schedule's mid-step grads)
                 continue
-            relative = REL_AFTER_STEP[case.dtype] if role == "after step" or (inexact is not None and k >= inexact) else None
+            relative = REL_AFTER_STEP[case.dtype] * tol.scale if role == "after step" or (inexact is not None and k >= inexact) else None
             for name, e in expected.items():
                 key = f"{role}:{name}"
                 if key in done:
