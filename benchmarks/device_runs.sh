@@ -12,6 +12,14 @@
 #   bash benchmarks/device_runs.sh selfcheck  # issue 19: every canary family on this torch, and a broken one
 #   bash benchmarks/device_runs.sh gate-examples  # issue 19: the deterministic gate, its Markdown summary
 #   bash benchmarks/device_runs.sh compile-cuda   # issue 17: compile.inductor.cuda from a cold start
+#   bash benchmarks/device_runs.sh mutation-split  # issue 20: split_fixed mutation score and the aliasing class, before/after
+#   bash benchmarks/device_runs.sh mutation-other  # issue 20: graphed_fixed and dtensor_fixed mutation scores (samples), before/after
+#
+# The mutation groups need the mutants exported where mutmut is installed and the
+# older checkout beside this one (both carried as ignored paths):
+#   for f in split_fixed dtensor_fixed graphed_fixed; do python benchmarks/mutation.py --file oracles/$f.py \
+#       --paths x --export .gradfuzz/bench/$f.json; done
+#   git archive <before-commit> harness oracles | tar -x -C .gradfuzz/before
 #
 # Every command's output lands in $OUT/<step>.log and one line per step in
 # $OUT/summary.txt, so a step that runs out of time still leaves the others.
@@ -105,12 +113,32 @@ gate-examples)
     step gate-examples 420 python -m harness gate --examples 100 --seed 0 --save "$OUT/found-gate-ex" \
         --json "$OUT/gate-examples.json" --markdown "$OUT/gate-examples.md"
     ;;
+mutation-split)
+    M="python benchmarks/mutation.py"
+    for tree in .gradfuzz/before .; do
+        tag=$([ "$tree" = . ] && echo after || echo before)
+        step "split-$tag" 150 $M --file oracles/split_fixed.py --mutants .gradfuzz/bench/split_fixed.json \
+            --paths split.fixed --examples 500 --jobs 15 --tree "$tree" --json "$OUT/split-$tag.json"
+        step "alias-$tag" 100 $M --file oracles/split_fixed.py --mutants .gradfuzz/bench/split_alias.json \
+            --paths split.fixed --examples 2000 --seeds 0,1,2,3,4 --jobs 1 --tree "$tree" --json "$OUT/alias-$tag.json"
+    done
+    ;;
+mutation-other)
+    M="python benchmarks/mutation.py"
+    for tree in .gradfuzz/before .; do
+        tag=$([ "$tree" = . ] && echo after || echo before)
+        step "graphed-$tag" 100 $M --file oracles/graphed_fixed.py --mutants .gradfuzz/bench/graphed_fixed.json \
+            --paths graphed.fixed --examples 500 --sample 40 --jobs 8 --timeout 90 --tree "$tree" --json "$OUT/graphed-$tag.json"
+        step "dtensor-$tag" 100 $M --file oracles/dtensor_fixed.py --mutants .gradfuzz/bench/dtensor_fixed.json \
+            --paths dtensor.fixed --examples 500 --sample 24 --jobs 5 --timeout 90 --tree "$tree" --json "$OUT/dtensor-$tag.json"
+    done
+    ;;
 compile-cuda)
     step compile-cuda 330 python benchmarks/compile_fuzz.py --minutes 5 --paths compile.inductor.cuda \
         --save "$OUT/found-compile-cuda" --json "$OUT/compile-cuda.json"
     ;;
 *)
-    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda" >&2
+    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda mutation-split mutation-other" >&2
     exit 2
     ;;
 esac

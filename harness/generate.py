@@ -41,6 +41,7 @@ BLOCKS = (
     "project",  # out projection tied to an in projection: h @ P, ..., h @ P.T
     "hook",  # a tensor hook (scale or observe) on h
     "retain",  # retain_grad on h
+    "passthrough",  # a grad handed on untouched: PassThrough(h), or h + b with b shaped like h
 )
 # Pressure allocations: the CUDA caching allocator's small blocks (512 B
 # granules in 2 MiB segments) and large ones, so freed graph-surface memory
@@ -219,10 +220,25 @@ def _retain(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
     return h
 
 
+def _passthrough(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    # The caller's grad output reaches a parameter's grad unchanged (no op
+    # between rescales or copies it): where an implementation that adopts
+    # autograd's tensor as .grad aliases the user's buffer.
+    if variant % 2 == 0:
+        h = b.node("passthrough", Use(h))
+    if variant >= 1:
+        if not b.grows(1.0):
+            return h
+        bias = b.param((b.batch, b.dim), slot, prefix="b")
+        b.bound += 3.0
+        h = b.node("add", Use(h), Use(bias))
+    return h
+
+
 BUILDERS = {
     "linear": _linear, "linear_t": _linear, "gain": _gain, "bias": _bias, "branch": _branch, "layout": _layout,
     "pair": _pair, "chunk": _chunk, "combined": _combined, "reshape": _reshape, "nonlin": _nonlin,
-    "mix_input": _mix_input, "project": _project, "hook": _hook, "retain": _retain,
+    "mix_input": _mix_input, "project": _project, "hook": _hook, "retain": _retain, "passthrough": _passthrough,
 }
 
 
@@ -235,14 +251,18 @@ class _Drawn:
     """The strategies ``cases`` draws from, made once per size limit (same
     draws, same shrinking, as building them inline)."""
 
-    _made: dict[tuple[int, int], "_Drawn"] = {}
+    _made: dict[tuple[int, int, bool], "_Drawn"] = {}
 
-    def __init__(self, max_blocks: int, max_microbatches: int) -> None:
+    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False) -> None:
         self.exact = st.booleans().map(lambda b: not b)
         self.dim = st.sampled_from((3, 2, 4))
-        self.batch = st.sampled_from((2, 3))
+        # Microbatch size 1 (gap cases): every batch-shaped grad is then a
+        # pass-through candidate, and size-1 dims admit any stride.
+        self.batch = st.sampled_from((2, 3, 1) if gaps else (2, 3))
         self.x_grad = st.sampled_from((True, False))
-        self.blocks = st.lists(st.tuples(st.sampled_from(BLOCKS), st.integers(0, 2), st.integers(0, 3)),
+        # Gap cases pull harder towards pass-through grads (3 in 18 blocks).
+        blocks = BLOCKS + ("passthrough",) * 2 if gaps else BLOCKS
+        self.blocks = st.lists(st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3)),
                                min_size=1, max_size=max_blocks)
         self.out_kind = st.integers(0, 4)
         self.microbatches = st.integers(1, max_microbatches)
@@ -252,24 +272,24 @@ class _Drawn:
         self.seed = st.integers(0, 2**16)
 
     @classmethod
-    def get(cls, max_blocks: int, max_microbatches: int) -> "_Drawn":
-        key = (max_blocks, max_microbatches)
+    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False) -> "_Drawn":
+        key = (max_blocks, max_microbatches, gaps)
         if key not in cls._made:
-            cls._made[key] = cls(max_blocks, max_microbatches)
+            cls._made[key] = cls(*key)
         return cls._made[key]
 
 
 @st.composite
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, dtensor: bool = False,
-          pipeline: tuple[tuple[int, int], ...] = ()) -> Case:
+          pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
     drawn without it are unchanged."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
-    s = _Drawn.get(max_blocks, max_microbatches)
+    s = _Drawn.get(max_blocks, max_microbatches, gaps)
     if exact is None:
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)
@@ -293,7 +313,37 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
         case = draw(training_steps(case))
     if pipeline:  # drawn last too: stage cuts, microbatches and frozen parameters for a pipeline layout
         case = draw(pipeline_stages(case, pipeline))
+    if gaps:
+        case = draw(gap_cases(case))
     return case
+
+
+@st.composite
+def gap_cases(draw, case: Case) -> Case:
+    """What real training has and the founding blocks never build: frozen
+    parameters beside trainable ones (fine-tuning, LoRA), a parameter that
+    never reaches the outputs, inputs that need no grad before the ones that
+    do, an output that needs no grad beside ones that do, and a last stage's
+    scalar loss. Each is one draw that shrinks to "not there"."""
+    frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
+    params = [replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen)]
+    if draw(st.integers(0, 3)) == 3:
+        params.append(Param(f"u{len(params)}", params[0].shape))  # unused: no node reads it
+    inputs, nodes, outputs = list(case.inputs), list(case.nodes), list(case.outputs)
+    no_grad_out = draw(st.integers(0, 3))  # 1: appended, 2: first
+    if no_grad_out in (1, 2):
+        x = next((i.name for i in inputs if not i.requires_grad), None)
+        if x is None:
+            x = f"x{len(inputs)}"
+            inputs.append(Input(x, inputs[0].shape, requires_grad=False))
+        nodes.append(Node(f"n{len(nodes)}", "relu", (Use(x),)))
+        use = Use(nodes[-1].name)
+        outputs = outputs + [use] if no_grad_out == 1 else [use] + outputs
+    if draw(st.integers(0, 2)) == 2:  # inputs that need no grad first
+        inputs = sorted(inputs, key=lambda i: i.requires_grad)
+    loss = draw(st.integers(0, 3)) == 3
+    return replace(case, params=tuple(params), inputs=tuple(inputs), nodes=tuple(nodes),
+                   outputs=tuple(outputs), loss=loss)
 
 
 @st.composite

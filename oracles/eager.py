@@ -60,7 +60,9 @@ def observe(case: Case) -> Observation:
                 Step(
                     k=k,
                     grads={n: snap(g) for n, g in acc.items()},
-                    input_grads={n: snap(got.get(n)) for n in inputs},
+                    input_grads={**{n: snap(got.get(n)) for n in inputs},
+                                 # a leaf input's .grad (paths whose contract observes it)
+                                 **{f"{n}.grad": snap(got.get(n)) for n, t in inputs.items() if t.requires_grad}},
                     outputs=[snap(o) for o in outs],
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
                 )

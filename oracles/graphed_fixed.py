@@ -152,6 +152,12 @@ class GraphedCallable:
     def install(self) -> Any:
         me = self
         n_user = len(self.static_inputs)
+        # Parameters that got no grad at capture (unused, with allow_unused_input)
+        # stay out of the Function's inputs: an input whose grad comes back None
+        # still runs its AccumulateGrad, which fires the parameter's hooks with
+        # None and its post-accumulate hooks, where eager never touches it.
+        used = [i for i, g in enumerate(self.static_grad_inputs[n_user:]) if g is not None]
+        wired = [self.params[i] for i in used]
 
         class Graphed(torch.autograd.Function):
             @staticmethod
@@ -176,11 +182,12 @@ class GraphedCallable:
                             buf.copy_(g)
                 me.replay_backward()
                 # Owned: AccumulateGrad may adopt these as .grad, hooks may keep them.
-                return tuple(None if b is None else b.detach().clone() for b in me.static_grad_inputs)
+                grads = list(me.static_grad_inputs[:n_user]) + [me.static_grad_inputs[n_user + i] for i in used]
+                return tuple(None if b is None else b.detach().clone() for b in grads)
 
         def graphed(*user_args: Any) -> Any:
             flat, _ = tree_flatten(tuple(user_args))
-            out = Graphed.apply(*flat, *me.params)
+            out = Graphed.apply(*flat, *wired)
             return tree_unflatten(list(out), me.out_spec)
 
         if self.module is None:

@@ -15,7 +15,9 @@ to the same rules.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -23,7 +25,7 @@ from harness.build.lifetime import Lifetime
 from harness.build.tensors import Built
 from harness.build.train import Trainer
 from harness.case.spec import Case
-from harness.observation import Failure, Grads, Mutation, Observation, Step, snap
+from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation, snap
 
 
 def has_step(case: Case) -> bool:
@@ -139,14 +141,88 @@ class Held:
         return found
 
 
+@dataclass(frozen=True)
+class Observe:
+    """What ``run_schedule`` looks at beyond values (a path's contract says).
+
+    ``leaf_input_grads``: the ``.grad`` a leaf input the user holds gets
+    (compared as input grad ``<x>.grad``). ``grad_layout``: every ``.grad``
+    has its parameter's strides, as eager's AccumulateGrad guarantees for
+    dense parameters (the rule the founding DTensor bug broke).
+    ``graph_freed``: once a backward returns and the loop has let go of the
+    forward's outputs, nothing that forward saved for backward is alive
+    unless the user holds the outputs (checked with weak references to what
+    the saved-tensor hooks packed, not by timing or memory).
+    """
+
+    leaf_input_grads: bool = True
+    grad_layout: bool = True
+    graph_freed: bool = False
+    # Also while the user holds outputs or retain_grad intermediates (their
+    # nodes stay alive, so only the backward itself can have freed the saved
+    # tensors). A split backward runs the input-only part of the graph once,
+    # with retain_graph=True, and legitimately keeps it until the outputs go.
+    graph_freed_while_held: bool = True
+
+
+class _Packed:
+    """What a saved-tensor pack hook stores: alive exactly as long as the
+    graph keeps that saved tensor, whoever else holds the tensor itself. It
+    keeps a detached alias: the tensor itself would reference its own
+    grad_fn when it is that node's output, a cycle only gc could free."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t.detach()
+
+
+class _SavedWatch:
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref] = []
+
+    def hooks(self) -> Any:
+        def pack(t: torch.Tensor) -> _Packed:
+            box = _Packed(t)
+            self.refs.append(weakref.ref(box))
+            return box
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.t)
+
+    def alive(self) -> int:
+        n = sum(1 for r in self.refs if r() is not None)
+        self.refs = []
+        return n
+
+
+def _layout_violations(params: dict[str, torch.nn.Parameter], k: int) -> list[Violation]:
+    found = []
+    for n, p in params.items():
+        g = p.grad
+        if g is None or g.shape != p.shape or not p.is_contiguous():
+            continue
+        if all(a == b for a, b, size in zip(g.stride(), p.stride(), p.shape) if size > 1):
+            continue  # a size-1 dim's stride is never used to address an element
+        found.append(Violation(
+            "layout", k, n,
+            f"{n}.grad after backward {k} has strides {tuple(g.stride())}, the parameter {tuple(p.stride())}: "
+            f"eager's AccumulateGrad gives .grad the parameter's layout, and optimizers, DDP buckets and "
+            f"checkpoint code that view .grad as the parameter see the wrong elements (copy into a tensor "
+            f"laid out like the parameter, as torch.autograd's clone_obey_contract does)",
+            key="grad layout differs from the parameter's"))
+    return found
+
+
 def run_schedule(
     case: Case,
     name: str,
     backward: Backward,
     forward: Forward = _default_forward,
     device: str = "cpu",
+    observe: Observe = Observe(),
 ) -> Observation:
     built = Built(case)
+    watch = _SavedWatch() if observe.graph_freed else None
     obs = Observation(path=name)
     k = -1
     lifetime = None
@@ -173,7 +249,11 @@ def run_schedule(
                 held.hold(f"input {n} of backward {k}", t)
             for i, c in enumerate(cots):
                 held.hold(f"grad output {i} of backward {k}", c)
-            outs = forward(built, {**params, **inputs})
+            if watch is not None:
+                with watch.hooks():
+                    outs = forward(built, {**params, **inputs})
+            else:
+                outs = forward(built, {**params, **inputs})
             out_snaps = [snap(o) for o in outs]
             lifetime.after_forward(k, outs)
             lifetime.begin(k)
@@ -186,11 +266,26 @@ def run_schedule(
                     obs.mutations.append(m)
             seen = lifetime.end(k, obs)
             grads = {n: snap(p.grad) for n, p in params.items()}
+            given = {n: snap(g) for n, g in input_grads.items()}
+            if observe.leaf_input_grads:
+                given.update({f"{n}.grad": snap(x.grad) for n, x in inputs.items() if x.requires_grad})
+            for n, p in params.items():
+                if not p.requires_grad and p.grad is not None and f"frozen {n}" not in reported:
+                    reported.add(f"frozen {n}")
+                    obs.violations.append(Violation(
+                        "frozen", k, n, f"frozen parameter {n} (requires_grad=False) has a .grad after backward {k} "
+                        f"(max {float(p.grad.detach().abs().max()) if p.grad.numel() else 0:g}); eager autograd "
+                        f"never writes one: a frozen weight's .grad must stay None", key="frozen parameter got a grad"))
+            if observe.grad_layout:
+                for v in _layout_violations(params, k):
+                    if f"layout {v.what}" not in reported:
+                        reported.add(f"layout {v.what}")
+                        obs.violations.append(v)
             obs.steps.append(
                 Step(
                     k=k,
                     grads=grads,
-                    input_grads={n: snap(g) for n, g in input_grads.items()},
+                    input_grads=given,
                     outputs=out_snaps,
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
                     seen=seen,
@@ -203,6 +298,24 @@ def run_schedule(
                 held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
             for n, g in input_grads.items():
                 held.hold(f"grad of input {n} from backward {k}", g)
+            if watch is not None:
+                # The loop lets go of the outputs; the user's own holds
+                # (retain_outputs, retain_grad) remain, as they do in training
+                # code that keeps its losses for logging: a graph they reach
+                # must still have been freed by the backward.
+                outs = out_snaps = []
+                alive = watch.alive()
+                held_by_user = case.schedule.retain_outputs or bool(case.retain_grad)
+                if held_by_user and not observe.graph_freed_while_held:
+                    alive = 0
+                if alive and "graph" not in reported:
+                    reported.add("graph")
+                    obs.violations.append(Violation(
+                        "graph", k, "autograd graph",
+                        f"{alive} tensor(s) saved for backward by forward {k} are still held by its graph after "
+                        f"backward {k} returned; nothing asked to retain the graph, so "
+                        f"every microbatch's activations leak (pass retain_graph=True only to a backward that is "
+                        f"followed by another one over the same graph)", key="graph alive after backward"))
             lifetime.between(k)
     except Exception as e:  # a path that raises is a finding, not a crash
         obs.failure = Failure(k, type(e).__name__, first_line(e))

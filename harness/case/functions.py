@@ -57,3 +57,18 @@ class Pair(torch.autograd.Function):
             ga = ga + g_add
             gb = gb + g_add
         return ga, gb
+
+
+class PassThrough(torch.autograd.Function):
+    """The identity, whose backward hands autograd's incoming grad on as the
+    very same tensor: downstream, a grad that arrives untouched from the
+    caller's grad output is what an implementation adopting autograd's
+    tensor as ``.grad`` aliases (the founding graphed bug's class)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        return a.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g

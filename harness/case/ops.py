@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.case.functions import LayoutMatmul, Pair
+from harness.case.functions import LayoutMatmul, Pair, PassThrough
 
 Shape = tuple[int, ...]
 Result = Shape | tuple[Shape, ...]
@@ -172,6 +172,8 @@ OPS: dict[str, Op] = {
             lambda t, a: LayoutMatmul.apply(t[0], t[1], a.get("layout", "contiguous")),
             lambda s, a: f"LayoutMatmul.apply({s[0]}, {s[1]}, {a.get('layout', 'contiguous')!r})",
         ),
+        Op("passthrough", 1, 1, True, _same, lambda t, a: PassThrough.apply(t[0]),
+           lambda s, a: f"PassThrough.apply({s[0]})"),
         Op("pair", 2, 2, True, _pair, lambda t, a: Pair.apply(t[0], t[1]),
            lambda s, a: f"Pair.apply({s[0]}, {s[1]})", outputs=2),
         Op(

@@ -149,6 +149,11 @@ class Case:
     # Pipeline stage cuts (harness.build.stages): each is a position in ``nodes``
     # where a new stage starts; () is one stage. Omitted from JSON when empty.
     stages: tuple[int, ...] = ()
+    # A last pipeline stage's form: the outputs reach backward as one scalar
+    # loss (sum of output x cotangent, the same grads) with no grad outputs,
+    # as PipelineStage hands them to ``stage_backward_input``. Paths that
+    # take grad outputs ignore it. Omitted from JSON when False.
+    loss: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return _encode(self)
@@ -181,7 +186,7 @@ class Case:
 # Optional fields written only when set, so cases without them keep their JSON.
 _OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks"), ("Param", "placement"),
                     ("Schedule", "clip"), ("Schedule", "max_norm"), ("Schedule", "optimizer"),
-                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "stages")}
+                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "stages"), ("Case", "loss")}
 
 
 def _encode(obj: Any) -> Any:
@@ -264,6 +269,7 @@ _FIELDS: dict[tuple[str, str], Any] = {
     ("Case", "version"): lambda v, w: sc.integer(v, w, SCHEMA_VERSION, SCHEMA_VERSION),
     # Types and bounds here; which cuts make sense is validate's (it names ``stages[i]``).
     ("Case", "stages"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 0, MAX_NODES) for i, x in enumerate(sc.array(v, w, 16))),
+    ("Case", "loss"): sc.boolean,
     ("Param", "name"): sc.name,
     ("Param", "shape"): _shape,
     ("Param", "requires_grad"): sc.boolean,

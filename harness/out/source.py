@@ -66,9 +66,7 @@ def literal(t: Any) -> str:
 def function_helpers(case: Case) -> list[str]:
     """Source of the custom autograd Functions the case uses."""
     used = {n.op for n in case.nodes}
-    helpers = []
-    if "layout_matmul" in used:
-        helpers.append(inspect.getsource(functions.LayoutMatmul))
-    if "pair" in used:
-        helpers.append(inspect.getsource(functions.Pair))
-    return helpers
+    return [inspect.getsource(fn) for op, fn in _FUNCTIONS.items() if op in used]
+
+
+_FUNCTIONS = {"layout_matmul": functions.LayoutMatmul, "pair": functions.Pair, "passthrough": functions.PassThrough}

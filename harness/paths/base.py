@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
+from harness.build.schedule import Observe
 from harness.case.spec import Case
 from harness.observation import Observation
 
@@ -44,13 +45,30 @@ class Contract:
     # Draw stage cuts and microbatch counts from these (stages, microbatches)
     # pairs, frozen parameters too: pipeline schedules. Empty: no stages.
     pipeline_layouts: tuple[tuple[int, int], ...] = ()
+    # Draw the cases real training has and the founding generator never
+    # built (``harness.generate.gap_cases``): frozen and unused parameters,
+    # inputs and outputs that need no grad in any position, microbatch size
+    # 1, a last stage handing a scalar loss.
+    gap_cases: bool = False
+    # What ``run_schedule`` observes beyond values (``Observe``): a leaf
+    # input's ``.grad`` (a path whose machinery hands input grads back
+    # instead, as a pipeline stage does, says False), ``.grad`` strides
+    # against the parameter's, and the graph freed after each backward.
+    leaf_input_grads: bool = True
+    grad_layout: bool = True
+    graph_freed: bool = False
+    graph_freed_while_held: bool = True
 
     def strategy_flags(self) -> tuple[tuple[str, object], ...]:
         """The generator keywords this contract asks for; paths with equal
         flags draw from one case distribution and are fuzzed together."""
         flags: tuple[tuple[str, object], ...] = (("lifetime", self.lifetime_schedules),
                                                   ("dtensor", self.dtensor_placements))
+        flags += (("gaps", True),) if self.gap_cases else ()
         return flags + ((("pipeline", self.pipeline_layouts),) if self.pipeline_layouts else ())
+
+    def observe(self) -> "Observe":
+        return Observe(self.leaf_input_grads, self.grad_layout, self.graph_freed, self.graph_freed_while_held)
 
 
 class UsageError(ValueError):

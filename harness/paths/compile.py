@@ -350,7 +350,8 @@ class CompilePath:
 
     def run(self, case: Case) -> Observation:
         r = _Run(self, case)
-        obs = run_schedule(case, self.name, r.backward, forward=r.forward, device=self.flavor.device)
+        obs = run_schedule(case, self.name, r.backward, forward=r.forward, device=self.flavor.device,
+                           observe=CONTRACT.observe())
         obs.extra["compile"] = r.extra()
         self.stats.add(obs.extra["compile"])
         if obs.extra["compile"]["limit_fallbacks"]:

@@ -23,7 +23,7 @@ def _backward(outs, cots, inputs, params) -> Grads:
 
 class EagerAccumulate:
     name = "eager.accumulate"
-    contract = Contract(retained_grads=True)
+    contract = Contract(retained_grads=True, gap_cases=True, graph_freed=True)
 
     def availability(self) -> Availability:
         return Availability(True)
@@ -32,7 +32,7 @@ class EagerAccumulate:
         return None
 
     def run(self, case: Case) -> Observation:
-        return run_schedule(case, self.name, _backward)
+        return run_schedule(case, self.name, _backward, observe=self.contract.observe())
 
     def repro(self, case: Case) -> Repro:
         return Repro(backward=(

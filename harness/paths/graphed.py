@@ -144,7 +144,7 @@ class GraphedPath:
         self.impl_spec = impl
         self.device = device
         self.owned_outputs = owned_outputs
-        self.contract = Contract(retained_grads=False, lifetime_schedules=True)
+        self.contract = Contract(retained_grads=False, lifetime_schedules=True, gap_cases=True)
 
     def availability(self) -> Availability:
         if self.device != "cpu":
@@ -188,7 +188,8 @@ class GraphedPath:
     def run(self, case: Case) -> Observation:
         r = _Run(self, case)
         try:
-            obs = run_schedule(case, self.name, r.backward, forward=r.forward, device=self.device)
+            obs = run_schedule(case, self.name, r.backward, forward=r.forward, device=self.device,
+                               observe=self.contract.observe())
         finally:
             r.close()
         obs.extra["build_s"] = r.build_s

@@ -39,7 +39,11 @@ class SplitPath:
     that are not run on it; the fixed implementation takes every case.
     """
 
-    contract = Contract(retained_grads=False)
+    # A pipeline stage hands input grads back (stock never fills a stage
+    # input's .grad), so a leaf input's .grad is not part of its promise; the
+    # input-only part of the graph legitimately lives as long as the outputs.
+    contract = Contract(retained_grads=False, gap_cases=True, leaf_input_grads=False, graph_freed=True,
+                        graph_freed_while_held=False)
 
     def __init__(self, name: str, impl: str, stock_contract: bool) -> None:
         self.name = name
@@ -72,24 +76,32 @@ class SplitPath:
         impl = self.impl()
 
         def backward(outs, cots, inputs, params) -> Grads:
-            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
-            values = list(inputs.values())
-            dinputs, groups = impl.stage_backward_input(
-                [o for o, _ in live], [c for _, c in live], values, iter(params.values())
-            )
+            # As PipelineStage calls it: every stage output (those that need
+            # no grad too) with its grad, or a last stage's scalar loss with None.
+            outs, grads = _stage_outputs(case, outs, cots)
+            dinputs, groups = impl.stage_backward_input(outs, grads, list(inputs.values()), iter(params.values()))
             impl.stage_backward_weight(iter(params.values()), groups)
             return dict(zip(inputs, dinputs))
 
-        return run_schedule(case, self.name, backward)
+        return run_schedule(case, self.name, backward, observe=self.contract.observe())
 
     def repro(self, case: Case) -> Repro:
         imports = Ref.parse(self.impl_spec).import_line("split_impl")
-        return Repro(imports=imports, backward=(
-            "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
-            "    dinputs, groups = split_impl.stage_backward_input(\n"
-            "        [o for o, _ in live], [c for _, c in live], list(inputs.values()), iter(params.values()))\n"
-            "    split_impl.stage_backward_weight(iter(params.values()), groups)\n"
-        ))
+        if case.loss:
+            call = ("    loss = sum((o * c).sum() for o, c in zip(outs, cots) if o.requires_grad)  # the last stage's loss\n"
+                    "    dinputs, groups = split_impl.stage_backward_input(\n"
+                    "        [loss], None, list(inputs.values()), iter(params.values()))\n")
+        else:
+            call = ("    dinputs, groups = split_impl.stage_backward_input(\n"
+                    "        outs, cots, list(inputs.values()), iter(params.values()))\n")
+        return Repro(imports=imports, backward=call + "    split_impl.stage_backward_weight(iter(params.values()), groups)\n")
+
+
+def _stage_outputs(case: Case, outs: list, cots: list) -> tuple[list, list | None]:
+    if not case.loss:
+        return list(outs), list(cots)
+    live = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
+    return ([sum(live[1:], live[0])] if live else []), None
 
 
 VIEW_OPS = {"transpose", "reshape", "chunk"}
