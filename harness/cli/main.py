@@ -250,6 +250,32 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_ledger(args: argparse.Namespace) -> int:
+    import torch
+
+    from harness.gate import audit as audit_mod
+    from harness.paths import close_paths, split_available
+
+    live, unavailable = split_available(resolve(args.paths, _options(args)))
+    try:
+        found = audit_mod.audit(args.ledger, live, torch.__version__)
+    finally:
+        close_paths(live)
+    wrote = audit_mod.record(args.ledger, found.problems) if args.write else 0
+    for p in found.problems:
+        print(f"  {p.kind.upper():<10} {p.bug} on {p.path}" + (f" [{p.signature}]" if p.signature else "") + f": {p.detail}")
+    for p in found.shared:
+        print(f"  shared     {p.bug} on {p.path} [{p.signature}]: {p.detail}")
+    for bug, why in sorted(found.skipped.items()):
+        print(f"  skipped    {bug}: {why}")
+    failing = found.failing(wrote=args.write)
+    print(f"gradfuzz ledger: {len(found.checked)} entries checked ({found.replays} replays) on torch {torch.__version__}, "
+          f"{len(found.skipped)} skipped here, {len(found.problems)} problem(s)"
+          + (f", {wrote} signature(s) recorded in {args.ledger}" if args.write else "")
+          + ("" if not failing else " (unrecorded: run with --write to record them; misfiled/silent: fix the entry)"))
+    return 1 if failing else 0
+
+
 def cmd_table(args: argparse.Namespace) -> int:
 
     from harness.gate.ledger import load_report
@@ -341,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("table", help="one table from gate reports of several torch versions")
     t.add_argument("reports", nargs="+", metavar="REPORT.json")
     t.set_defaults(func=cmd_table)
+
+    lg = sub.add_parser("ledger", help="replay every ledger entry's cases: signatures unrecorded, misfiled, or silent here")
+    _add_path_args(lg)
+    lg.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
+    lg.add_argument("--write", action="store_true", help="record the unrecorded signatures in the ledger")
+    lg.set_defaults(func=cmd_ledger)
 
     ps = sub.add_parser("paths", help="list the paths and whether each is available here")
     _add_path_args(ps)

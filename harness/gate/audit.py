@@ -1,0 +1,147 @@
+"""Is the ledger true on this torch? Each entry's own cases, replayed.
+
+The gate files a fuzzed divergence under a bug by its signature; ``fuzz``
+and the pytest plugin label findings by the signatures an entry records. A
+signature recorded under the wrong entry files a new bug as an old one (or
+an old one as NEW, as happened to a two-rank zero-bubble finding), so the
+ledger is checked against its own evidence: every entry's cases are
+replayed on every path the entry covers that runs here, and
+
+- ``unrecorded``: a signature its own case shows that no entry records
+  (``--write`` records it, so ``fuzz`` labels it ``known``);
+- ``misfiled``: a signature some entry's cases show is recorded only under
+  entries whose own cases, replayed here, do not show it;
+- ``silent``: the torch here is in the entry's range, yet none of its
+  cases diverges on any covered path that runs here.
+
+Entries whose paths do not run here (no GPU, no second rank) are skipped
+and named, never counted as consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from harness.engine.check import replay_entries
+from harness.gate import ledger as ledger_mod
+from harness.out import corpus
+from harness.paths import Path
+
+
+@dataclass
+class Problem:
+    kind: str  # "unrecorded", "misfiled", "silent"
+    bug: str
+    path: str
+    signature: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Audit:
+    problems: list[Problem] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)  # "id on path-pattern" replayed on at least one path
+    skipped: dict[str, str] = field(default_factory=dict)  # "id on path-pattern" -> why not checked here
+    replays: int = 0
+    # Signatures several entries' cases show and none records: a coarse
+    # signature two bugs share; left unrecorded (which bug a fuzzed one is
+    # cannot be told from it), listed for a person.
+    shared: list[Problem] = field(default_factory=list)
+
+    def failing(self, *, wrote: bool = False) -> list[Problem]:
+        return [p for p in self.problems if not (wrote and p.kind == "unrecorded")]
+
+
+def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | None = None) -> Audit:
+    """Replay every entry's cases (``only``: these entry ids) on the live ``paths`` it covers."""
+    led = ledger_mod.load(ledger_file)
+    out = Audit()
+    recorded: dict[str, set[str]] = {}
+    for b in led.bugs:
+        for s in b.signatures:
+            recorded.setdefault(s, set()).add(b.id)
+    seen_by: dict[str, dict[str, tuple[str, str]]] = {}  # signature -> entry id -> (path, detail)
+    checked: dict[str, ledger_mod.Bug] = {}
+    for b in led.bugs:
+        if only is not None and b.id not in only:
+            continue
+        entry = f"{b.id} on {b.path}"
+        covered = [p for p in paths if b.covers(p.name)]
+        if not covered:
+            out.skipped[entry] = f"no path matching {b.path!r} runs here"
+            continue
+        if not b.cases:
+            out.skipped[entry] = "the entry lists no cases"
+            continue
+        entries = [corpus.load(os.path.join(led.root, c)) for c in b.cases]
+        ran = shown = False
+        for r in replay_entries(entries, covered):
+            if r.skipped is not None:
+                continue
+            ran = True
+            out.replays += 1
+            for d in r.divergences:
+                shown = True
+                seen_by.setdefault(d.signature, {}).setdefault(b.id, (d.path, d.detail))
+        if not ran:
+            out.skipped[entry] = "its cases are outside the contract of every covered path here"
+            continue
+        out.checked.append(entry)
+        checked[b.id] = b
+        if b.relation(version) == "in" and not shown and not any(
+                x.id == b.id and x is not b and x.relation(version) == "in" for x in checked.values()):
+            out.problems.append(Problem("silent", b.id, b.path, detail=f"torch {version} is in {b.torch}, "
+                                        f"yet none of {len(b.cases)} case(s) diverges on {len(covered)} covered path(s)"))
+    for sig, by in sorted(seen_by.items()):
+        owners = recorded.get(sig, set())
+        path, detail = next(iter(by.values()))
+        if owners & set(by):
+            continue  # recorded under an entry whose own case shows it
+        if owners:
+            # Recorded only under entries whose cases, replayed here, do not show it.
+            # (An owner whose cases did not run here may show it on another torch.)
+            wrong = sorted(o for o in owners if o in checked or not any(b.cases for b in led.bugs if b.id == o))
+            if wrong:
+                out.problems.append(Problem("misfiled", ", ".join(sorted(by)), path, sig,
+                                            f"recorded under {', '.join(wrong)}, whose cases do not show it here; "
+                                            f"the case(s) of {', '.join(sorted(by))} do: {detail[:160]}"))
+            continue
+        in_range = [i for i in by if checked[i].relation(version) == "in"]
+        if len(by) == 1 and in_range:
+            out.problems.append(Problem("unrecorded", in_range[0], path, sig, detail[:160]))
+        elif len(by) > 1:
+            out.shared.append(Problem("shared", ", ".join(sorted(by)), path, sig,
+                                      f"shown by the cases of {len(by)} entries, recorded by none: {detail[:120]}"))
+    return out
+
+
+def _lists(led: ledger_mod.Ledger, bug_id: str, case: str) -> bool:
+    return any(b.id == bug_id and case in b.cases for b in led.bugs)
+
+
+def record(ledger_file: str, problems: list[Problem]) -> int:
+    """Add each ``unrecorded`` signature to its entry; the file keeps its
+    layout otherwise. Returns how many were added."""
+    with open(ledger_file) as f:
+        data = json.load(f)
+    add: dict[tuple[str, str], list[str]] = {}
+    for p in problems:
+        if p.kind == "unrecorded":
+            add.setdefault((p.bug, p.path), []).append(p.signature)
+    n = 0
+    for b in data["bugs"]:
+        for (bug, path), sigs in add.items():
+            if b["id"] == bug and ledger_mod.covers(b["path"], path):
+                have = b.setdefault("signatures", [])
+                for s in sigs:
+                    if s not in have:
+                        have.append(s)
+                        n += 1
+    tmp = f"{ledger_file}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, ledger_file)
+    return n
