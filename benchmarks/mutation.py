@@ -64,7 +64,8 @@ def mutants(file: str) -> list[tuple[str, str]]:
     """(one-line diff, full mutated source) for each of mutmut's mutations of ``file``."""
     from mutmut.mutation.file_mutation import create_mutations, deep_replace
 
-    code = open(file).read()
+    with open(file) as f:
+        code = f.read()
     module, found, _, _ = create_mutations(file, code)
     out = []
     for m in found:
@@ -88,7 +89,7 @@ def _run_one(workdir: str, file: str, src: str, paths: str, examples: int, seed:
     t0 = time.monotonic()
     try:
         p = subprocess.run([sys.executable, "-c", _PROBE, paths, str(examples), str(seed)], cwd=workdir, env=env,
-                           capture_output=True, text=True, timeout=timeout)
+                           capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "seconds": timeout}
     secs = time.monotonic() - t0

@@ -26,7 +26,8 @@ def test_a_signature_filed_under_the_wrong_bug_is_reported(tmp_path):
     shutil.copy("cases/split/param_groups_share_graph.json", tmp_path / "case.json")
     right = audit(LEDGER, resolve("split.stock"), torch.__version__, only={"split-param-groups-share-graph"})
     assert not right.problems
-    led = json.load(open(LEDGER))
+    with open(LEDGER) as f:
+        led = json.load(f)
     sig = next(b for b in led["bugs"] if b["id"] == "split-param-groups-share-graph")["signatures"][0]
     bugs = [
         {"id": "the-real-bug", "path": "split.stock", "torch": ">=2.0", "summary": "s", "cases": ["case.json"]},
