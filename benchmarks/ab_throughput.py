@@ -1,0 +1,59 @@
+"""Examples/s of one path family in two checkouts, measured side by side.
+
+Runs ``fuzz`` from each tree in turn (A, B, A, B, ...) on the same seed and
+budget and prints each run's examples/s and the median ratio B/A: load that
+drifts during the run hits both sides alike. Used for issue 20's "the richer
+generator must not make the harness more than 25% slower":
+
+    python benchmarks/ab_throughput.py --a .gradfuzz/before --b . --paths split.stock,split.fixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _rate(tree: str, paths: str, examples: int, seed: int) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(tree), "OMP_NUM_THREADS": "1"}
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "harness", "fuzz", "--paths", paths, "--examples", str(examples),
+                        "--seed", str(seed), "--db", "none", "--save", os.path.join(d, "found"), "--json", out,
+                        "--progress", "none"], env=env, cwd=os.path.abspath(tree), capture_output=True, check=False)
+        wall = time.monotonic() - t0
+        with open(out) as f:
+            result = json.load(f)
+    drawn = max(t["examples"] for t in result["paths"].values())
+    return drawn / wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", required=True, help="checkout A (e.g. the one before a change)")
+    ap.add_argument("--b", default=".", help="checkout B (default: this one)")
+    ap.add_argument("--paths", required=True)
+    ap.add_argument("--examples", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    ratios = []
+    for r in range(args.rounds):
+        a = _rate(args.a, args.paths, args.examples, args.seed + r)
+        b = _rate(args.b, args.paths, args.examples, args.seed + r)
+        ratios.append(b / a)
+        print(f"round {r}: A {a:.1f} examples/s, B {b:.1f} examples/s, B/A {b / a:.3f}", flush=True)
+    print(f"{args.paths}, {args.examples} examples per run: median B/A {statistics.median(ratios):.3f} "
+          f"over {args.rounds} rounds (end-to-end, process start included)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
