@@ -1,6 +1,6 @@
 """The path registry: names to paths, with families and third-party paths.
 
-``split`` names the family (``split.stock`` and ``split.fixed``); a full
+``split`` names the family (``split.stock``, ``split.twin`` and ``split.fixed``); a full
 name picks one. Third parties add paths through the ``gradfuzz.paths``
 entry-point group or ``--path MODULE:ATTR``; the object found is a path, or
 a callable taking the options and returning a path or a list of them.
@@ -35,6 +35,7 @@ def _builtin(options: Options) -> list[Path]:
     paths: list[Path] = [
         EagerAccumulate(),
         SplitPath("split.stock", options.split_impl or STOCK, stock_contract=True),
+        SplitPath("split.twin", options.split_impl or STOCK, stock_contract=True, twin=True),
         SplitPath("split.fixed", "oracles.split_fixed", stock_contract=False),
     ]
     for factory in _optional_builtins():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
 from harness.build.schedule import run_schedule
@@ -29,6 +31,35 @@ def load_impl(spec: str) -> Any:
     return load_object(spec, "split implementation", check=_lacks)
 
 
+class _Workarounds:
+    """``impl`` with the external workarounds of known bugs applied: the
+    ``split.twin`` path. Fuzzing the twin beside stock keeps a known bug from
+    absorbing the budget: a divergence on the twin is one that none of the
+    worked-around bugs explains, even where the known bug fires in the same
+    case and would give stock's divergence the known signature.
+
+    Each workaround is what a user could do from outside, keyed by the ledger
+    id of the bug it removes (``WORKAROUNDS``)."""
+
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+        self.stage_backward_input = impl.stage_backward_input
+
+    def stage_backward_weight(self, weights: Any, param_groups: Any, retain_graph: bool = False) -> Any:
+        weights = list(weights)
+        fresh = [w for w in weights if w.grad is None]
+        out = self.impl.stage_backward_weight(iter(weights), param_groups, retain_graph=retain_graph)
+        for w in fresh:  # split-adopts-aliased-grad: own every grad it adopted
+            if w.grad is not None:
+                w.grad = w.grad.detach().clone(memory_format=torch.contiguous_format)
+        return out
+
+
+# Ledger ids of the split bugs the twin works around (entries covering
+# split.stock only, not the twin: the twin must not show them).
+WORKAROUNDS = ("split-adopts-aliased-grad",)
+
+
 class SplitPath:
     """A split implementation behind the common schedule loop.
 
@@ -45,15 +76,17 @@ class SplitPath:
     contract = Contract(retained_grads=False, gap_cases=True, leaf_input_grads=False, graph_freed=True,
                         graph_freed_while_held=False)
 
-    def __init__(self, name: str, impl: str, stock_contract: bool) -> None:
+    def __init__(self, name: str, impl: str, stock_contract: bool, twin: bool = False) -> None:
         self.name = name
         self.impl_spec = impl
         self.stock_contract = stock_contract
+        self.twin = twin
         self._impl: Any = None
 
     def impl(self) -> Any:
         if self._impl is None:
-            self._impl = load_impl(self.impl_spec)
+            loaded = load_impl(self.impl_spec)
+            self._impl = _Workarounds(loaded) if self.twin else loaded
         return self._impl
 
     def availability(self) -> Availability:
@@ -87,6 +120,19 @@ class SplitPath:
 
     def repro(self, case: Case) -> Repro:
         imports = Ref.parse(self.impl_spec).import_line("split_impl")
+        if self.twin:
+            imports += ("\n\n\nclass _Twin:  # the known bugs' workarounds (harness.paths.split._Workarounds)\n"
+                        "    def __init__(self, impl):\n"
+                        "        self.impl, self.stage_backward_input = impl, impl.stage_backward_input\n\n"
+                        "    def stage_backward_weight(self, weights, groups, retain_graph=False):\n"
+                        "        weights = list(weights)\n"
+                        "        fresh = [w for w in weights if w.grad is None]\n"
+                        "        out = self.impl.stage_backward_weight(iter(weights), groups, retain_graph=retain_graph)\n"
+                        "        for w in fresh:\n"
+                        "            if w.grad is not None:\n"
+                        "                w.grad = w.grad.detach().clone(memory_format=torch.contiguous_format)\n"
+                        "        return out\n\n\n"
+                        "split_impl = _Twin(split_impl)")
         if case.loss:
             call = ("    loss = sum((o * c).sum() for o, c in zip(outs, cots) if o.requires_grad)  # the last stage's loss\n"
                     "    dinputs, groups = split_impl.stage_backward_input(\n"
