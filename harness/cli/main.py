@@ -272,7 +272,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     print(f"gradfuzz ledger: {len(found.checked)} entries checked ({found.replays} replays) on torch {torch.__version__}, "
           f"{len(found.skipped)} skipped here, {len(found.problems)} problem(s)"
           + (f", {wrote} signature(s) recorded in {args.ledger}" if args.write else "")
-          + ("" if not failing else " (unrecorded: run with --write to record them; misfiled/silent: fix the entry)"))
+          + ("" if not failing else " (unrecorded or misfiled: --write records them under the entries whose cases show "
+             "them; silent: fix the entry's range or cases)"))
     return 1 if failing else 0
 
 
@@ -371,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser("ledger", help="replay every ledger entry's cases: signatures unrecorded, misfiled, or silent here")
     _add_path_args(lg)
     lg.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
-    lg.add_argument("--write", action="store_true", help="record the unrecorded signatures in the ledger")
+    lg.add_argument("--write", action="store_true", help="record unrecorded and misfiled signatures under the entries "
+                    "whose cases show them")
     lg.set_defaults(func=cmd_ledger)
 
     ps = sub.add_parser("paths", help="list the paths and whether each is available here")

@@ -8,7 +8,8 @@ ledger is checked against its own evidence: every entry's cases are
 replayed on every path the entry covers that runs here, and
 
 - ``unrecorded``: a signature its own case shows that no entry records
-  (``--write`` records it, so ``fuzz`` labels it ``known``);
+  (``--write`` records it, so ``fuzz`` labels it ``known``; ``--write``
+  also records a misfiled one beside the entries whose cases show it);
 - ``misfiled``: a signature some entry's cases show is recorded only under
   entries whose own cases, replayed here, do not show it;
 - ``silent``: the torch here is in the entry's range, yet none of its
@@ -51,7 +52,7 @@ class Audit:
     shared: list[Problem] = field(default_factory=list)
 
     def failing(self, *, wrote: bool = False) -> list[Problem]:
-        return [p for p in self.problems if not (wrote and p.kind == "unrecorded")]
+        return [p for p in self.problems if not (wrote and p.kind in ("unrecorded", "misfiled"))]
 
 
 def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | None = None) -> Audit:
@@ -122,14 +123,19 @@ def _lists(led: ledger_mod.Ledger, bug_id: str, case: str) -> bool:
 
 
 def record(ledger_file: str, problems: list[Problem]) -> int:
-    """Add each ``unrecorded`` signature to its entry; the file keeps its
-    layout otherwise. Returns how many were added."""
+    """Add each ``unrecorded`` or ``misfiled`` signature to the entries whose
+    cases show it; the file keeps its layout otherwise. Returns how many were
+    added."""
     with open(ledger_file) as f:
         data = json.load(f)
     add: dict[tuple[str, str], list[str]] = {}
     for p in problems:
-        if p.kind == "unrecorded":
-            add.setdefault((p.bug, p.path), []).append(p.signature)
+        # A misfiled signature is recorded beside the entries whose cases show
+        # it, not moved: the other entry's cases may show it on another torch,
+        # and of several matching entries the one affecting the torch wins.
+        if p.kind in ("unrecorded", "misfiled"):
+            for bug in p.bug.split(", "):
+                add.setdefault((bug, p.path), []).append(p.signature)
     n = 0
     for b in data["bugs"]:
         for (bug, path), sigs in add.items():
