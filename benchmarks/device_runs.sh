@@ -13,12 +13,14 @@
 #   bash benchmarks/device_runs.sh gate-examples  # issue 19: the deterministic gate, its Markdown summary
 #   bash benchmarks/device_runs.sh compile-cuda   # issue 17: compile.inductor.cuda from a cold start
 #   bash benchmarks/device_runs.sh mutation-split  # issue 20: split_fixed mutation score and the aliasing class, before/after
-#   bash benchmarks/device_runs.sh mutation-other  # issue 20: graphed_fixed and dtensor_fixed mutation scores (samples), before/after
+#   bash benchmarks/device_runs.sh mutation-graphed  # issue 20: graphed_fixed mutation score (a sample), before/after
+#   bash benchmarks/device_runs.sh mutation-dtensor  # issue 20: dtensor_fixed mutation score (a sample), before/after
 #
 # The mutation groups need the mutants exported where mutmut is installed and the
 # older checkout beside this one (both carried as ignored paths):
-#   for f in split_fixed dtensor_fixed graphed_fixed; do python benchmarks/mutation.py --file oracles/$f.py \
-#       --paths x --export .gradfuzz/bench/$f.json; done
+#   for f in split_fixed dtensor_fixed graphed_fixed; do git show <before-commit>:oracles/$f.py > /tmp/$f.py;
+#       python benchmarks/mutation.py --file /tmp/$f.py --paths x --export .gradfuzz/bench/$f.json; done
+#   python benchmarks/mutation.py --file oracles/graphed_fixed.py --paths x --export .gradfuzz/bench/graphed_fixed_after.json
 #   git archive <before-commit> harness oracles | tar -x -C .gradfuzz/before
 #
 # Every command's output lands in $OUT/<step>.log and one line per step in
@@ -123,14 +125,18 @@ mutation-split)
             --paths split.fixed --examples 2000 --seeds 0,1,2,3,4 --jobs 1 --tree "$tree" --json "$OUT/alias-$tag.json"
     done
     ;;
-mutation-other)
+mutation-graphed|mutation-dtensor)
+    # Each tree is judged on the mutants of its own copy of the file (the
+    # reference changed between them: graphed_fixed.py learnt unused parameters).
     M="python benchmarks/mutation.py"
+    fam=${group#mutation-}
     for tree in .gradfuzz/before .; do
         tag=$([ "$tree" = . ] && echo after || echo before)
-        step "graphed-$tag" 100 $M --file oracles/graphed_fixed.py --mutants .gradfuzz/bench/graphed_fixed.json \
-            --paths graphed.fixed --examples 500 --sample 40 --jobs 8 --timeout 90 --tree "$tree" --json "$OUT/graphed-$tag.json"
-        step "dtensor-$tag" 100 $M --file oracles/dtensor_fixed.py --mutants .gradfuzz/bench/dtensor_fixed.json \
-            --paths dtensor.fixed --examples 500 --sample 24 --jobs 5 --timeout 90 --tree "$tree" --json "$OUT/dtensor-$tag.json"
+        mutants=.gradfuzz/bench/${fam}_fixed.json
+        [ "$tag" = after ] && [ -f .gradfuzz/bench/${fam}_fixed_after.json ] && mutants=.gradfuzz/bench/${fam}_fixed_after.json
+        step "$fam-$tag" 280 $M --file oracles/${fam}_fixed.py --mutants "$mutants" --paths $fam.fixed \
+            --examples 500 --sample $([ $fam = graphed ] && echo 32 || echo 24) --jobs $([ $fam = graphed ] && echo 8 || echo 7) \
+            --timeout 150 --tree "$tree" --json "$OUT/$fam-$tag.json"
     done
     ;;
 compile-cuda)
@@ -138,7 +144,7 @@ compile-cuda)
         --save "$OUT/found-compile-cuda" --json "$OUT/compile-cuda.json"
     ;;
 *)
-    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda mutation-split mutation-other" >&2
+    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda mutation-split mutation-graphed mutation-dtensor" >&2
     exit 2
     ;;
 esac

@@ -141,6 +141,20 @@ def main(argv: list[str] | None = None) -> int:
         step = len(todo) / args.sample
         todo = [todo[int(i * step)] for i in range(args.sample)]
     base = tempfile.mkdtemp(prefix="gf-mutation-")
+    # The unmutated file first, on every seed: a kill of a mutant means nothing
+    # if the reference itself diverges on that stream.
+    check_dir = os.path.join(base, "baseline")
+    _copy_tree(args.tree, check_dir)
+    with open(os.path.join(args.tree, args.file)) as f:
+        original = f.read()
+    for sd in seeds:
+        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout)
+        print(f"baseline (unmutated) seed {sd}: {r['status']}" + (f" after {r['examples']} examples: {r.get('detail')}"
+                                                                   if r["status"] == "killed" else ""), flush=True)
+        if r["status"] not in ("survived",):
+            print(f"the unmutated {args.file} does not pass its own test ({r['status']}): fix that first; "
+                  "no mutant can be judged against it")
+            return 1
     workers = []
     for w in range(min(args.jobs, len(todo))):
         d = os.path.join(base, f"w{w}")

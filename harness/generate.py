@@ -322,9 +322,9 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
 def gap_cases(draw, case: Case) -> Case:
     """What real training has and the founding blocks never build: frozen
     parameters beside trainable ones (fine-tuning, LoRA), a parameter that
-    never reaches the outputs, inputs that need no grad before the ones that
-    do, an output that needs no grad beside ones that do, and a last stage's
-    scalar loss. Each is one draw that shrinks to "not there"."""
+    never reaches the outputs, an input that requires grad and reaches none,
+    inputs that need no grad before the ones that do, an output that needs no
+    grad beside ones that do, and a last stage's scalar loss. Each is one draw that shrinks to "not there"."""
     frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
     params = [replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen)]
     if draw(st.integers(0, 3)) == 3:
@@ -339,6 +339,8 @@ def gap_cases(draw, case: Case) -> Case:
         nodes.append(Node(f"n{len(nodes)}", "relu", (Use(x),)))
         use = Use(nodes[-1].name)
         outputs = outputs + [use] if no_grad_out == 1 else [use] + outputs
+    if draw(st.integers(0, 4)) == 4:  # an input that requires grad and reaches no output
+        inputs.append(Input(f"x{len(inputs)}", inputs[0].shape, requires_grad=True))
     if draw(st.integers(0, 2)) == 2:  # inputs that need no grad first
         inputs = sorted(inputs, key=lambda i: i.requires_grad)
     loss = draw(st.integers(0, 3)) == 3
