@@ -52,6 +52,7 @@ class Trainer:
         grads after clipping, each parameter and its ``.grad`` after the
         optimizer (which must leave ``.grad`` as it found it)."""
         seen: dict[str, Any] = {}
+        held = {n: p.grad for n, p in self.params.items()}  # the .grad objects the user holds
         with_grad = [p for p in self.params.values() if p.grad is not None]
         if self.clip and with_grad:
             kwargs = {} if self.foreach is None else {"foreach": self.foreach}
@@ -69,4 +70,12 @@ class Trainer:
                 if p.requires_grad:
                     seen[n] = snap(p)
                     seen[f"{n}.grad after optimizer.step()"] = None if p.grad is None else snap(p.grad)
+        # Clipping and optimizers work on .grad in place: a step that swaps in
+        # another tensor leaves the user's reference stale though every value
+        # is right. Compared as a number (eager: 0) so every path and rank loop
+        # that steps through here is held to it.
+        for n, p in self.params.items():
+            if held[n] is not None:
+                seen[f"{n}.grad object replaced by the step (1 = yes)"] = snap(
+                    torch.tensor(float(p.grad is not held[n]), dtype=torch.float64))
         return seen

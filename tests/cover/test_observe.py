@@ -106,3 +106,28 @@ def test_a_leaf_input_grad_never_filled_is_a_finding_on_eager_contracts():
 
     found = check(_case(), NoLeafGrad())
     assert any("input grad x0.grad" in d.detail for d in found), [d.detail for d in found]
+
+
+def test_a_step_that_swaps_the_grad_object_is_a_finding(monkeypatch):
+    from dataclasses import replace
+
+    from harness.compare.values import compare
+    from oracles.eager import observe
+
+    case = replace(_case(schedule=Schedule(microbatches=1, steps=2, optimizer="sgd", lr=0.1)), dtype="float64")
+    oracle = observe(case)
+    honest = compare(case, oracle, EagerAccumulate().run(case))
+    assert not honest, [d.detail for d in honest]
+    step = torch.optim.SGD.step
+
+    def swapping(self, *a, **kw):  # right values, but the user's .grad reference goes stale
+        out = step(self, *a, **kw)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
+        return out
+
+    monkeypatch.setattr(torch.optim.SGD, "step", swapping)
+    found = compare(case, oracle, EagerAccumulate().run(case))
+    assert any("grad object replaced by the step" in d.detail for d in found), [d.detail for d in found]
