@@ -49,3 +49,23 @@ class kills_rank1:
         for p in params.values():
             if p.requires_grad:
                 p.register_hook(hook)
+
+
+class transposes_replicate_grads:
+    """Hands AccumulateGrad each Replicate parameter's grad with transposed
+    local strides (same values): the layout check's fault."""
+
+    @staticmethod
+    def install(params, mesh=None):
+        from torch.distributed.tensor import DTensor, Replicate
+
+        def hook(g):
+            if isinstance(g, DTensor) and g.dim() == 2 and all(isinstance(p, Replicate) for p in g.placements):
+                local = g.to_local().mT.contiguous().mT
+                return DTensor.from_local(local, g.device_mesh, g.placements, run_check=False,
+                                          shape=g.shape, stride=g.stride())
+            return None
+
+        for p in params.values():
+            if p.requires_grad:
+                p.register_hook(hook)

@@ -388,3 +388,17 @@ def test_a_dtensor_finding_gets_a_torchrun_script_that_shows_it(tmp_path, impl, 
                        env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
     assert f"torch {torch.__version__}: {verdict}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert (r.returncode != 0) == (verdict == "DIVERGES")
+
+
+def test_a_grad_whose_local_shard_is_laid_out_unlike_its_parameter_is_a_layout_finding():
+    path = DTensorPath("dtensor.fault", "tests.canaries_dtensor:transposes_replicate_grads", world_size=2)
+    fixed = DTensorPath("dtensor.fixed", "oracles.dtensor_fixed", world_size=2)
+    try:
+        case = Case(params=(Param("w0", (3, 3), placement="replicate"),), inputs=(Input("x0", (2, 3)),),
+                    nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
+        found = {d.kind: d.detail for d in check(case, path)}
+        assert "layout" in found and "local strides (1, 3)" in found["layout"], found
+        assert not check(case, fixed)
+    finally:
+        path.close()
+        fixed.close()

@@ -254,7 +254,30 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
                 for n in steps[0]["after_step"]
             }
         _judge_accumulation(obs, k, steps[0], local_mode, world)
+        for r, s in enumerate(steps):
+            _judge_layout(obs, problems, k, r, s.get("layout", {}))
     return obs
+
+
+def _differs(a: tuple, b: tuple, shape: tuple) -> bool:
+    return len(a) != len(b) or any(x != y for x, y, n in zip(a, b, shape) if n > 1)
+
+
+def _judge_layout(obs: Observation, problems: set[str], k: int, rank: int, layout: dict[str, Any]) -> None:
+    """The grad layout rule of ``run_schedule`` on every rank: a grad laid out
+    like its parameter, locally and in the global stride it declares."""
+    for n, f in layout.items():
+        if _differs(tuple(f["grad"]), tuple(f["param"]), tuple(f["shape"])):
+            _problem(obs, problems, "layout", k, n,
+                     f"{n}.grad after backward {k} on rank {rank}: local strides {tuple(f['grad'])}, the parameter's "
+                     f"local strides {tuple(f['param'])} (local shape {tuple(f['shape'])}): eager gives .grad its "
+                     f"parameter's layout (fused optimizers, clipping and checkpoint code read .grad as laid out "
+                     f"like the parameter)", "grad layout differs from the parameter's")
+        elif _differs(tuple(f["grad_global"]), tuple(f["param_global"]), tuple(f["global_shape"])):
+            _problem(obs, problems, "layout", k, n,
+                     f"{n}.grad after backward {k} on rank {rank}: declares global strides {tuple(f['grad_global'])}, "
+                     f"the parameter {tuple(f['param_global'])}: a DTensor whose declared layout is not its "
+                     f"parameter's misleads full_tensor() and redistribution", "grad declares another global layout")
 
 
 def _all_steps(replies: dict[int, Any]) -> bool:

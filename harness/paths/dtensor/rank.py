@@ -265,6 +265,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
             out["steps"].append({
                 "k": k,
                 "grads": {n: _oriented(n, tp, encode(p.grad, "plain")) for n, p in params.items()},
+                "layout": {n: _layout(p) for n, p in params.items() if p.grad is not None},
                 "input_grads": {n: encode(t.grad, "P") for n, t in inputs.items()},
                 "outputs": [encode(o, plain_out) for o in outs],
                 "retained": {n: encode(t.grad, "P") for n, t in built.retained.items()},
@@ -315,6 +316,21 @@ def _parallel_linears(case: Case, values: dict[str, torch.Tensor], tp: dict[str,
             for n, style in tp.items()}
     parallelize_module(holder, ctx.mesh, plan)
     return {n: getattr(holder, n) for n in tp}
+
+
+def _layout(p: Any) -> dict[str, Any]:
+    """A parameter's and its grad's strides, local and declared global: eager
+    gives a grad its parameter's layout, and a DTensor grad declares a global
+    stride its local shards must agree with."""
+    def local(t: Any) -> Any:
+        return t.to_local() if isinstance(t, DTensor) else t
+    g = p.grad
+    mine = local(p)
+    # A grad placed otherwise than its parameter (Partial, Replicate) has
+    # another local shape: then it is held to the contiguous layout of its own.
+    want = mine.stride() if local(g).shape == mine.shape else torch.empty(local(g).shape).stride()
+    return {"shape": tuple(local(g).shape), "grad": tuple(local(g).stride()), "param": tuple(want),
+            "grad_global": tuple(g.stride()), "param_global": tuple(p.stride()), "global_shape": tuple(p.shape)}
 
 
 def _oriented(name: str, tp: dict[str, str], enc: dict[str, Any] | None) -> dict[str, Any] | None:
