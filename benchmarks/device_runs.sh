@@ -15,6 +15,7 @@
 #   bash benchmarks/device_runs.sh mutation-split  # issue 20: split_fixed mutation score and the aliasing class, before/after
 #   bash benchmarks/device_runs.sh mutation-graphed  # issue 20: graphed_fixed mutation score (a sample), before/after
 #   bash benchmarks/device_runs.sh mutation-dtensor  # issue 20: dtensor_fixed mutation score (a sample), before/after
+#   bash benchmarks/device_runs.sh mutation-pipeline # issue 20: pipeline_fixed mutation score (a sample), before/after
 #
 # The mutation groups need the mutants exported where mutmut is installed and the
 # older checkout beside this one (both carried as ignored paths):
@@ -125,7 +126,7 @@ mutation-split)
             --paths split.fixed --examples 2000 --seeds 0,1,2,3,4 --jobs 1 --tree "$tree" --json "$OUT/alias-$tag.json"
     done
     ;;
-mutation-graphed|mutation-dtensor)
+mutation-graphed|mutation-dtensor|mutation-pipeline)
     # Each tree is judged on the mutants of its own copy of the file (the
     # reference changed between them: graphed_fixed.py learnt unused parameters).
     M="python benchmarks/mutation.py"
@@ -144,7 +145,7 @@ compile-cuda)
         --save "$OUT/found-compile-cuda" --json "$OUT/compile-cuda.json"
     ;;
 *)
-    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda mutation-split mutation-graphed mutation-dtensor" >&2
+    echo "unknown group '$group'; known: gate dtensor dtensor-fixed pipeline pipeline-ranks2 nccl nccl-pipeline selfcheck gate-examples compile-cuda mutation-split mutation-graphed mutation-dtensor mutation-pipeline" >&2
     exit 2
     ;;
 esac

@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     for sd in seeds:
         r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout)
         print(f"baseline (unmutated) seed {sd}: {r['status']}" + (f" after {r['examples']} examples: {r.get('detail')}"
-                                                                   if r["status"] == "killed" else ""), flush=True)
+                                                                   if r["status"] == "killed" else "")
+              + (f": {r.get('stderr', '')[-600:]}" if r["status"] == "error" else ""), flush=True)
         if r["status"] not in ("survived",):
             print(f"the unmutated {args.file} does not pass its own test ({r['status']}): fix that first; "
                   "no mutant can be judged against it")
