@@ -6,11 +6,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.compare import compare
-from harness.paths import resolve
-from harness.paths.checkpoint import CheckpointPath, _forgets_rng, regions
-from harness.runner import Result, check, fuzz_path
-from harness.spec import Case, Hook, Input, Node, Param, Schedule, Use
+from harness.paths import Availability, Contract, resolve, run_schedule
+from harness.paths.checkpoint import CheckpointPath, forgets_rng as _forgets_rng, regions
+from harness.engine.check import check
+from harness.engine.result import Result
+from harness.engine.runner import fuzz_path
+from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from oracles.checkpoint_fixed import RecomputeMismatch, checkpoint
 from oracles.eager import observe
 from tests.helpers import nested
@@ -103,23 +104,44 @@ def test_a_hook_that_fires_twice_is_its_own_finding():
     found = check(case, resolve("checkpoint.reentrant.stock")[0])
     hooks = [d for d in found if d.kind == "hook"]
     assert {d.param for d in hooks} == {"w0"}, found
-    assert any("register_hook hook on w0 fired 2 times in backward 0; eager autograd fires it 1 time" in d.detail
+    assert any("register_hook hook on w0 fired 2 times in backward 0; autograd fires it once per backward" in d.detail
                for d in hooks)
 
 
-def test_tensor_hook_fires_are_counted_on_every_schedule_path():
-    """split.stock's weight pass reruns the hook of the node where the weight
-    path meets the input path (ledgered as split-hook-applied-twice): an
-    observe hook, which changes no value, is now caught by its count."""
-    case = replace(nested(), hooks=(Hook("n0", "observe", 1),))
+class _RunsTheGraphTwice:
+    """Machinery that walks the graph once for a look at the grads, then
+    backward for real: every tensor hook fires twice, values stay right."""
+
+    name = "test.twice"
+    contract = Contract()
+
+    def availability(self):
+        return Availability(True)
+
+    def supports(self, case):
+        return None
+
+    def run(self, case):
+        def backward(outs, cots, inputs, params):
+            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+            torch.autograd.grad([o for o, _ in live], list(params.values()), [c for _, c in live], retain_graph=True)
+            torch.autograd.backward([o for o, _ in live], [c for _, c in live])
+            return {n: t.grad for n, t in inputs.items()}
+
+        return run_schedule(case, self.name, backward)
+
+
+def test_tensor_hook_fires_are_counted_and_compared_with_eager():
+    case = replace(nested(microbatches=2), hooks=(Hook("n0", "observe", 1),))
     oracle = observe(case)
-    assert oracle.steps[0].fired == {"n0 tensor_hook": 1}
-    obs = resolve("split.stock")[0].run(case)
-    found = compare(case, oracle, obs, resolve("split.stock")[0].contract)
-    assert [d.detail for d in found if d.kind == "hook"] == [
+    assert [s.fired for s in oracle.steps] == [{"n0 tensor_hook": 1}] * 2
+    found = check(case, _RunsTheGraphTwice())
+    assert [d.detail for d in found] == [
         "the tensor hook on n0 fired 2 times in backward 0; eager autograd fires it 1 time "
         "(a hook that runs twice applies its effect twice)"]
     assert check(case, resolve("eager.accumulate")[0]) == []
+    # A split backward runs the shared graph once per pass: held to parameter hooks only.
+    assert not [d for d in check(case, resolve("split.fixed")[0]) if d.kind == "hook"]
 
 
 def test_canary_forgets_rng_on_a_dropout_region():

@@ -5,8 +5,9 @@ import pytest
 
 from harness.canaries import all_canaries
 from harness.paths import resolve
-from harness.runner import Result, fuzz_path
-from harness.selfcheck import run_canary
+from harness.engine.result import Result
+from harness.engine.runner import fuzz_path
+from harness.gate.selfcheck import run_canary
 
 pytestmark = pytest.mark.slow
 
