@@ -329,12 +329,13 @@ def _eager_differs(case: Case) -> str | None:
         bad = got.failure is not None or bool(got.mutations) or len(got.steps) != len(want.steps)
         for w, g in zip(want.steps, got.steps):
             for e, a in [*((w.grads[n], g.grads.get(n)) for n in w.grads),
-                         *((w.input_grads[n], g.input_grads.get(n)) for n in w.input_grads)]:
+                         *((w.input_grads[n], g.input_grads.get(n)) for n in w.input_grads),
+                         *((w.after_step[n], g.after_step.get(n)) for n in w.after_step)]:
                 if not _close(e, a):
                     bad = True
         if bad:
             _eager_seen[case] = ("plain .backward() already disagrees with the oracle on this case (AccumulateGrad "
-                                 "adopts a view as .grad: ledger accumulategrad-steals-views); eager.accumulate reports it")
+                                 "adopting a view as .grad, or a training step writing .grad); eager.accumulate reports it")
     return _eager_seen[case]
 
 
