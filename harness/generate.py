@@ -43,6 +43,12 @@ BLOCKS = (
     "retain",  # retain_grad on h
     "passthrough",  # a grad handed on untouched: PassThrough(h), or h + b with b shaped like h
 )
+# Drawn only for paths that ask (``cases(checkpoint=True)``), so the other
+# paths' case distribution (and their saved examples) stay as they were.
+CHECKPOINT_BLOCKS = (
+    "dropout",  # dropout from the global RNG: recomputation must restore it
+    "inplace",  # relu_ or mul_ by a gain, in place on a fresh copy
+)
 # Pressure allocations: the CUDA caching allocator's small blocks (512 B
 # granules in 2 MiB segments) and large ones, so freed graph-surface memory
 # gets handed to someone else.
@@ -235,10 +241,24 @@ def _passthrough(b: _Builder, h: str, block: str, slot: int, variant: int) -> st
     return h
 
 
+def _dropout(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    return b.node("dropout", Use(h)) if b.grows(2.0) else h
+
+
+def _inplace(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if variant % 2 == 0:
+        return b.node("relu_", Use(h)) if b.grows(1.0) else h
+    if not b.grows(3.0):
+        return h
+    g = b.param((b.dim,) if variant == 1 else (b.batch, b.dim), slot, prefix="g")
+    return b.node("mul_", Use(h), Use(g))
+
+
 BUILDERS = {
     "linear": _linear, "linear_t": _linear, "gain": _gain, "bias": _bias, "branch": _branch, "layout": _layout,
     "pair": _pair, "chunk": _chunk, "combined": _combined, "reshape": _reshape, "nonlin": _nonlin,
     "mix_input": _mix_input, "project": _project, "hook": _hook, "retain": _retain, "passthrough": _passthrough,
+    "dropout": _dropout, "inplace": _inplace,
 }
 
 
@@ -251,9 +271,9 @@ class _Drawn:
     """The strategies ``cases`` draws from, made once per size limit (same
     draws, same shrinking, as building them inline)."""
 
-    _made: dict[tuple[int, int, bool], "_Drawn"] = {}
+    _made: dict[tuple[int, int, bool, bool], "_Drawn"] = {}
 
-    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False) -> None:
+    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False) -> None:
         self.exact = st.booleans().map(lambda b: not b)
         self.dim = st.sampled_from((3, 2, 4))
         # Microbatch size 1 (gap cases): every batch-shaped grad is then a
@@ -262,6 +282,7 @@ class _Drawn:
         self.x_grad = st.sampled_from((True, False))
         # Gap cases pull harder towards pass-through grads (3 in 18 blocks).
         blocks = BLOCKS + ("passthrough",) * 2 if gaps else BLOCKS
+        blocks += CHECKPOINT_BLOCKS if checkpoint else ()
         self.blocks = st.lists(st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3)),
                                min_size=1, max_size=max_blocks)
         self.out_kind = st.integers(0, 4)
@@ -272,8 +293,8 @@ class _Drawn:
         self.seed = st.integers(0, 2**16)
 
     @classmethod
-    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False) -> "_Drawn":
-        key = (max_blocks, max_microbatches, gaps)
+    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False) -> "_Drawn":
+        key = (max_blocks, max_microbatches, gaps, checkpoint)
         if key not in cls._made:
             cls._made[key] = cls(*key)
         return cls._made[key]
@@ -282,14 +303,15 @@ class _Drawn:
 @st.composite
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, dtensor: bool = False,
-          pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False) -> Case:
+          pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False,
+          checkpoint: bool = False) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
     drawn without it are unchanged."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
-    s = _Drawn.get(max_blocks, max_microbatches, gaps)
+    s = _Drawn.get(max_blocks, max_microbatches, gaps, checkpoint)
     if exact is None:
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)
@@ -315,7 +337,24 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
         case = draw(pipeline_stages(case, pipeline))
     if gaps:
         case = draw(gap_cases(case))
+    if checkpoint:  # region boundaries for the checkpoint paths, last as well
+        case = draw(checkpoint_regions(case))
     return case
+
+
+@st.composite
+def checkpoint_regions(draw, case: Case) -> Case:
+    """Cut ``case`` into segments for the checkpoint paths (``Case.stages``:
+    the even segments are recomputed, the odd ones run plainly, so one cut
+    puts a tied weight inside and outside a region). Shrinks to no cut (the
+    whole module one region). About one parameter in five is frozen, so some
+    regions take no input that requires grad."""
+    free = list(range(1, len(case.nodes)))
+    picks = draw(st.lists(st.integers(0, 255), max_size=min(3, len(free))))
+    cuts = {free.pop(r % len(free)) for r in picks if free}
+    frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
+    params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
+    return replace(case, params=params, stages=tuple(sorted(cuts)))
 
 
 @st.composite

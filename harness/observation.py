@@ -39,6 +39,11 @@ class Step:
     # ``clip``/``optimizer``, last microbatch of a step only): "<param>" its
     # value after the optimizer, "<param>.grad clipped", "total norm".
     after_step: Grads = field(default_factory=dict)
+    # How many times each hook fired during this backward: "<node> tensor_hook"
+    # (a case hook on an intermediate), "<param> <kind>" (a schedule's
+    # parameter hook, kind as in Schedule.param_hooks). None: this path does
+    # not count them (compare skips it).
+    fired: dict[str, int] | None = None
 
 
 @dataclass

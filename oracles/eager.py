@@ -46,6 +46,7 @@ def observe(case: Case) -> Observation:
             wrt_names = grad_params + [n for n, t in inputs.items() if t.requires_grad]
             wrt = [params[n] if n in params else inputs[n] for n in wrt_names]
             got: dict[str, torch.Tensor | None] = {n: None for n in wrt_names}
+            built.fired = {}
             if live and wrt:
                 grads = torch.autograd.grad(
                     [o for o, _ in live], wrt, [c for _, c in live], allow_unused=True
@@ -65,6 +66,7 @@ def observe(case: Case) -> Observation:
                                  **{f"{n}.grad": snap(got.get(n)) for n, t in inputs.items() if t.requires_grad}},
                     outputs=[snap(o) for o in outs],
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
+                    fired=_fired(case, built.fired, contribution),
                 )
             )
             if trainer is not None and ends_step(case, k):
@@ -84,3 +86,15 @@ def _train(trainer: Trainer, params: dict[str, torch.Tensor], acc: Grads) -> Gra
         acc[n] = p.grad
         p.grad = None
     return seen
+
+
+def _fired(case: Case, tensor_hooks: dict[str, int], contribution: Grads) -> dict[str, int]:
+    """How often eager fires each hook in one backward: the case's tensor
+    hooks as counted on this very backward, and each parameter hook once when
+    the parameter gets a grad (AccumulateGrad runs once per backward)."""
+    fired = dict(tensor_hooks)
+    for p in case.params:
+        if p.requires_grad and contribution.get(p.name) is not None:
+            for kind in case.schedule.param_hooks:
+                fired[f"{p.name} {kind}"] = 1
+    return fired

@@ -257,6 +257,7 @@ def run_schedule(
             out_snaps = [snap(o) for o in outs]
             lifetime.after_forward(k, outs)
             lifetime.begin(k)
+            built.fired = {}
             input_grads = backward(outs, cots, inputs, params)
             if device != "cpu":
                 torch.cuda.synchronize()
@@ -289,6 +290,7 @@ def run_schedule(
                     outputs=out_snaps,
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
                     seen=seen,
+                    fired=dict(built.fired),
                 )
             )
             if trainer is not None and ends_step(case, k):

@@ -33,6 +33,24 @@ class Built:
         self.dtype = getattr(torch, case.dtype)
         # The intermediates of the last forward that ``retain_grad`` was called on.
         self.retained: dict[str, torch.Tensor] = {}
+        # How many times each case hook fired ("<node> tensor_hook"), since the
+        # caller last reset it: eager fires a tensor hook once per backward.
+        self.fired: dict[str, int] = {}
+        self.random = any(OPS[n.op].random for n in case.nodes)
+
+    def seed_rng(self) -> None:
+        """Random ops (dropout) draw from the global RNG, as real models do, so
+        that a recomputation which does not restore it draws other masks. Every
+        forward starts from the same state, in the oracle and on every path."""
+        if self.random:
+            torch.manual_seed(self.case.seed * 7919 + 77)
+
+    def count_hook(self, node: str) -> Callable[[], None]:
+        def count() -> None:
+            key = f"{node} tensor_hook"
+            self.fired[key] = self.fired.get(key, 0) + 1
+
+        return count
 
     def _draw(self, purpose: int, shape: tuple[int, ...], nonzero: bool = False) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.case.seed * 7919 + purpose)
@@ -83,6 +101,8 @@ class Built:
         """
         env: dict[str, Any] = dict(values)
         self.retained = {}
+        if not bound:
+            self.seed_rng()
         hooks = {h.node: h for h in self.case.hooks}
         for node in self.case.nodes:
             op = OPS[node.op]
@@ -95,7 +115,7 @@ class Built:
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 h = hooks.get(node.name)
                 if h is not None:
-                    out.register_hook(_hook(h.kind, abs(h.factor) if bound else h.factor))
+                    out.register_hook(_hook(h.kind, abs(h.factor) if bound else h.factor, self.count_hook(node.name)))
                 if node.name in self.case.retain_grad:
                     out.retain_grad()
                     self.retained[node.name] = out
@@ -112,10 +132,12 @@ def _resolve(env: dict[str, Any], use: Use) -> torch.Tensor:
     return t.mT if use.transpose else t
 
 
-def _hook(kind: str, factor: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
-    if kind == "scale":
-        return lambda g: g * factor
-    return lambda g: None
+def _hook(kind: str, factor: int, count: Callable[[], None] = lambda: None) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    def hook(g: torch.Tensor) -> torch.Tensor | None:
+        count()
+        return g * factor if kind == "scale" else None
+
+    return hook
 
 
 def magnitude_bounds(case: Case) -> dict[str, torch.Tensor]:

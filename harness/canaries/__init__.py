@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 from packaging.version import Version
 
-FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline", "harness.canaries.compile")
+FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline", "harness.canaries.compile",
+            "harness.canaries.checkpoint")
 
 
 @dataclass(frozen=True)

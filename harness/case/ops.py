@@ -35,6 +35,8 @@ class Op:
     # In the magnitude-bound network (|inputs|, nonlinearities as identity)
     # this op is replaced by ``bound``; None means ``run`` already bounds.
     bound: Callable[[list[torch.Tensor], dict[str, Any]], Any] | None = None
+    # Draws from the global RNG (dropout): a recomputation must restore it.
+    random: bool = False
 
 
 def _same(shapes: list[Shape], attrs: dict) -> Shape:
@@ -48,6 +50,13 @@ def _broadcast(shapes: list[Shape], attrs: dict) -> Shape:
         raise ShapeError(f"shapes {list(shapes)} do not broadcast") from None
     if out not in shapes:
         raise ShapeError(f"shapes {list(shapes)} broadcast to {out}, larger than either operand")
+    return out
+
+
+def _broadcast_first(shapes: list[Shape], attrs: dict) -> Shape:
+    out = _broadcast(shapes, attrs)
+    if out != shapes[0]:
+        raise ShapeError(f"in-place op on {shapes[0]} cannot take the broadcast shape {out}")
     return out
 
 
@@ -137,6 +146,14 @@ def _layout_matmul_shape(shapes: list[Shape], attrs: dict) -> Shape:
 LAYOUTS = ("contiguous", "transposed", "buffer_view")
 
 
+def _dropout(t: list[torch.Tensor], a: dict) -> torch.Tensor:
+    """Dropout with p=1/2 and scale 2 (integers stay integers in exact mode).
+    The mask comes from the global RNG in float64 whatever the case dtype, so
+    the oracle and a float32 path draw the same mask from the same state."""
+    keep = torch.rand(t[0].shape, dtype=torch.float64) >= 0.5
+    return t[0] * keep.to(t[0].device, t[0].dtype) * 2
+
+
 def _dim_src(attrs: dict) -> str:
     return f"dim={attrs.get('dim', 0)}"
 
@@ -182,6 +199,16 @@ OPS: dict[str, Op] = {
             lambda s, a: f"{s[0]}.chunk({a.get('chunks', 2)}, {_dim_src(a)})",
             outputs=-1,
         ),
+        Op("dropout", 1, 1, True, _same, _dropout,
+           lambda s, a: f"{s[0]} * (torch.rand({s[0]}.shape, dtype=torch.float64) >= 0.5).to({s[0]}.dtype) * 2",
+           bound=lambda t, a: t[0] * 2, random=True),
+        # In-place ops on a fresh copy, so SSA names keep their values: the
+        # in-place kernel, its version bump and what it saves are what a
+        # recomputation has to reproduce.
+        Op("relu_", 1, 1, True, _same, lambda t, a: t[0].clone().relu_(),
+           lambda s, a: f"{s[0]}.clone().relu_()", bound=lambda t, a: t[0].clone()),
+        Op("mul_", 2, 2, True, _broadcast_first, lambda t, a: t[0].clone().mul_(t[1]),
+           lambda s, a: f"{s[0]}.clone().mul_({s[1]})"),
         Op("cat", 2, 4, True, _cat, lambda t, a: torch.cat(t, dim=a.get("dim", 0)),
            lambda s, a: f"torch.cat([{', '.join(s)}], {_dim_src(a)})"),
         Op("stack", 2, 4, True, _stack, lambda t, a: torch.stack(t, dim=a.get("dim", 0)),

@@ -102,6 +102,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
             Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
                        **keys(obs.path, v.kind, v.key or v.what))
         )
+    found += _hook_counts(obs.path, oracle, obs, retained_grads)
     done: set[str] = set()
     inexact = first_inexact(case)
     for o_step, p_step in zip(oracle.steps, obs.steps):
@@ -287,3 +288,33 @@ def _hooks_expected(case: Case, oracle: Observation, k: int) -> dict[str, torch.
             else:
                 expected[key] = oracle.steps[k].grads.get(p.name) if oracle.contributions[k].get(p.name) is not None else None
     return expected
+
+
+def _hook_counts(path: str, oracle: Observation, obs: Observation, retained_grads: bool) -> list[Divergence]:
+    """A case tensor hook that fires more often than eager fires it, once per
+    hook: a logging or clipping hook run twice is wrong whatever the grad
+    value (an ``observe`` hook's second run changes no number). Fewer fires
+    are left to the values they change: graph wrappers legitimately skip
+    Python hooks they document as unsupported. Tensor hooks sit on
+    intermediates, like ``retain_grad`` (itself a tensor hook): a path whose
+    contract does not promise intermediate grads (a split backward runs the
+    shared graph once per pass) is not held to them. Parameter hooks stay
+    with lifetime's own once-per-backward check."""
+    found, done = [], set()
+    if not retained_grads:
+        return found
+    for o_step, p_step in zip(oracle.steps, obs.steps):
+        if p_step.fired is None or o_step.fired is None:
+            continue
+        for key, count in sorted(p_step.fired.items()):
+            want = o_step.fired.get(key, 0)
+            where, kind = key.split(" ", 1)
+            if kind != "tensor_hook" or count <= want or key in done:
+                continue
+            done.add(key)
+            found.append(Divergence(
+                path, "hook", where, p_step.k, None, None, count / want if want else None,
+                f"the tensor hook on {where} fired {count} times in backward {p_step.k}; eager autograd fires it "
+                f"{want} time{'s' if want != 1 else ''} (a hook that runs twice applies its effect twice)",
+                **keys(path, "hook", "tensor hook fired N times")))
+    return found

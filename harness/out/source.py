@@ -43,6 +43,8 @@ def forward_source(case: Case) -> str:
     nodes = {n.name for n in case.nodes}
     hooks = {h.node: h for h in case.hooks}
     lines = ["def forward(v):"]
+    if any(OPS[n.op].random for n in case.nodes):  # as Built.seed_rng: every forward draws the same masks
+        lines.append(f"    torch.manual_seed({case.seed * 7919 + 77})")
     for n in case.nodes:
         args = [_ref(u, nodes) for u in n.args]
         lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")

@@ -47,7 +47,8 @@ def _builtin(options: Options) -> list[Path]:
 def _optional_builtins() -> list[Factory]:
     """Path modules added by later work; each is one module under harness.paths."""
     found = []
-    for mod in ("harness.paths.dtensor.path", "harness.paths.graphed", "harness.paths.pipeline.path", "harness.paths.compile"):
+    for mod in ("harness.paths.dtensor.path", "harness.paths.graphed", "harness.paths.pipeline.path", "harness.paths.compile",
+                "harness.paths.checkpoint"):
         try:
             found.append(importlib.import_module(mod).paths)
         except ModuleNotFoundError as e:

@@ -50,6 +50,9 @@ class Contract:
     # inputs and outputs that need no grad in any position, microbatch size
     # 1, a last stage handing a scalar loss.
     gap_cases: bool = False
+    # Draw checkpoint region cuts (``Case.stages``), dropout and in-place
+    # ops, frozen parameters: activation checkpointing paths.
+    checkpoint_regions: bool = False
     # What ``run_schedule`` observes beyond values (``Observe``): a leaf
     # input's ``.grad`` (a path whose machinery hands input grads back
     # instead, as a pipeline stage does, says False), ``.grad`` strides
@@ -65,6 +68,7 @@ class Contract:
         flags: tuple[tuple[str, object], ...] = (("lifetime", self.lifetime_schedules),
                                                   ("dtensor", self.dtensor_placements))
         flags += (("gaps", True),) if self.gap_cases else ()
+        flags += (("checkpoint", True),) if self.checkpoint_regions else ()
         return flags + ((("pipeline", self.pipeline_layouts),) if self.pipeline_layouts else ())
 
     def observe(self) -> "Observe":

@@ -1,0 +1,169 @@
+"""Activation checkpointing paths: regions, the fixed recomputation, stock
+contracts, hook-fire counting and the RNG canary."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness.paths import Availability, Contract, resolve, run_schedule
+from harness.paths.checkpoint import CheckpointPath, forgets_rng as _forgets_rng, regions
+from harness.engine.check import check
+from harness.engine.result import Result
+from harness.engine.runner import fuzz_path
+from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
+from oracles.checkpoint_fixed import RecomputeMismatch, checkpoint
+from oracles.eager import observe
+from tests.helpers import nested
+
+
+def busy(x_grad: bool = True, param_hooks: tuple[str, ...] = ("hook", "post_accumulate")) -> Case:
+    """Everything the issue lists in one small module: w0 tied inside and
+    outside the first region (and transposed), dropout and an in-place op in
+    the region, a scaling tensor hook and retain_grad inside it, a parameter
+    used only inside, two microbatches and parameter hooks."""
+    return Case(
+        params=(Param("w0", (3, 3)), Param("g1", (3,))),
+        inputs=(Input("x0", (2, 3), requires_grad=x_grad),),
+        nodes=(
+            Node("n0", "matmul", (Use("x0"), Use("w0"))),
+            Node("n1", "dropout", (Use("n0"),)),
+            Node("n2", "mul_", (Use("n1"), Use("g1"))),
+            Node("n3", "relu_", (Use("n2"),)),
+            Node("n4", "matmul", (Use("n3"), Use("w0", transpose=True))),
+        ),
+        outputs=(Use("n4"),),
+        schedule=Schedule(microbatches=2, param_hooks=param_hooks),
+        hooks=(Hook("n2", "scale", 2),),
+        retain_grad=("n1",),
+        stages=(4,),
+        seed=3,
+    )
+
+
+def test_regions_take_what_they_use_and_return_what_is_used_later():
+    r0, r1 = regions(busy())
+    assert (r0.start, r0.end, r0.recomputed, r1.recomputed) == (0, 4, True, False)
+    assert r0.inputs == (("x0", None),) and r0.outputs == (("n3", None),)
+    assert r1.inputs == (("n3", None),) and r1.outputs == (("n4", None),)
+
+
+def test_fixed_recomputation_restores_rng_and_counts_each_use_once():
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3, requires_grad=True)
+
+    def region(x):
+        return torch.nn.functional.dropout(x @ w, 0.5) @ w
+
+    fired = []
+    w.register_hook(lambda g: fired.append(1))
+    torch.manual_seed(0)
+    ((region(x) @ w).sum()).backward()
+    want, want_x = w.grad.clone(), x.grad.clone()
+    w.grad = x.grad = None
+    torch.manual_seed(0)
+    ((checkpoint(region, x) @ w).sum()).backward()
+    assert torch.equal(w.grad, want) and torch.equal(x.grad, want_x)
+    assert len(fired) == 2  # once per backward, as in eager
+
+
+def test_fixed_recomputation_names_a_nondeterministic_region():
+    x = torch.randn(3, requires_grad=True)
+    calls = []
+
+    def region(x):
+        calls.append(1)
+        return x.exp() if len(calls) == 1 else x * 2  # saves its result the first time only
+
+    with pytest.raises(RecomputeMismatch, match="saved 1 tensors in forward but 0"):
+        checkpoint(region, x).sum().backward()
+
+
+@pytest.mark.parametrize("name", ["checkpoint.fixed", "checkpoint.nonreentrant.stock", "checkpoint.sequential.stock"])
+def test_paths_agree_on_the_busy_case(name):
+    case = busy()
+    path = resolve(name)[0]
+    assert path.supports(case) is None
+    assert check(case, path) == []
+
+
+def test_reentrant_contract_says_why():
+    p = resolve("checkpoint.reentrant.stock")[0]
+    assert "none of its inputs requires grad" in p.supports(busy(x_grad=False))
+    assert "retain_grad" in p.supports(busy())
+    assert "#81296" in p.supports(replace(busy(), retain_grad=()))
+    assert p.supports(replace(busy(), retain_grad=(), schedule=Schedule(microbatches=2))) is None
+    assert "preserve_rng_state=False" in resolve("checkpoint.nonreentrant.lax.stock")[0].supports(busy())
+    assert "allow_cache_entry_mutation" in resolve("checkpoint.selective.inverse.stock")[0].supports(busy())
+
+
+def test_a_hook_that_fires_twice_is_its_own_finding():
+    """Reentrant checkpoint on the case its contract leaves out: w0's hooks
+    fire in the region's inner backward and again outside it."""
+    case = replace(busy(), retain_grad=())
+    found = check(case, resolve("checkpoint.reentrant.stock")[0])
+    hooks = [d for d in found if d.kind == "hook"]
+    assert {d.param for d in hooks} == {"w0"}, found
+    assert any("register_hook hook on w0 fired 2 times in backward 0; autograd fires it once per backward" in d.detail
+               for d in hooks)
+
+
+class _RunsTheGraphTwice:
+    """Machinery that walks the graph once for a look at the grads, then
+    backward for real: every tensor hook fires twice, values stay right."""
+
+    name = "test.twice"
+    contract = Contract()
+
+    def availability(self):
+        return Availability(True)
+
+    def supports(self, case):
+        return None
+
+    def run(self, case):
+        def backward(outs, cots, inputs, params):
+            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+            torch.autograd.grad([o for o, _ in live], list(params.values()), [c for _, c in live], retain_graph=True)
+            torch.autograd.backward([o for o, _ in live], [c for _, c in live])
+            return {n: t.grad for n, t in inputs.items()}
+
+        return run_schedule(case, self.name, backward)
+
+
+def test_tensor_hook_fires_are_counted_and_compared_with_eager():
+    case = replace(nested(microbatches=2), hooks=(Hook("n0", "observe", 1),))
+    oracle = observe(case)
+    assert [s.fired for s in oracle.steps] == [{"n0 tensor_hook": 1}] * 2
+    found = check(case, _RunsTheGraphTwice())
+    assert [d.detail for d in found] == [
+        "the tensor hook on n0 fired 2 times in backward 0; eager autograd fires it 1 time "
+        "(a hook that runs twice applies its effect twice)"]
+    assert check(case, resolve("eager.accumulate")[0]) == []
+    # A split backward runs the shared graph once per pass: held to parameter hooks only.
+    assert not [d for d in check(case, resolve("split.fixed")[0]) if d.kind == "hook"]
+
+
+def test_canary_forgets_rng_on_a_dropout_region():
+    canary = CheckpointPath("canary.checkpoint_forgets_rng", _forgets_rng)
+    found = check(busy(), canary)
+    assert any(d.kind == "value" for d in found)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_fixed_is_clean_over_a_small_budget(exact):
+    result = Result()
+    fuzz_path(resolve("checkpoint.fixed")[0], examples=15, deadline=None, seed=5, result=result,
+              save_dir=None, exact=exact)
+    assert result.paths["checkpoint.fixed"].run > 0
+    assert result.divergences == [], result.divergences[0].detail
+
+
+def test_canary_is_in_the_selfcheck_set_against_the_fixed_path():
+    """The cold-start catch itself (selfcheck's run_canary, 5 seeds) is
+    tests/nocover/test_checkpoint_slow.py: shrinking a caught case costs
+    minutes on this machine, more than the default suite may spend."""
+    from harness.canaries import all_canaries
+
+    canary = next(c for c in all_canaries() if c.name == "checkpoint_forgets_rng")
+    assert canary.base == "checkpoint.fixed" and canary.make().name == "canary.checkpoint_forgets_rng"
