@@ -304,7 +304,7 @@ class _Drawn:
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, dtensor: bool = False,
           pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False,
-          checkpoint: bool = False) -> Case:
+          checkpoint: bool = False, parallel: bool = False) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
@@ -339,7 +339,32 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
         case = draw(gap_cases(case))
     if checkpoint:  # region boundaries for the checkpoint paths, last as well
         case = draw(checkpoint_regions(case))
+    if parallel:  # data-parallel switches (and FSDP2 unit cuts), last too
+        case = draw(data_parallel(case))
     return case
+
+
+@st.composite
+def data_parallel(draw, case: Case) -> Case:
+    """DDP / FSDP2 switches for one case (``Case.parallel``), each a draw that
+    shrinks to "off"; with ``units`` the node list is cut into FSDP2 units
+    (``Case.stages``), so a weight used in two units lives in the root, tied
+    across them. Then, as for DTensor, maybe a training step."""
+    from harness.case.vocab import PARALLEL_OPTIONS
+
+    on = draw(st.lists(st.booleans(), min_size=len(PARALLEL_OPTIONS), max_size=len(PARALLEL_OPTIONS)))
+    opts = [o for o, b in zip(PARALLEL_OPTIONS, on) if b]
+    stages: tuple[int, ...] = ()
+    free = list(range(1, len(case.nodes)))
+    if "units" in opts and not free:
+        opts.remove("units")
+    if "units" in opts:
+        picks = draw(st.lists(st.integers(0, 255), min_size=1, max_size=min(3, len(free))))
+        stages = tuple(sorted({free.pop(r % len(free)) for r in picks if free}))
+        if not stages:
+            opts.remove("units")
+    case = replace(case, parallel=tuple(opts), stages=stages)
+    return draw(training_steps(case))
 
 
 @st.composite

@@ -33,9 +33,15 @@ def has_step(case: Case) -> bool:
     return bool(getattr(s, "clip", "") or getattr(s, "optimizer", ""))
 
 
+def ends_window(case: Case, k: int) -> bool:
+    """Is backward ``k`` the last microbatch of its accumulation window (where
+    data-parallel wrappers synchronise, and a training step runs)?"""
+    return (k + 1) % case.schedule.microbatches == 0
+
+
 def ends_step(case: Case, k: int) -> bool:
     """Is backward ``k`` the last microbatch of a step (where the step runs)?"""
-    return has_step(case) and (k + 1) % case.schedule.microbatches == 0
+    return has_step(case) and ends_window(case, k)
 
 
 def first_inexact(case: Case) -> int | None:

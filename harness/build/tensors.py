@@ -103,8 +103,26 @@ class Built:
         self.retained = {}
         if not bound:
             self.seed_rng()
+        self.run_span(env, 0, len(self.case.nodes), bound=bound, on_node=on_node)
+        return self.outputs_of(env)
+
+    def outputs_of(self, env: dict[str, Any]) -> list[torch.Tensor]:
+        return [_resolve(env, u) for u in self.case.outputs]
+
+    def run_span(
+        self,
+        env: dict[str, Any],
+        start: int,
+        end: int,
+        *,
+        bound: bool = False,
+        on_node: Callable[[str, torch.Tensor], None] | None = None,
+    ) -> None:
+        """Run ``nodes[start:end]`` into ``env`` (a forward split into pieces,
+        each run by its own module, as FSDP units are), with the case's hooks
+        and ``retain_grad``."""
         hooks = {h.node: h for h in self.case.hooks}
-        for node in self.case.nodes:
+        for node in self.case.nodes[start:end]:
             op = OPS[node.op]
             args = [_resolve(env, u) for u in node.args]
             fn = op.bound if bound and op.bound is not None else op.run
@@ -122,7 +140,6 @@ class Built:
             if on_node is not None:
                 for i, t in enumerate(out if isinstance(out, tuple) else (out,)):
                     on_node(f"{node.name}[{i}]" if isinstance(out, tuple) else node.name, t)
-        return [_resolve(env, u) for u in self.case.outputs]
 
 
 def _resolve(env: dict[str, Any], use: Use) -> torch.Tensor:

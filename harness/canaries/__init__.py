@@ -17,7 +17,7 @@ import torch
 from packaging.version import Version
 
 FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline", "harness.canaries.compile",
-            "harness.canaries.checkpoint")
+            "harness.canaries.checkpoint", "harness.canaries.parallel")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from harness.case.vocab import (  # noqa: F401  (re-exported: the spec's vocabulary)
-    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, SCHEMA_VERSION, ZERO_GRADS, SpecError,
+    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARALLEL_OPTIONS, PARAM_HOOKS, SCHEMA_VERSION,
+    ZERO_GRADS, SpecError,
 )
 from harness.case.validate import infer_shapes
 from harness.case import schema as sc
@@ -154,6 +155,9 @@ class Case:
     # as PipelineStage hands them to ``stage_backward_input``. Paths that
     # take grad outputs ignore it. Omitted from JSON when False.
     loss: bool = False
+    # Data-parallel wrapper switches (vocab.PARALLEL_OPTIONS) for the ddp and
+    # fsdp2 paths; other paths ignore them. Omitted from JSON when empty.
+    parallel: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return _encode(self)
@@ -186,7 +190,8 @@ class Case:
 # Optional fields written only when set, so cases without them keep their JSON.
 _OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks"), ("Param", "placement"),
                     ("Schedule", "clip"), ("Schedule", "max_norm"), ("Schedule", "optimizer"),
-                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "stages"), ("Case", "loss")}
+                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "stages"), ("Case", "loss"),
+                    ("Case", "parallel")}
 
 
 def _encode(obj: Any) -> Any:
@@ -270,6 +275,8 @@ _FIELDS: dict[tuple[str, str], Any] = {
     # Types and bounds here; which cuts make sense is validate's (it names ``stages[i]``).
     ("Case", "stages"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 0, MAX_NODES) for i, x in enumerate(sc.array(v, w, 16))),
     ("Case", "loss"): sc.boolean,
+    ("Case", "parallel"): lambda v, w: tuple(sc.string(x, f"{w}[{i}]", choices=PARALLEL_OPTIONS)
+                                             for i, x in enumerate(sc.array(v, w, len(PARALLEL_OPTIONS)))),
     ("Param", "name"): sc.name,
     ("Param", "shape"): _shape,
     ("Param", "requires_grad"): sc.boolean,

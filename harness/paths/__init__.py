@@ -48,7 +48,7 @@ def _optional_builtins() -> list[Factory]:
     """Path modules added by later work; each is one module under harness.paths."""
     found = []
     for mod in ("harness.paths.dtensor.path", "harness.paths.graphed", "harness.paths.pipeline.path", "harness.paths.compile",
-                "harness.paths.checkpoint"):
+                "harness.paths.checkpoint", "harness.paths.parallel.path"):
         try:
             found.append(importlib.import_module(mod).paths)
         except ModuleNotFoundError as e:

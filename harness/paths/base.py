@@ -53,6 +53,10 @@ class Contract:
     # Draw checkpoint region cuts (``Case.stages``), dropout and in-place
     # ops, frozen parameters: activation checkpointing paths.
     checkpoint_regions: bool = False
+    # Draw data-parallel switches (``Case.parallel``: no_sync windows, DDP
+    # buckets and comm hooks, FSDP2 resharding and units) and training
+    # steps: the ddp and fsdp2 paths.
+    data_parallel: bool = False
     # What ``run_schedule`` observes beyond values (``Observe``): a leaf
     # input's ``.grad`` (a path whose machinery hands input grads back
     # instead, as a pipeline stage does, says False), ``.grad`` strides
@@ -69,6 +73,7 @@ class Contract:
                                                   ("dtensor", self.dtensor_placements))
         flags += (("gaps", True),) if self.gap_cases else ()
         flags += (("checkpoint", True),) if self.checkpoint_regions else ()
+        flags += (("parallel", True),) if self.data_parallel else ()
         return flags + ((("pipeline", self.pipeline_layouts),) if self.pipeline_layouts else ())
 
     def observe(self) -> "Observe":

@@ -1,0 +1,76 @@
+"""A data-parallel wrapper that is right by construction: the reference the
+``ddp.fixed`` path holds to the oracle.
+
+DDP promises that after the backward that ends an accumulation window every
+rank's ``.grad`` is the mean over ranks of what each rank accumulated in the
+window (``no_sync`` backwards accumulate locally and reduce nothing). This
+wrapper keeps only that promise: no buckets, no views into buckets, no
+readiness tracking. At the end of a synchronising backward (a callback the
+autograd engine runs once the graph is done) each trainable parameter's
+``.grad`` is all-reduced once, in place, and divided by the world size. A
+tied parameter is one tensor with one ``.grad``, so it is reduced once
+however many use sites it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from oracles.dtensor_fixed import optimizer_step  # noqa: F401  (the step: grads of its own for the optimizer)
+
+
+class FixedDDP(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, group: Any) -> None:
+        super().__init__()
+        self.module = module
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.sync = True
+        self.reduced: Counter[str] = Counter()  # all-reduces per parameter, cumulative
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        before, self.sync = self.sync, False
+        try:
+            yield
+        finally:
+            self.sync = before
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        outs = self.module(*args, **kwargs)
+        if self.sync and torch.is_grad_enabled():
+            queued = [False]
+
+            def hook(g: torch.Tensor) -> torch.Tensor:
+                if not queued[0]:  # once per backward, whichever output's grad comes first
+                    queued[0] = True
+                    torch.autograd.Variable._execution_engine.queue_callback(self.reduce)
+                return g
+
+            for o in outs:
+                if isinstance(o, torch.Tensor) and o.requires_grad:
+                    o.register_hook(hook)
+        return outs
+
+    def reduce(self) -> None:
+        # Every rank ran the same graph, so the same parameters have a .grad
+        # on every rank and the all-reduces pair up in this fixed order.
+        for name, p in self.module.named_parameters():
+            if p.requires_grad and p.grad is not None:
+                self.reduce_one(name, p.grad)
+
+    def reduce_one(self, name: str, grad: torch.Tensor) -> None:
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)
+        grad.div_(self.world)
+        self.reduced[name] += 1
+
+
+def wrap(module: torch.nn.Module, group: Any, mesh: Any, options: frozenset[str]) -> FixedDDP:
+    """The rank code's hook (``harness.paths.parallel.rank``): DDP's switches
+    change nothing a correct DDP computes, so they are ignored here."""
+    return FixedDDP(module, group)
