@@ -43,19 +43,32 @@ class FixedDDP(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         outs = self.module(*args, **kwargs)
-        if self.sync and torch.is_grad_enabled():
-            queued = [False]
+        if torch.is_grad_enabled():
+            queued, sync = [False], self.sync
 
             def hook(g: torch.Tensor) -> torch.Tensor:
                 if not queued[0]:  # once per backward, whichever output's grad comes first
                     queued[0] = True
-                    torch.autograd.Variable._execution_engine.queue_callback(self.reduce)
+                    torch.autograd.Variable._execution_engine.queue_callback(
+                        lambda: self.after_backward(sync))
                 return g
 
             for o in outs:
                 if isinstance(o, torch.Tensor) and o.requires_grad:
                     o.register_hook(hook)
         return outs
+
+    def after_backward(self, sync: bool) -> None:
+        # AccumulateGrad may have adopted a view of a buffer another
+        # parameter's .grad also views (pytorch#34082); the next backward's
+        # in-place sum would then write through into that other .grad. Each
+        # .grad gets storage of its own first, then the window may reduce.
+        for p in self.module.parameters():
+            g = p.grad
+            if g is not None and (g._base is not None or not g.is_contiguous()):
+                p.grad = g.clone(memory_format=torch.contiguous_format) if p.is_contiguous() else g.clone()
+        if sync:
+            self.reduce()
 
     def reduce(self) -> None:
         # Every rank ran the same graph, so the same parameters have a .grad
