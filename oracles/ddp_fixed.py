@@ -63,9 +63,12 @@ class FixedDDP(torch.nn.Module):
         # parameter's .grad also views (pytorch#34082); the next backward's
         # in-place sum would then write through into that other .grad. Each
         # .grad gets storage of its own first, then the window may reduce.
-        for p in self.module.parameters():
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        ptrs = [p.grad.untyped_storage().data_ptr() for p in params]
+        for p, ptr in zip(params, ptrs):
             g = p.grad
-            if g is not None and (g._base is not None or not g.is_contiguous()):
+            shared = ptrs.count(ptr) > 1 or g.untyped_storage().nbytes() != g.numel() * g.element_size()
+            if shared or not g.is_contiguous():
                 p.grad = g.clone(memory_format=torch.contiguous_format) if p.is_contiguous() else g.clone()
         if sync:
             self.reduce()
