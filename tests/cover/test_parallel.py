@@ -1,0 +1,97 @@
+"""Data-parallel paths (DDP, FSDP2) on a real gloo group started by the
+harness: the case field, the fixed references, the stock wrappers on a
+plain case, the contract, and both canaries against their bases."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness.build.tensors import Built
+from harness.build.units import CaseModule
+from harness.canaries.parallel import canaries
+from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
+from harness.engine.check import check
+from harness.paths import Options, resolve
+from harness.paths.parallel.path import DataParallelPath
+
+
+def tied(parallel: tuple[str, ...] = ("no_sync", "small_buckets", "units"), **schedule) -> Case:
+    """w0 tied across two units (and transposed), b1 with dim 0 smaller than
+    the world size (an empty shard on rank 1), g2 used only in the second
+    unit; two microbatches per window."""
+    return Case(
+        params=(Param("w0", (3, 3)), Param("b1", (1, 3)), Param("g2", (3,))),
+        inputs=(Input("x0", (2, 3), requires_grad=True),),
+        nodes=(
+            Node("n0", "matmul", (Use("x0"), Use("w0"))),
+            Node("n1", "add", (Use("n0"), Use("b1"))),
+            Node("n2", "mul", (Use("n1"), Use("g2"))),
+            Node("n3", "matmul", (Use("n2"), Use("w0", transpose=True))),
+        ),
+        outputs=(Use("n3"),),
+        schedule=Schedule(microbatches=2, **schedule),
+        parallel=parallel,
+        stages=(2,),
+        seed=5,
+    )
+
+
+@pytest.fixture(scope="module")
+def paths():
+    made = {p.name: p for p in resolve(["ddp", "fsdp2"], Options(world_size=2))}
+    yield made
+    from harness.paths import close_paths
+
+    close_paths(list(made.values()))
+
+
+def test_parallel_switches_round_trip_and_unknown_ones_are_refused():
+    case = tied()
+    assert Case.loads(case.dumps()) == case
+    assert "parallel" not in replace(case, parallel=()).to_json()  # old files keep their JSON
+    bad = case.to_json() | {"parallel": ["no_sync", "sync_twice"]}
+    with pytest.raises(SpecError) as e:
+        Case.from_json(bad)
+    assert "parallel[1]" in str(e.value) and "sync_twice" in str(e.value)
+
+
+def test_units_put_a_weight_used_in_two_of_them_in_the_root():
+    built = Built(tied())
+    m = CaseModule(built, built.params(), "cpu", torch.float32, units=True)
+    assert m.owner == {"w0": -1, "b1": 0, "g2": 1}
+    assert [n for n, _ in m.blocks[1].named_parameters()] == ["g2"]
+
+
+@pytest.mark.parametrize("name", ["ddp.fixed", "fsdp2.fixed", "ddp.stock", "fsdp2.stock"])
+@pytest.mark.parametrize("parallel", [(), ("no_sync", "small_buckets", "units"),
+                                      ("bucket_view", "hook_allreduce", "keep_unsharded")])
+def test_wrappers_agree_with_the_oracle_on_tied_uneven_accumulation(paths, name, parallel):
+    path = paths[name]
+    case = tied(parallel, grad_init="prefilled")
+    assert path.supports(case) is None
+    assert check(case, path) == []
+
+
+def test_exact_mode_needs_a_power_of_two_world():
+    three = DataParallelPath("ddp.fixed", "ddp", "oracles.ddp_fixed", world_size=3)
+    assert "power-of-two" in three.supports(tied())
+    assert three.supports(replace(tied(), exact=False)) is None
+
+
+def test_stock_ddp_contract_names_unused_parameters():
+    case = replace(tied(), params=tied().params + (Param("u3", (3, 3)),))
+    stock = DataParallelPath("ddp.stock", "ddp", "stock")
+    assert "find_unused_parameters" in stock.supports(case)
+    assert stock.supports(replace(case, parallel=("find_unused",))) is None
+
+
+@pytest.mark.parametrize("canary", canaries(), ids=lambda c: c.name)
+def test_canary_is_caught_where_its_base_agrees(paths, canary):
+    case = tied(("small_buckets",))
+    base = paths[canary.base]
+    assert check(case, base) == []
+    found = check(case, canary.make())  # the pool's group of two, shared with the bases
+    assert found and {d.kind for d in found} <= set(canary.expects), [d.detail for d in found]
+    if canary.name.startswith("ddp"):  # the double reduction is also seen as such, not only as a value
+        assert any(d.kind == "collective" and "reduced 2 time(s)" in d.detail for d in found)
