@@ -363,6 +363,8 @@ def data_parallel(draw, case: Case) -> Case:
         stages = tuple(sorted({free.pop(r % len(free)) for r in picks if free}))
         if not stages:
             opts.remove("units")
+    if "checkpoint" in opts and "units" not in opts:
+        opts.remove("checkpoint")  # recomputation is per block
     case = replace(case, parallel=tuple(opts), stages=stages)
     return draw(training_steps(case))
 

@@ -78,7 +78,7 @@ class FixedDDP(torch.nn.Module):
         # on every rank and the all-reduces pair up in this fixed order.
         for name, p in self.module.named_parameters():
             if p.requires_grad and p.grad is not None:
-                self.reduce_one(name, p.grad)
+                self.reduce_one(name.rsplit(".", 1)[-1], p.grad)  # "blocks.0.w1" -> "w1"
 
     def reduce_one(self, name: str, grad: torch.Tensor) -> None:
         dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)

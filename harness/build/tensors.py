@@ -117,10 +117,12 @@ class Built:
         *,
         bound: bool = False,
         on_node: Callable[[str, torch.Tensor], None] | None = None,
+        install: bool = True,
     ) -> None:
         """Run ``nodes[start:end]`` into ``env`` (a forward split into pieces,
         each run by its own module, as FSDP units are), with the case's hooks
-        and ``retain_grad``."""
+        and ``retain_grad`` (not ``install``: a recomputation, whose tensors
+        are not the ones the user hooked)."""
         hooks = {h.node: h for h in self.case.hooks}
         for node in self.case.nodes[start:end]:
             op = OPS[node.op]
@@ -130,7 +132,7 @@ class Built:
             if isinstance(out, list):
                 out = tuple(out)
             env[node.name] = out
-            if isinstance(out, torch.Tensor) and out.requires_grad:
+            if install and isinstance(out, torch.Tensor) and out.requires_grad:
                 h = hooks.get(node.name)
                 if h is not None:
                     out.register_hook(_hook(h.kind, abs(h.factor) if bound else h.factor, self.count_hook(node.name)))

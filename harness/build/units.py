@@ -6,6 +6,8 @@ a module and its parameters. So a case becomes a root module; with unit
 cuts (``Case.stages``, ``units`` in ``Case.parallel``) each span of nodes is
 a ``Block`` submodule holding the parameters only it uses, and a parameter
 used in two blocks (a tied weight) is the root's, as FSDP users tie them.
+With ``recompute`` each block is an activation-checkpointed region
+(non-reentrant ``torch.utils.checkpoint``), as large runs combine them.
 
 Every forward reads parameters by name through ``weight(name)`` at the
 moment of use, because FSDP2 swaps its sharded parameters for unsharded
@@ -44,17 +46,28 @@ def _owners(built: Built, units: bool) -> dict[str, int]:
 class Block(torch.nn.Module):
     """One span of the case's nodes with the parameters only it uses."""
 
-    def __init__(self, built: Built, span: tuple[int, int], root: "CaseModule") -> None:
+    def __init__(self, built: Built, span: tuple[int, int], root: "CaseModule", recompute: bool = False) -> None:
         super().__init__()
         self.built = built
         self.span = span
+        self.recompute = recompute
+        self.ran = False  # in this forward: a second run is checkpoint's recomputation
         self._root = [root]  # a list: not registered as a submodule (no cycle in the module tree)
 
     def forward(self, env: dict[str, Any]) -> dict[str, Any]:
+        # The weights are read here, outside any recomputation: a
+        # recomputation must see the tensors this forward used.
+        env = {**env, **{n: self._root[0].weight(n) for n in self._root[0].owned_by(self)}}
+        if self.recompute and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._run, env, use_reentrant=False)
+        return self._run(env)
+
+    def _run(self, env: dict[str, Any]) -> dict[str, Any]:
         env = dict(env)
-        for n in self._root[0].owned_by(self):
-            env[n] = self._root[0].weight(n)
-        self.built.run_span(env, *self.span)
+        self.built.run_span(env, *self.span, install=not self.ran)
+        self.ran = True
         # Only this span's results: what a block hands on (FSDP2 hooks every
         # tensor a unit returns, and the root's weights are not this unit's).
         return {n.name: env[n.name] for n in self.built.case.nodes[self.span[0]:self.span[1]]}
@@ -65,13 +78,13 @@ class CaseModule(torch.nn.Module):
     the case's input order) returns the outputs as a tuple."""
 
     def __init__(self, built: Built, values: dict[str, torch.Tensor], device: Any, dtype: torch.dtype,
-                 units: bool = False) -> None:
+                 units: bool = False, recompute: bool = False) -> None:
         super().__init__()
         self.built = built
         case = built.case
         self.owner = _owners(built, units)
         self.blocks = torch.nn.ModuleList(
-            [Block(built, span, self) for span in bounds(case)] if units and case.stages else [])
+            [Block(built, span, self, recompute) for span in bounds(case)] if units and case.stages else [])
         for p in case.params:
             holder = self if self.owner[p.name] < 0 else self.blocks[self.owner[p.name]]
             holder.register_parameter(p.name, torch.nn.Parameter(values[p.name].to(device, dtype),
@@ -102,6 +115,8 @@ class CaseModule(torch.nn.Module):
             self.built.retained = {}
             self.built.seed_rng()
             if len(self.blocks):
+                for block in self.blocks:
+                    block.ran = False
                 for block in self.blocks:
                     env.update(block(env))
             else:

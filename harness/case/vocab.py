@@ -30,7 +30,8 @@ PARALLEL_OPTIONS = (
     "keep_unsharded",   # FSDP2 reshard_after_forward=False
     "reshard_int",      # FSDP2 reshard_after_forward=1 (an int: reshard to a smaller world)
     "no_reshard_after_backward",  # FSDP2 set_reshard_after_backward(False) inside no_sync windows
-    "units",            # FSDP2 a unit per block (Case.stages) besides the root
+    "units",            # a block per span of Case.stages (FSDP2: a unit each, besides the root)
+    "checkpoint",       # each block recomputed in backward (non-reentrant torch.utils.checkpoint); needs units
 )
 
 

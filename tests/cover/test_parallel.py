@@ -65,7 +65,8 @@ def test_units_put_a_weight_used_in_two_of_them_in_the_root():
 
 @pytest.mark.parametrize("name", ["ddp.fixed", "fsdp2.fixed", "ddp.stock", "fsdp2.stock"])
 @pytest.mark.parametrize("parallel", [(), ("no_sync", "small_buckets", "units"),
-                                      ("bucket_view", "hook_allreduce", "keep_unsharded")])
+                                      ("bucket_view", "hook_allreduce", "keep_unsharded"),
+                                      ("no_sync", "units", "checkpoint")])
 def test_wrappers_agree_with_the_oracle_on_tied_uneven_accumulation(paths, name, parallel):
     path = paths[name]
     case = tied(parallel, grad_init="prefilled")

@@ -130,7 +130,8 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     k = -1
     try:
-        module = CaseModule(built, built.params(), dev, built.dtype, units=kind == "fsdp2" and "units" in opts)
+        module = CaseModule(built, built.params(), dev, built.dtype, units="units" in opts,
+                            recompute="checkpoint" in opts)
         reduced: Counter[str] = Counter()
         wrapped = wrap(kind, impl, module, ctx, opts, reduced)
         reduced = getattr(wrapped, "reduced", reduced)
