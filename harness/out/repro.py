@@ -30,6 +30,10 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
         from harness.out import pipeline_repro
 
         return pipeline_repro.script(case, machinery, title or path_name)
+    if machinery.template == "dataparallel":
+        from harness.out import parallel_repro
+
+        return parallel_repro.script(case, machinery, title or path_name)
     if machinery.template == "torchrun":
         from harness.out import dtensor_repro
 

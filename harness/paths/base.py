@@ -111,6 +111,8 @@ class Repro:
       (``schedule``, ``stage_impl``, ``placement``: the rank of each stage);
     - ``torchrun``: DTensor parameters on ``world_size`` ranks with the
       grad-layout handling ``impl``;
+    - ``dataparallel``: the module under DDP or FSDP2 (``schedule``: "ddp" or
+      "fsdp2") on ``world_size`` ranks, run with torchrun;
     - ``none``: no standalone script; ``why`` says so and the script replays
       the corpus file with gradfuzz instead.
     """

@@ -22,7 +22,7 @@ def check_path(path) -> None:
     case = nested(microbatches=2)
     assert path.supports(case) is None or isinstance(path.supports(case), str)
     r = path.repro(case)
-    assert isinstance(r, Repro) and r.template in ("schedule", "pipeline", "torchrun", "none")
+    assert isinstance(r, Repro) and r.template in ("schedule", "pipeline", "torchrun", "dataparallel", "none")
     ast.parse(script(case, path.name, r))  # the standalone script is valid Python
     if path.supports(case) is None:
         obs = path.run(case)

@@ -96,3 +96,31 @@ def test_canary_is_caught_where_its_base_agrees(paths, canary):
     assert found and {d.kind for d in found} <= set(canary.expects), [d.detail for d in found]
     if canary.name.startswith("ddp"):  # the double reduction is also seen as such, not only as a value
         assert any(d.kind == "collective" and "reduced 2 time(s)" in d.detail for d in found)
+
+
+@pytest.mark.parametrize("kind, parallel, diverges", [
+    ("ddp", ("small_buckets", "bucket_view"), False),
+    ("fsdp2", ("no_sync", "keep_unsharded"), False),
+    ("ddp", ("no_sync", "static_graph"), True),  # ledger ddp-static-graph-no-sync-first-backward
+])
+def test_standalone_script_runs_under_torchrun(tmp_path, kind, parallel, diverges):
+    import os
+    import subprocess
+    import sys
+
+    from harness.out.repro import script
+
+    case = replace(tied(parallel), stages=(), parallel=parallel)
+    path = DataParallelPath(f"{kind}.stock", kind, "stock")
+    repro = path.repro(case)
+    assert repro.template == "dataparallel"
+    file = tmp_path / "repro.py"
+    file.write_text(script(case, path.name, repro))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(file)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = run.stdout + run.stderr
+    if diverges:
+        assert run.returncode != 0 and "INTERNAL ASSERT" in out, out[-2000:]
+    else:
+        assert run.returncode == 0 and "agrees" in run.stdout, out[-2000:]

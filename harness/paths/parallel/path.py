@@ -35,6 +35,9 @@ from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.dtensor.path import observation as assemble
 
 STOCK = "stock"
+# The switches a standalone script (harness.out.parallel_repro) spells out.
+SCRIPTED = frozenset({"no_sync", "bucket_view", "static_graph", "find_unused", "small_buckets", "hook_allreduce",
+                      "hook_builtin", "keep_unsharded", "reshard_int", "no_reshard_after_backward"})
 FIXED = {"ddp": "oracles.ddp_fixed", "fsdp2": "oracles.fsdp2_fixed"}
 
 
@@ -134,7 +137,10 @@ class DataParallelPath:
         return obs
 
     def repro(self, case: Case) -> Repro:
-        return Repro(template="none", why=f"{self.kind} needs a process group: replay the corpus file with "
+        if self.impl == STOCK and set(case.parallel) <= SCRIPTED and not case.schedule.optimizer:
+            return Repro(template="dataparallel", schedule=self.kind, world_size=self._world())
+        return Repro(template="none", why=f"{self.name}: the script spells neither units, checkpointed blocks, "
+                     f"optimizer steps nor a wrapper other than torch's: replay the corpus file with "
                      f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
 
     def close(self) -> None:
