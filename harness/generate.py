@@ -49,6 +49,19 @@ CHECKPOINT_BLOCKS = (
     "dropout",  # dropout from the global RNG: recomputation must restore it
     "inplace",  # relu_ or mul_ by a gain, in place on a fresh copy
 )
+# Model parts (``cases(model=True)``, paths whose contract asks): the pieces
+# transformers are made of, each a block that keeps h's shape, so they mix
+# with every founding block and shrink the same way.
+MODEL_BLOCKS = (
+    "embed",  # h + embedding(E, idx), E (D + 1, D), maybe with a padding_idx
+    "head",  # logits = h @ E.T (the embedding tied to the output head), back through E; maybe a cross-entropy loss
+    "norm",  # layer_norm / rms_norm with a learned gain (tied across blocks by slot)
+    "attention",  # pre-norm attention: h + sdpa(a @ Wq, a @ Wk, a @ Wv) @ Wo, weights tied by slot
+    "mlp",  # gated MLP: h + ((h @ W1) * silu|gelu(h @ W2)) @ W1.T or W3
+    "index",  # index_select, gather, scatter_add, index_add on h
+    "expand",  # h * g.expand(B, D), g (1, D)
+    "dropout", "inplace",
+)
 # Pressure allocations: the CUDA caching allocator's small blocks (512 B
 # granules in 2 MiB segments) and large ones, so freed graph-surface memory
 # gets handed to someone else.
@@ -67,6 +80,7 @@ class _Builder:
     hooks: list[Hook] = field(default_factory=list)
     retain: list[str] = field(default_factory=list)
     bound: float = 3.0
+    losses: list[str] = field(default_factory=list)  # scalar losses (cross-entropy), extra outputs
 
     def param(self, shape: tuple[int, ...], slot: int, prefix: str = "w") -> str:
         """Slot picks an existing parameter of this shape (tying) or makes one."""
@@ -248,17 +262,102 @@ def _dropout(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
 def _inplace(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
     if variant % 2 == 0:
         return b.node("relu_", Use(h)) if b.grows(1.0) else h
+    if variant == 3:  # add_ of a bias, in place on the activation
+        if not b.grows(1.0):
+            return h
+        b.bound += 3.0
+        return b.node("add_", Use(h), Use(b.param((b.dim,), slot, prefix="b")))
     if not b.grows(3.0):
         return h
     g = b.param((b.dim,) if variant == 1 else (b.batch, b.dim), slot, prefix="g")
     return b.node("mul_", Use(h), Use(g))
 
 
+def _vocab(b: _Builder) -> int:
+    return b.dim + 1  # unlike any (D, D) weight, so an embedding ties only with embeddings
+
+
+def _embed(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(1.0):
+        return h
+    V = _vocab(b)
+    e = b.param((V, b.dim), slot, prefix="e")
+    idx = tuple((variant + 2 * i + slot) % V for i in range(b.batch))
+    pad = {"padding_idx": idx[0]} if variant == 3 else {}
+    b.bound += 3.0
+    return b.node("add", Use(h), Use(b.node("embedding", Use(e), idx=idx, **pad)))
+
+
+def _head(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    D, V = b.dim, _vocab(b)
+    if not b.grows(9.0 * D * V):
+        return h
+    e = b.param((V, D), slot, prefix="e")
+    logits = b.node("matmul", Use(h), Use(e, transpose=True))
+    if not b.exact and variant >= 2:
+        b.losses.append(b.node("cross_entropy", Use(logits), target=tuple((slot + 3 * i) % V for i in range(b.batch))))
+    if not b.exact:
+        logits = b.node("softmax" if variant % 2 else "log_softmax", Use(logits))
+    return b.node("matmul", Use(logits), Use(e))
+
+
+def _norm_node(b: _Builder, h: str, slot: int, variant: int) -> str:
+    g = b.param((b.dim,), slot, prefix="g")
+    return b.node("rms_norm" if variant % 2 else "layer_norm", Use(h), Use(g))
+
+
+def _norm(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    return h if b.exact else _norm_node(b, h, slot, variant)
+
+
+def _attention(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if b.exact:
+        return h
+    D = b.dim
+    a = _norm_node(b, h, slot, variant)
+    wq, wk, wv = (b.param((D, D), slot + i) for i in range(3))
+    q, k, v = (b.node("matmul", Use(a), Use(w)) for w in (wq, wk, wv))
+    o = b.node("sdpa", Use(q), Use(k), Use(v), causal=int(variant >= 2))
+    return b.node("add", Use(h), Use(b.node("matmul", Use(o), Use(b.param((D, D), slot)))))
+
+
+def _mlp(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if b.exact:
+        return h
+    D = b.dim
+    w1, w2 = b.param((D, D), slot), b.param((D, D), slot + 1)
+    up = b.node("matmul", Use(h), Use(w1))
+    gate = b.node("silu" if variant % 2 else "gelu", Use(b.node("matmul", Use(h), Use(w2))))
+    down = Use(w1, transpose=True) if variant < 2 else Use(b.param((D, D), slot + 2))
+    return b.node("add", Use(h), Use(b.node("matmul", Use(b.node("mul", Use(up), Use(gate))), down)))
+
+
+def _index(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    B, D = b.batch, b.dim
+    if variant == 0:
+        return b.node("index_select", Use(h), dim=1, idx=tuple((slot + 3 * i) % D for i in range(D)))
+    if variant == 1:
+        return b.node("gather", Use(h), dim=1, seed=slot * 7 + 1)
+    if not b.grows(float(B + 1)):
+        return h
+    if variant == 2:
+        return b.node("scatter_add", Use(h), Use(h), dim=0, seed=slot * 7 + 2)
+    return b.node("index_add", Use(h), Use(h), idx=tuple((slot + i) % B for i in range(B)))
+
+
+def _expand(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    if not b.grows(3.0):
+        return h
+    g = b.param((1, b.dim), slot, prefix="g")
+    return b.node("mul", Use(h), Use(b.node("expand", Use(g), shape=(b.batch, b.dim))))
+
+
 BUILDERS = {
     "linear": _linear, "linear_t": _linear, "gain": _gain, "bias": _bias, "branch": _branch, "layout": _layout,
     "pair": _pair, "chunk": _chunk, "combined": _combined, "reshape": _reshape, "nonlin": _nonlin,
     "mix_input": _mix_input, "project": _project, "hook": _hook, "retain": _retain, "passthrough": _passthrough,
-    "dropout": _dropout, "inplace": _inplace,
+    "dropout": _dropout, "inplace": _inplace, "embed": _embed, "head": _head, "norm": _norm,
+    "attention": _attention, "mlp": _mlp, "index": _index, "expand": _expand,
 }
 
 
@@ -271,9 +370,10 @@ class _Drawn:
     """The strategies ``cases`` draws from, made once per size limit (same
     draws, same shrinking, as building them inline)."""
 
-    _made: dict[tuple[int, int, bool, bool], "_Drawn"] = {}
+    _made: dict[tuple[int, int, bool, bool, bool], "_Drawn"] = {}
 
-    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False) -> None:
+    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False,
+                 model: bool = False) -> None:
         self.exact = st.booleans().map(lambda b: not b)
         self.dim = st.sampled_from((3, 2, 4))
         # Microbatch size 1 (gap cases): every batch-shaped grad is then a
@@ -283,6 +383,7 @@ class _Drawn:
         # Gap cases pull harder towards pass-through grads (3 in 18 blocks).
         blocks = BLOCKS + ("passthrough",) * 2 if gaps else BLOCKS
         blocks += CHECKPOINT_BLOCKS if checkpoint else ()
+        blocks += tuple(m for m in MODEL_BLOCKS if m not in blocks) if model else ()
         self.blocks = st.lists(st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3)),
                                min_size=1, max_size=max_blocks)
         self.out_kind = st.integers(0, 4)
@@ -293,8 +394,9 @@ class _Drawn:
         self.seed = st.integers(0, 2**16)
 
     @classmethod
-    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False) -> "_Drawn":
-        key = (max_blocks, max_microbatches, gaps, checkpoint)
+    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False,
+            model: bool = False) -> "_Drawn":
+        key = (max_blocks, max_microbatches, gaps, checkpoint, model)
         if key not in cls._made:
             cls._made[key] = cls(*key)
         return cls._made[key]
@@ -304,14 +406,14 @@ class _Drawn:
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, dtensor: bool = False,
           pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False,
-          checkpoint: bool = False, parallel: bool = False) -> Case:
+          checkpoint: bool = False, parallel: bool = False, model: bool = False) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
     drawn without it are unchanged."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
-    s = _Drawn.get(max_blocks, max_microbatches, gaps, checkpoint)
+    s = _Drawn.get(max_blocks, max_microbatches, gaps, checkpoint, model)
     if exact is None:
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)
@@ -535,6 +637,7 @@ def interpret(
         outputs = [Use(b.node("sum", Use(h), dim=0))]
     elif out_kind == 4 and not exact:
         outputs = [Use(b.node("mean", Use(h), dim=None))]
+    outputs += [Use(loss) for loss in b.losses]  # a model's scalar loss beside its output
     return Case(
         params=tuple(b.params),
         inputs=tuple(b.inputs),

@@ -37,6 +37,9 @@ class Op:
     bound: Callable[[list[torch.Tensor], dict[str, Any]], Any] | None = None
     # Draws from the global RNG (dropout): a recomputation must restore it.
     random: bool = False
+    # Builds a plain tensor of its own (an index, a target, a dropout mask)
+    # and combines it with its operands: DTensor operands refuse that.
+    plain_tensors: bool = False
 
 
 def _same(shapes: list[Shape], attrs: dict) -> Shape:
@@ -154,6 +157,134 @@ def _dropout(t: list[torch.Tensor], a: dict) -> torch.Tensor:
     return t[0] * keep.to(t[0].device, t[0].dtype) * 2
 
 
+# --- model parts (issue 14) -------------------------------------------------
+# Integer indices live in the case as attributes (``idx``, ``target``) or as a
+# seed that draws them (``gather``, ``scatter_add``), so every case stays
+# plain data and every path builds the same index tensors on its device.
+# Bounds (the magnitude network, on absolute values): a bound op's value and
+# its vector-Jacobian product dominate the real op's, term by term, so the
+# tolerance scales with the terms summed (tests/cover/test_model_ops.py
+# checks each against the op on random data).
+
+NORM_EPS = 1e-2  # 1/sigma <= 10: norms keep their backward, the bound stays useful
+
+
+def _need_2d(shapes: list[Shape], op: str) -> None:
+    if any(len(s) != 2 for s in shapes):
+        raise ShapeError(f"{op} needs 2-d operands, got {list(shapes)}")
+
+
+def _norm_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    h, g = shapes
+    if len(h) != 2 or g != (h[1],):
+        raise ShapeError(f"a norm over the last dim of {h} needs a gain of shape ({h[-1] if h else '?'},), got {g}")
+    return h
+
+
+def _index_ok(idx: tuple, n: int, what: str) -> None:
+    if any(i >= n for i in idx):
+        raise ShapeError(f"{what} {tuple(idx)} out of range for a dim of size {n}")
+
+
+def _embedding_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    (e,) = shapes
+    _need_2d(shapes, "embedding")
+    idx = tuple(attrs.get("idx", ()))
+    _index_ok(idx, e[0], "embedding indices")
+    pad = attrs.get("padding_idx")
+    if pad is not None and not 0 <= pad < e[0]:
+        raise ShapeError(f"padding_idx {pad} out of range for {e[0]} rows")
+    return (len(idx), e[1])
+
+
+def _ce_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    (h,) = shapes
+    _need_2d(shapes, "cross_entropy")
+    target = tuple(attrs.get("target", ()))
+    if len(target) != h[0]:
+        raise ShapeError(f"cross_entropy needs one target per row of {h}, got {len(target)}")
+    _index_ok(target, h[1], "targets")
+    return ()
+
+
+def _sdpa_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    q, k, v = shapes
+    _need_2d(shapes, "sdpa")
+    if q[1] != k[1] or k[0] != v[0]:
+        raise ShapeError(f"attention needs q (L, E), k (S, E), v (S, Ev); got {q}, {k}, {v}")
+    if attrs.get("causal", 0) and q[0] != k[0]:
+        raise ShapeError(f"causal attention needs L == S, got {q[0]} and {k[0]}")
+    return (q[0], v[1])
+
+
+def _expand_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    (a,) = shapes
+    new = tuple(attrs.get("shape", ()))
+    if len(new) != len(a) or any(x != y and x != 1 for x, y in zip(a, new)):
+        raise ShapeError(f"cannot expand {a} to {new}")
+    return new
+
+
+def _index_select_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    (a,) = shapes
+    d = _dim_of(a, attrs)
+    idx = tuple(attrs.get("idx", ()))
+    _index_ok(idx, a[d], "indices")
+    return a[:d] + (len(idx),) + a[d + 1:]
+
+
+def _scatter_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    if any(s != shapes[0] for s in shapes) or len(shapes[0]) != 2:
+        raise ShapeError(f"gather/scatter_add here take 2-d operands of one shape, got {list(shapes)}")
+    _dim_of(shapes[0], attrs)
+    return shapes[0]
+
+
+def _index_add_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    a, src = shapes
+    idx = tuple(attrs.get("idx", ()))
+    if len(a) != 2 or src[1:] != a[1:] or len(idx) != src[0]:
+        raise ShapeError(f"index_add into {a} needs a source (len(idx), {a[1:]}), got {src} with {len(idx)} indices")
+    _index_ok(idx, a[0], "indices")
+    return a
+
+
+def seeded_index(seed: int, shape: Shape, high: int, device: Any = "cpu") -> torch.Tensor:
+    """The index tensor a ``seed`` attribute stands for (gather, scatter_add)."""
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _seeded_src(s: list[str], a: dict) -> str:
+    d = a.get("dim", 0)
+    return (f"torch.randint(0, {s[0]}.shape[{d}], {s[0]}.shape, generator=torch.Generator().manual_seed({a['seed']}))"
+            f".to({s[0]}.device)")
+
+
+def _ix(t: torch.Tensor, idx: Any) -> torch.Tensor:
+    return torch.tensor(tuple(idx), dtype=torch.long, device=t.device)
+
+
+def _softmax_bound(x: torch.Tensor) -> torch.Tensor:
+    # |softmax| <= 1; |J^T dy|_j = |y_j (dy_j - sum_i y_i dy_i)| <= 2 sum_i |dy_i|
+    return 1 + 2 * x.sum(-1, keepdim=True).expand_as(x)
+
+
+def _norm_bound(t: list[torch.Tensor], a: dict) -> torch.Tensor:
+    # |y| <= sqrt(D) |g|; |dh_j| <= (D + 2) / sigma * sum_i |g_i dy_i|, sigma >= sqrt(eps); |dg| <= sqrt(D) sum |dy|
+    h, g = t
+    c = (h.shape[-1] + 2) / math.sqrt(NORM_EPS)
+    return c * (1 + h.sum(-1, keepdim=True)) * g
+
+
+def _sdpa(t: list[torch.Tensor], a: dict) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(t[0], t[1], t[2], is_causal=bool(a.get("causal", 0)))
+
+
+def _sdpa_bound(t: list[torch.Tensor], a: dict) -> torch.Tensor:
+    q, k, v = t
+    return _softmax_bound(q @ k.mT / math.sqrt(q.shape[-1])) @ v
+
+
 def _dim_src(attrs: dict) -> str:
     return f"dim={attrs.get('dim', 0)}"
 
@@ -201,7 +332,7 @@ OPS: dict[str, Op] = {
         ),
         Op("dropout", 1, 1, True, _same, _dropout,
            lambda s, a: f"{s[0]} * (torch.rand({s[0]}.shape, dtype=torch.float64) >= 0.5).to({s[0]}.dtype) * 2",
-           bound=lambda t, a: t[0] * 2, random=True),
+           bound=lambda t, a: t[0] * 2, random=True, plain_tensors=True),
         # In-place ops on a fresh copy, so SSA names keep their values: the
         # in-place kernel, its version bump and what it saves are what a
         # recomputation has to reproduce.
@@ -213,5 +344,53 @@ OPS: dict[str, Op] = {
            lambda s, a: f"torch.cat([{', '.join(s)}], {_dim_src(a)})"),
         Op("stack", 2, 4, True, _stack, lambda t, a: torch.stack(t, dim=a.get("dim", 0)),
            lambda s, a: f"torch.stack([{', '.join(s)}], {_dim_src(a)})"),
+        # Model parts (drawn only for paths whose contract asks: ``model_parts``).
+        Op("gelu", 1, 1, False, _same, lambda t, a: torch.nn.functional.gelu(t[0]),
+           lambda s, a: f"torch.nn.functional.gelu({s[0]})", bound=lambda t, a: 1.2 * t[0]),
+        Op("silu", 1, 1, False, _same, lambda t, a: torch.nn.functional.silu(t[0]),
+           lambda s, a: f"torch.nn.functional.silu({s[0]})", bound=lambda t, a: 1.2 * t[0]),
+        Op("softmax", 1, 1, False, _same, lambda t, a: torch.softmax(t[0], dim=-1),
+           lambda s, a: f"torch.softmax({s[0]}, dim=-1)", bound=lambda t, a: _softmax_bound(t[0])),
+        Op("log_softmax", 1, 1, False, _same, lambda t, a: torch.log_softmax(t[0], dim=-1),
+           lambda s, a: f"torch.log_softmax({s[0]}, dim=-1)",
+           bound=lambda t, a: math.log(t[0].shape[-1]) + _softmax_bound(t[0])),
+        Op("layer_norm", 2, 2, False, _norm_shape,
+           lambda t, a: torch.nn.functional.layer_norm(t[0], (t[0].shape[-1],), t[1], None, eps=NORM_EPS),
+           lambda s, a: f"torch.nn.functional.layer_norm({s[0]}, ({s[0]}.shape[-1],), {s[1]}, None, eps={NORM_EPS})",
+           bound=_norm_bound),
+        Op("rms_norm", 2, 2, False, _norm_shape,
+           lambda t, a: torch.nn.functional.rms_norm(t[0], (t[0].shape[-1],), t[1], eps=NORM_EPS),
+           lambda s, a: f"torch.nn.functional.rms_norm({s[0]}, ({s[0]}.shape[-1],), {s[1]}, eps={NORM_EPS})",
+           bound=_norm_bound),
+        Op("embedding", 1, 1, True, _embedding_shape,
+           lambda t, a: torch.nn.functional.embedding(_ix(t[0], a["idx"]), t[0], padding_idx=a.get("padding_idx")),
+           lambda s, a: f"torch.nn.functional.embedding(torch.tensor({tuple(a['idx'])}, device={s[0]}.device), {s[0]}, "
+                        f"padding_idx={a.get('padding_idx')!r})", plain_tensors=True),
+        Op("cross_entropy", 1, 1, False, _ce_shape,
+           lambda t, a: torch.nn.functional.cross_entropy(t[0], _ix(t[0], a["target"])),
+           lambda s, a: f"torch.nn.functional.cross_entropy({s[0]}, torch.tensor({tuple(a['target'])}, device={s[0]}.device))",
+           bound=lambda t, a: (math.log(t[0].shape[-1]) + 2 * t[0].sum(-1)).mean(), plain_tensors=True),
+        Op("sdpa", 3, 3, False, _sdpa_shape, _sdpa,
+           lambda s, a: f"torch.nn.functional.scaled_dot_product_attention({s[0]}, {s[1]}, {s[2]}, "
+                        f"is_causal={bool(a.get('causal', 0))})",
+           bound=_sdpa_bound),
+        Op("add_", 2, 2, True, _broadcast_first, lambda t, a: t[0].clone().add_(t[1]),
+           lambda s, a: f"{s[0]}.clone().add_({s[1]})"),
+        Op("expand", 1, 1, True, _expand_shape, lambda t, a: t[0].expand(tuple(a["shape"])),
+           lambda s, a: f"{s[0]}.expand({tuple(a['shape'])})"),
+        Op("index_select", 1, 1, True, _index_select_shape,
+           lambda t, a: t[0].index_select(a.get("dim", 0), _ix(t[0], a["idx"])),
+           lambda s, a: f"{s[0]}.index_select({a.get('dim', 0)}, torch.tensor({tuple(a['idx'])}, device={s[0]}.device))", plain_tensors=True),
+        Op("gather", 1, 1, True, _scatter_shape,
+           lambda t, a: t[0].gather(a.get("dim", 0), seeded_index(a["seed"], t[0].shape, t[0].shape[a.get("dim", 0)],
+                                                                 t[0].device)),
+           lambda s, a: f"{s[0]}.gather({a.get('dim', 0)}, {_seeded_src(s, a)})", plain_tensors=True),
+        Op("scatter_add", 2, 2, True, _scatter_shape,
+           lambda t, a: t[0].scatter_add(a.get("dim", 0), seeded_index(a["seed"], t[0].shape, t[0].shape[a.get("dim", 0)],
+                                                                       t[0].device), t[1]),
+           lambda s, a: f"{s[0]}.scatter_add({a.get('dim', 0)}, {_seeded_src(s, a)}, {s[1]})", plain_tensors=True),
+        Op("index_add", 2, 2, True, _index_add_shape,
+           lambda t, a: t[0].index_add(0, _ix(t[0], a["idx"]), t[1]),
+           lambda s, a: f"{s[0]}.index_add(0, torch.tensor({tuple(a['idx'])}, device={s[0]}.device), {s[1]})", plain_tensors=True),
     ]
 }

@@ -47,6 +47,11 @@ OP_ATTRS: dict[str, dict[str, str]] = {
     "reshape": {"shape": "shape"}, "sum": {"dim": "int?"}, "mean": {"dim": "int?"},
     "layout_matmul": {"layout": "layout"}, "chunk": {"chunks": "int", "dim": "int"},
     "cat": {"dim": "int"}, "stack": {"dim": "int"},
+    # Model parts: integer indices are plain data in the case (no integer inputs).
+    "embedding": {"idx": "index", "padding_idx": "int?"}, "cross_entropy": {"target": "index"},
+    "sdpa": {"causal": "int"}, "expand": {"shape": "shape"}, "index_select": {"dim": "int", "idx": "index"},
+    "gather": {"dim": "int", "seed": "int"}, "scatter_add": {"dim": "int", "seed": "int"},
+    "index_add": {"idx": "index"},
 }
 
 
@@ -66,10 +71,13 @@ def _check_attrs(op: str, attrs: tuple, where: str) -> None:
         ok = {"int": isinstance(value, int) and not isinstance(value, bool),
               "int?": value is None or isinstance(value, int) and not isinstance(value, bool),
               "shape": isinstance(value, tuple) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value),
+              "index": isinstance(value, tuple) and len(value) > 0
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value),
               "layout": value in LAYOUTS}[want]
         if not ok:
             raise SpecError(w, f"{op} attribute {key!r} must be "
                                + {"int": "an integer", "int?": "an integer or null", "shape": "a list of positive integers",
+                                  "index": "a non-empty list of non-negative integers",
                                   "layout": f"one of {LAYOUTS}"}[want] + f", got {value!r}")
 
 

@@ -57,6 +57,9 @@ class Contract:
     # buckets and comm hooks, FSDP2 resharding and units) and training
     # steps: the ddp and fsdp2 paths.
     data_parallel: bool = False
+    # Draw the model parts (``generate.MODEL_BLOCKS``: tied embedding and
+    # head, norms, attention, gated MLPs, index ops, cross-entropy losses).
+    model_parts: bool = False
     # What ``run_schedule`` observes beyond values (``Observe``): a leaf
     # input's ``.grad`` (a path whose machinery hands input grads back
     # instead, as a pipeline stage does, says False), ``.grad`` strides
@@ -74,6 +77,7 @@ class Contract:
         flags += (("gaps", True),) if self.gap_cases else ()
         flags += (("checkpoint", True),) if self.checkpoint_regions else ()
         flags += (("parallel", True),) if self.data_parallel else ()
+        flags += (("model", True),) if self.model_parts else ()
         return flags + ((("pipeline", self.pipeline_layouts),) if self.pipeline_layouts else ())
 
     def observe(self) -> "Observe":

@@ -71,6 +71,7 @@ class CheckpointContract(Contract):
 
     checkpoint_regions: bool = True
     lifetime_schedules: bool = True
+    model_parts: bool = True
 
 
 @dataclass(frozen=True)

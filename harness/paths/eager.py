@@ -23,7 +23,7 @@ def _backward(outs, cots, inputs, params) -> Grads:
 
 class EagerAccumulate:
     name = "eager.accumulate"
-    contract = Contract(retained_grads=True, gap_cases=True, graph_freed=True)
+    contract = Contract(retained_grads=True, gap_cases=True, graph_freed=True, model_parts=True)
 
     def availability(self) -> Availability:
         return Availability(True)

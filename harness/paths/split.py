@@ -73,7 +73,7 @@ class SplitPath:
     # A pipeline stage hands input grads back (stock never fills a stage
     # input's .grad), so a leaf input's .grad is not part of its promise; the
     # input-only part of the graph legitimately lives as long as the outputs.
-    contract = Contract(retained_grads=False, gap_cases=True, leaf_input_grads=False, graph_freed=True,
+    contract = Contract(retained_grads=False, gap_cases=True, model_parts=True, leaf_input_grads=False, graph_freed=True,
                         graph_freed_while_held=False)
 
     def __init__(self, name: str, impl: str, stock_contract: bool, twin: bool = False) -> None:

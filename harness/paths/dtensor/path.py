@@ -64,7 +64,7 @@ def _has_strategy(op: Any) -> bool:
 
 
 class DTensorPath:
-    contract = Contract(retained_grads=True, dtensor_placements=True)
+    contract = Contract(retained_grads=True, dtensor_placements=True, model_parts=True)
 
     def __init__(self, name: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:
@@ -121,6 +121,15 @@ class DTensorPath:
             return ("rprop's loop form needs index_put_, for which this torch's DTensor has no sharding strategy "
                     "(NotImplementedError on every path; 2.13 has one)")
         if mode_of(case) == "dtensor":
+            from harness.case.ops import OPS
+
+            plain = sorted({n.op for n in case.nodes if OPS[n.op].plain_tensors})
+            if plain:
+                return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
+                        f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
+            if any(n.op == "sdpa" for n in case.nodes) and self.backend != "nccl":
+                return ("scaled_dot_product_attention on CPU DTensors falls back to the math kernel, which builds "
+                        "a plain attention bias: DTensor refuses mixed operands")
             if any((p.placement or "partial") == "partial" for p in case.params):
                 return "mixes to_local/Partial parameters with DTensor-placed ones"
             if any(p.placement in ("colwise", "rowwise") and not tp_eligible(case, p.name) for p in case.params):
@@ -132,6 +141,10 @@ class DTensorPath:
                     and p.shape[int(p.placement[5:])] < self._world()]
             writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
                       or (s.steps > 1 and s.zero_grad != "set_to_none"))
+            expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
+            if set(thin) & expanded:
+                return ("expand of a parameter sharded on a dim with fewer elements than ranks: DTensor's sharding "
+                        "propagation raises a bare KeyError (torch bug, seen on 2.13: _rewrite_plain_shard)")
             if thin and writes:
                 return ("a parameter is sharded on a dim with fewer elements than ranks: DTensor has no in-place "
                         "strategy for it, so accumulating into its .grad raises (torch bug, see cases/dtensor/)")

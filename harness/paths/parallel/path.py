@@ -54,7 +54,7 @@ def _unreached(case: Case) -> list[str]:
 
 
 class DataParallelPath:
-    contract = Contract(retained_grads=True, data_parallel=True, gap_cases=True)
+    contract = Contract(retained_grads=True, data_parallel=True, gap_cases=True, model_parts=True)
 
     def __init__(self, name: str, kind: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

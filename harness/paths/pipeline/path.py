@@ -98,7 +98,7 @@ class PipelinePath:
             layouts = tuple(x for x in self._layouts() if x not in unrunnable)
         except Exception:
             layouts = ()
-        return Contract(retained_grads=False, pipeline_layouts=layouts)
+        return Contract(retained_grads=False, pipeline_layouts=layouts, model_parts=True)
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
         """The (stages, microbatches) the schedule's constructor takes here."""
@@ -171,6 +171,11 @@ class PipelinePath:
             return "a training step after the schedule (clip, optimizer) is not part of this path"
         if any(len(x.shape) == 0 for x in case.inputs):
             return "an input without a batch dim cannot be split into microbatches"
+        from harness.case.ops import OPS
+
+        if any(OPS[n.op].random for n in case.nodes):
+            return ("dropout: the schedule runs the microbatches' forwards in its own order on its own RNG stream, "
+                    "so masks cannot match the case's (no RNG replay across stages in torch.distributed.pipelining)")
         layouts = self.contract.pipeline_layouts
         have = (len(case.stages) + 1, s.microbatches)
         if have not in layouts:
