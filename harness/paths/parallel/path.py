@@ -97,6 +97,11 @@ class DataParallelPath:
             where = f"worker pool, {backend}, world size {self.world_size}"
         return Availability(True, f"{where}; {self.kind}: {'torch as installed' if self.impl == STOCK else self.impl}")
 
+    def _on_cuda(self) -> bool:
+        from harness.workers import pool
+
+        return (self.backend or pool.backend_for(self.world_size)) == "nccl"
+
     def _world(self) -> int:
         from harness.workers import pool
 
@@ -117,6 +122,9 @@ class DataParallelPath:
             if unused:
                 return (f"parameter(s) {', '.join(unused)} get no grad: DDP requires find_unused_parameters=True "
                         f"then (documented; it raises at the next forward otherwise)")
+        if s.optimizer == "adagrad" and s.optimizer_impl == "fused" and self._on_cuda():
+            return ("fused Adagrad takes no CUDA float64 parameters (torch raises \"`fused=True` requires all the "
+                    "params to be floating point Tensors of supported devices\"; seen on 2.11 with NCCL)")
         if self.kind == "fsdp2" and s.optimizer and s.optimizer_impl == "fused":
             return "fused optimizers have no DTensor sharding strategy on every torch (FSDP2 parameters are DTensors)"
         if self.kind == "fsdp2" and s.optimizer == "rprop":
