@@ -92,3 +92,22 @@ def test_padding_row_gets_no_grad():
     OPS["embedding"].run([e], CASES["embedding_pad"][1]).sum().backward()
     assert torch.equal(e.grad[3], torch.zeros(D, dtype=torch.float64))
     assert torch.equal(e.grad[0], torch.ones(D, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("block", ["embed", "head", "norm", "attention", "mlp", "index", "expand"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_each_model_block_builds_valid_round_tripping_cases(block, exact):
+    from harness.case.spec import Case, Schedule
+    from harness.generate import interpret
+
+    made = set()
+    for variant in range(4):
+        case = interpret([(block, 0, variant), (block, 1, variant)], dim=3, batch=2, x_grad=True, exact=exact,
+                         out_kind=0, schedule=Schedule(), seed=1)
+        assert Case.loads(case.dumps()) == case
+        made |= {n.op for n in case.nodes}
+    want = {"embed": {"embedding"}, "head": {"matmul"} | (set() if exact else {"cross_entropy", "softmax"}),
+            "norm": set() if exact else {"layer_norm", "rms_norm"},
+            "attention": set() if exact else {"sdpa", "layer_norm"}, "mlp": set() if exact else {"silu", "gelu"},
+            "index": {"index_select", "gather", "scatter_add", "index_add"}, "expand": {"expand"}}[block]
+    assert want <= made, (block, made)
