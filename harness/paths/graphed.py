@@ -144,7 +144,7 @@ class GraphedPath:
         self.impl_spec = impl
         self.device = device
         self.owned_outputs = owned_outputs
-        self.contract = Contract(retained_grads=False, lifetime_schedules=True, gap_cases=True)
+        self.contract = Contract(retained_grads=False, lifetime_schedules=True, gap_cases=True, model_parts=True)
 
     def availability(self) -> Availability:
         if self.device != "cpu":
@@ -169,6 +169,11 @@ class GraphedPath:
     def supports(self, case: Case) -> str | None:
         if case.schedule.retain_outputs and not self.owned_outputs:
             return OUTPUTS_REUSED
+        from harness.case.ops import OPS
+
+        if any(OPS[n.op].random for n in case.nodes):
+            return ("dropout inside a captured graph: each replay draws a fresh mask from the graph-safe RNG "
+                    "(as it must), which cannot match the case's seeded mask")
         if self.impl_spec == COMPILE and case.retain_grad:
             # The loop reads retained intermediates' .grad, which no graphed path
             # promises (Contract.retained_grads is False); under CUDA-graph trees
