@@ -77,7 +77,7 @@ COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout
 # want parameter hooks (drawn with the lifetime schedules) and training steps
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
 # draws are ignored here).
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True, model_parts=True)
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True)
 
 
 @dataclass(frozen=True)
