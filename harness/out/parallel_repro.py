@@ -182,6 +182,7 @@ def main():
     dist.all_reduce(flag)
     if rank == 0:
         print(f"torch {torch.__version__}: {'DIVERGES' if flag.item() else 'agrees'} ({int(flag.item())} differences)")
+    dist.barrier()  # no rank tears gloo down while another is still using it (an abort at exit)
     dist.destroy_process_group()
     return 1 if flag.item() else 0
 

@@ -116,7 +116,7 @@ def test_standalone_script_runs_under_torchrun(tmp_path, kind, parallel, diverge
     assert repro.template == "dataparallel"
     file = tmp_path / "repro.py"
     file.write_text(script(case, path.name, repro))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(file)],
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(file)],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = run.stdout + run.stderr

@@ -159,6 +159,8 @@ class DataParallelPath:
 
 def _judge_reductions(obs: Observation, kind: str, replies: dict[int, Any]) -> None:
     """Reductions per backward on rank 0 (every rank runs the same schedule)."""
+    from harness.paths.parallel.rank import _reducing
+
     steps = replies.get(0, {}).get("steps", [])
     seen: set[str] = set()
     pending: set[str] = set()  # parameters that got a grad since the last synchronising backward
@@ -167,8 +169,6 @@ def _judge_reductions(obs: Observation, kind: str, replies: dict[int, Any]) -> N
         pending.update(st.get("arrived") or ())
         obs.extra.setdefault("collectives", []).append(st["collectives"])
         if not st["sync"]:
-            from harness.paths.parallel.rank import _reducing
-
             n = _reducing(st["collectives"])
             if n and "no_sync" not in seen:
                 seen.add("no_sync")

@@ -33,7 +33,7 @@ from harness.build.units import CaseModule
 from harness.case.spec import Case
 from harness.objects import load_object
 from harness.paths.dtensor.collectives import CollectiveCounter
-from harness.paths.dtensor.rank import _layout, encode, shard_piece, share
+from harness.paths.dtensor.rank import _first_line, _layout, encode, shard_piece, share
 from harness.workers.host import Rank
 
 STOCK = "stock"
@@ -79,14 +79,19 @@ def _fsdp2(module: CaseModule, ctx: Rank, opts: frozenset[str]) -> Any:
     return fully_shard(module, mesh=ctx.mesh, reshard_after_forward=reshard)
 
 
-def wrap(kind: str, impl: str, module: CaseModule, ctx: Rank, opts: frozenset[str], reduced: Counter[str]) -> Any:
-    """The wrapper under test: torch's (``stock``) or ``MODULE`` with ``wrap(module, group, mesh, options)``."""
+def load_impl(impl: str) -> Any:
+    """``stock`` (None: torch's wrappers) or ``MODULE`` with ``wrap(module, group, mesh, options)``."""
     if impl == STOCK:
+        return None
+    return load_object(impl, "data-parallel implementation", check=lambda obj: None if callable(
+        getattr(obj, "wrap", None)) else "has no wrap(module, group, mesh, options)")
+
+
+def wrap(kind: str, fixes: Any, module: CaseModule, ctx: Rank, opts: frozenset[str], reduced: Counter[str]) -> Any:
+    """The wrapper under test: torch's (``fixes`` None) or ``fixes.wrap``."""
+    if fixes is None:
         return _ddp(module, ctx, opts, reduced) if kind == "ddp" else _fsdp2(module, ctx, opts)
-    made = load_object(impl, "data-parallel implementation", check=lambda obj: None if callable(
-        getattr(obj, "wrap", None)) else "has no wrap(module, group, mesh, options)").wrap(
-        module, ctx.mesh.get_group(), ctx.mesh, opts)
-    return made
+    return fixes.wrap(module, ctx.mesh.get_group(), ctx.mesh, opts)
 
 
 @contextlib.contextmanager
@@ -133,7 +138,8 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
         module = CaseModule(built, built.params(), dev, built.dtype, units="units" in opts,
                             recompute="checkpoint" in opts)
         reduced: Counter[str] = Counter()
-        wrapped = wrap(kind, impl, module, ctx, opts, reduced)
+        fixes = load_impl(impl)
+        wrapped = wrap(kind, fixes, module, ctx, opts, reduced)
         reduced = getattr(wrapped, "reduced", reduced)
         counted = impl != STOCK or (kind == "ddp" and "hook_allreduce" in opts)
         params = module.params()
@@ -145,7 +151,6 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
             for n, p in params.items():
                 if p.requires_grad:
                     p.register_hook(lambda g, n=n: arrived.update([n]))
-        fixes = load_object(impl, "data-parallel implementation") if impl != STOCK else None
         trainer = Trainer(case, params, step_with=getattr(fixes, "optimizer_step", None),
                           clip_with=getattr(fixes, "clip_grad_norm", None)) if has_step(case) else None
         counter = CollectiveCounter()
@@ -189,8 +194,7 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
                 seen = trainer.step(lambda t: encode(t, "R"))
                 out["steps"][-1]["after_step"] = seen
     except Exception as e:  # a rank that raises reports it; the parent judges
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": (lines[0] if lines else "")[:300],
+        out["failure"] = {"k": k, "type": type(e).__name__, "message": _first_line(e),
                           "traceback": traceback.format_exc()[-4000:]}
     return out
 
