@@ -9,6 +9,7 @@ Run:  torchrun --nproc-per-node 2 THIS_FILE   (gloo on CPU; nccl with a GPU per 
 Exit status 1 on rank 0 when they differ.
 """
 import contextlib
+import gc
 import os
 import sys
 
@@ -172,6 +173,8 @@ def main():
     dist.all_reduce(flag)
     if rank == 0:
         print(f"torch {torch.__version__}: {'DIVERGES' if flag.item() else 'agrees'} ({int(flag.item())} differences)")
+    del model, params  # DDP's reducer joins its threads here, not in a destructor at exit (an abort there)
+    gc.collect()
     dist.barrier()  # no rank tears gloo down while another is still using it (an abort at exit)
     dist.destroy_process_group()
     return 1 if flag.item() else 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 from harness.build.tensors import Built
 from harness.case.spec import Case
 from harness.objects import Ref
-from harness.out.source import checked, forward_source, function_helpers, literal
+from harness.out.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 
 
@@ -28,19 +28,9 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     impl_import = "" if machinery.impl in ("", "stock") else Ref.parse(machinery.impl).import_line("layout_impl")
     data = [
         f"TITLE = {str(title)!r}",
-        f"DTYPE = torch.{case.dtype}",
-        "PARAMS = {" + ", ".join(f"{p.name!r}: {literal(b.params()[p.name])}" for p in case.params) + "}",
         "PLACEMENT = " + repr({p.name: p.placement for p in case.params}),
-        "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
         f"LOCAL = {local!r}  # every parameter Replicate, used through to_local(grad_placements=[Partial()])",
-        f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
-        "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
-        "INPUTS = [  # one dict per backward",
-        *["    {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.inputs(k).items()) + "}," for k in range(sched.backwards)],
-        "]",
-        "GRAD_OUTPUTS = [  # the grad of each output, one list per backward",
-        *["    [" + ", ".join(literal(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
-        "]",
+        *schedule_data(case, b),
     ]
     header = f'''#!/usr/bin/env python
 """gradfuzz repro: see TITLE below.
@@ -72,24 +62,7 @@ _RUNNER = '''def placement(name):
     return Replicate()
 
 
-def expected():
-    params = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(n not in FROZEN) for n, t in PARAMS.items()}
-    acc, seen = {n: None for n in params}, []
-    for k in range(MICROBATCHES * STEPS):
-        if k and k % MICROBATCHES == 0 and ZERO_GRAD != "keep":
-            acc = {n: None if ZERO_GRAD == "set_to_none" or g is None else torch.zeros_like(g) for n, g in acc.items()}
-        inputs = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
-        cots = [torch.tensor(c, dtype=torch.float64) for c in GRAD_OUTPUTS[k]]
-        live = [(o, c) for o, c in zip(forward({**params, **inputs}), cots) if o.requires_grad]
-        names = [n for n in params if n not in FROZEN]
-        if live and names:
-            grads = torch.autograd.grad([o for o, _ in live], [params[n] for n in names], [c for _, c in live], allow_unused=True)
-            for n, g in zip(names, grads):
-                if g is not None:
-                    acc[n] = g if acc[n] is None else acc[n] + g
-        seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
-    return seen
-
+''' + EAGER_WINDOWS + '''
 
 def main():
     dist.init_process_group("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["WORLD_SIZE"]) else "gloo")
@@ -106,7 +79,7 @@ def main():
     %INSTALL%
     want, bad = expected(), 0
     for k in range(MICROBATCHES * STEPS):
-        if k and k % MICROBATCHES == 0 and ZERO_GRAD != "keep":
+        if start(k):
             for p in params.values():
                 if ZERO_GRAD == "set_to_none":
                     p.grad = None
@@ -139,6 +112,7 @@ def main():
                     print(f"backward {k}: {n}.grad is {g.placements}, expected Partial: the grads reached AccumulateGrad as Partial")
     if rank == 0:
         print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad} differences)")
+    dist.barrier()  # no rank tears gloo down while another is still using it (an abort at exit)
     dist.destroy_process_group()
     return 1 if bad else 0
 

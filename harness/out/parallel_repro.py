@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from harness.build.tensors import Built
 from harness.case.spec import Case
-from harness.out.source import checked, forward_source, function_helpers, literal
+from harness.out.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 from harness.paths.parallel.path import SCRIPTED
 
@@ -31,22 +31,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
         f"TITLE = {str(title)!r}",
         f"KIND = {kind!r}",
         f"OPTIONS = {sorted(set(case.parallel) & SCRIPTED)!r}",
-        f"DTYPE = torch.{case.dtype}",
-        "PARAMS = {" + ", ".join(f"{p.name!r}: {literal(b.params()[p.name])}" for p in case.params) + "}",
-        "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
-        "PREFILL = " + ("{" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.prefill().items()) + "}"
-                        if sched.grad_init == "prefilled" else "None"),
-        f"GRAD_INIT, MICROBATCHES, STEPS, ZERO_GRAD = {sched.grad_init!r}, {sched.microbatches}, {sched.steps}, "
-        f"{sched.zero_grad!r}",
-        f"CLIP, MAX_NORM = {sched.clip!r}, {sched.max_norm!r}",
-        "INPUT_NAMES = " + repr([x.name for x in case.inputs]),
-        "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
-        "INPUTS = [  # one dict per backward",
-        *["    {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.inputs(k).items()) + "}," for k in range(sched.backwards)],
-        "]",
-        "GRAD_OUTPUTS = [  # the grad of each output, one list per backward",
-        *["    [" + ", ".join(literal(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
-        "]",
+        *schedule_data(case, b),
     ]
     header = f'''#!/usr/bin/env python
 """gradfuzz repro: see TITLE below.
@@ -59,6 +44,7 @@ Run:  torchrun --nproc-per-node {machinery.world_size} THIS_FILE   (gloo on CPU;
 Exit status 1 on rank 0 when they differ.
 """
 import contextlib
+import gc
 import os
 import sys
 
@@ -70,38 +56,7 @@ from torch.distributed.tensor import DTensor
     return "\n".join([header, *function_helpers(case), "", *data, "", "", forward_source(case), "", "", _RUNNER, ""])
 
 
-_RUNNER = '''def start(k):
-    return k and k % MICROBATCHES == 0 and ZERO_GRAD != "keep"
-
-
-def expected():
-    params = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(n not in FROZEN) for n, t in PARAMS.items()}
-    acc = {n: None for n in params}
-    if GRAD_INIT != "none":
-        acc = {n: (torch.zeros_like(params[n]) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=torch.float64))
-               if n not in FROZEN else None for n in params}
-    seen = []
-    for k in range(MICROBATCHES * STEPS):
-        if start(k):
-            acc = {n: None if ZERO_GRAD == "set_to_none" or g is None else torch.zeros_like(g) for n, g in acc.items()}
-        inputs = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
-        cots = [torch.tensor(c, dtype=torch.float64) for c in GRAD_OUTPUTS[k]]
-        live = [(o, c) for o, c in zip(forward({**params, **inputs}), cots) if o.requires_grad]
-        names = [n for n in params if n not in FROZEN]
-        if live and names:
-            grads = torch.autograd.grad([o for o, _ in live], [params[n] for n in names], [c for _, c in live],
-                                        allow_unused=True)
-            for n, g in zip(names, grads):
-                if g is not None:
-                    acc[n] = g if acc[n] is None else acc[n] + g
-        if CLIP and (k + 1) % MICROBATCHES == 0:
-            leaves = [torch.zeros_like(params[n]) for n in acc if acc[n] is not None]
-            for leaf, g in zip(leaves, [g for g in acc.values() if g is not None]):
-                leaf.grad = g
-            torch.nn.utils.clip_grad_norm_(leaves, MAX_NORM, norm_type=float(CLIP), foreach=False)
-        seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
-    return seen
-
+_RUNNER = EAGER_WINDOWS + '''
 
 class Module(torch.nn.Module):
     def __init__(self, device):
@@ -182,6 +137,8 @@ def main():
     dist.all_reduce(flag)
     if rank == 0:
         print(f"torch {torch.__version__}: {'DIVERGES' if flag.item() else 'agrees'} ({int(flag.item())} differences)")
+    del model, params  # DDP's reducer joins its threads here, not in a destructor at exit (an abort there)
+    gc.collect()
     dist.barrier()  # no rank tears gloo down while another is still using it (an abort at exit)
     dist.destroy_process_group()
     return 1 if flag.item() else 0

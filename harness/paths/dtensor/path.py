@@ -34,13 +34,13 @@ launcher's, under torchrun), shared by both paths.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from harness.observation import Failure, Grads, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.pooled import PooledPath
 from harness.case.spec import Case
 from harness.generate import tp_eligible
 
@@ -63,48 +63,24 @@ def _has_strategy(op: Any) -> bool:
     return any(op in getattr(prop, t, {}) for t in tables)
 
 
-class DTensorPath:
+class DTensorPath(PooledPath):
     contract = Contract(retained_grads=True, dtensor_placements=True, model_parts=True)
 
     def __init__(self, name: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:
-        self.name = name
+        super().__init__(name, world_size, timeout, backend)
         self.impl = impl
-        self.world_size = world_size
-        self.timeout = timeout
-        self.backend = backend
-
-    @property
-    def group(self) -> Any:
-        from harness.workers import pool
-
-        return pool.group(self.world_size, self.backend)
 
     def availability(self) -> Availability:
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            return Availability(False, "torch was built without torch.distributed")
-        from harness.workers import pool
-
-        if pool.torchrun_env():
-            g = self.group
-            where = f"torchrun group, {g.backend}, world size {g.world_size}"
-        else:
-            backend = self.backend or pool.backend_for(self.world_size)
-            if backend == "gloo" and not dist.is_gloo_available():
-                return Availability(False, "torch.distributed has no gloo backend")
-            if backend == "nccl" and not dist.is_nccl_available():
-                return Availability(False, "torch.distributed has no nccl backend (a CPU build?)")
-            if backend == "nccl" and torch.cuda.device_count() < self.world_size:
-                return Availability(False, f"nccl needs {self.world_size} GPUs, found {torch.cuda.device_count()}")
-            where = f"worker pool, {backend}, world size {self.world_size}"
+        where = self.group_availability()
+        if not where.ok:
+            return where
         if self.impl != STOCK:
             try:
                 _check_impl(self.impl)
             except Exception as e:
                 return Availability(False, f"grad-layout implementation {self.impl!r}: {e}")
-        return Availability(True, f"{where}; grad layout: {'torch as installed' if self.impl == STOCK else self.impl}")
+        return Availability(True, f"{where.reason}; grad layout: {'torch as installed' if self.impl == STOCK else self.impl}")
 
     def supports(self, case: Case) -> str | None:
         from harness.paths.dtensor.rank import mode_of
@@ -156,23 +132,19 @@ class DTensorPath:
                         "tensor, not a DTensor, and the Function's backward raises (torch bug, see cases/dtensor/)")
         return None
 
-    def _world(self) -> int:
-        from harness.workers import pool
-
-        return int(os.environ["WORLD_SIZE"]) if pool.torchrun_env() else self.world_size
-
     def run(self, case: Case) -> Observation:
         outcome = self.group.request({"op": "call", "module": "harness.paths.dtensor.rank", "case": case.dumps(), "impl": self.impl},
                                      self.timeout)
         return observation(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        return Repro(template="torchrun", impl=self.impl, world_size=self.world_size)
+        s = case.schedule
+        if s.grad_init == "none" and not s.clip and not s.optimizer:
+            return Repro(template="torchrun", impl=self.impl, world_size=self.world_size)
+        return Repro(template="none", why=f"{self.name}: the torchrun script starts .grad as None and takes no "
+                     f"clip or optimizer step: replay the corpus file with `gradfuzz repro FILE --paths {self.name}` "
+                     f"(it starts the ranks itself)")
 
-    def close(self) -> None:
-        from harness.workers import pool
-
-        pool.close_group(self.world_size, self.backend)
 
 
 def _unused_function_output(case: Case) -> bool:

@@ -24,14 +24,13 @@ with the DTensor paths; ``--world-size`` sets it (1, 2, 3 on gloo).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import torch
 
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.pooled import PooledPath
 from harness.paths.dtensor.path import observation as assemble
 
 STOCK = "stock"
@@ -53,59 +52,25 @@ def _unreached(case: Case) -> list[str]:
     return [p.name for p in case.params if p.requires_grad and p.name not in live]
 
 
-class DataParallelPath:
+class DataParallelPath(PooledPath):
     contract = Contract(retained_grads=True, data_parallel=True, gap_cases=True, model_parts=True)
 
     def __init__(self, name: str, kind: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:
-        self.name = name
+        super().__init__(name, world_size, timeout, backend)
         self.kind = kind
         self.impl = impl
-        self.world_size = world_size
-        self.timeout = timeout
-        self.backend = backend
-
-    @property
-    def group(self) -> Any:
-        from harness.workers import pool
-
-        return pool.group(self.world_size, self.backend)
 
     def availability(self) -> Availability:
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            return Availability(False, "torch was built without torch.distributed")
+        where = self.group_availability()
+        if not where.ok:
+            return where
         if self.kind == "fsdp2":
             try:
                 from torch.distributed.fsdp import fully_shard  # noqa: F401
             except ImportError as e:
                 return Availability(False, f"this torch has no torch.distributed.fsdp.fully_shard ({e})")
-        from harness.workers import pool
-
-        if pool.torchrun_env():
-            g = self.group
-            where = f"torchrun group, {g.backend}, world size {g.world_size}"
-        else:
-            backend = self.backend or pool.backend_for(self.world_size)
-            if backend == "gloo" and not dist.is_gloo_available():
-                return Availability(False, "torch.distributed has no gloo backend")
-            if backend == "nccl" and not dist.is_nccl_available():
-                return Availability(False, "torch.distributed has no nccl backend (a CPU build?)")
-            if backend == "nccl" and torch.cuda.device_count() < self.world_size:
-                return Availability(False, f"nccl needs {self.world_size} GPUs, found {torch.cuda.device_count()}")
-            where = f"worker pool, {backend}, world size {self.world_size}"
-        return Availability(True, f"{where}; {self.kind}: {'torch as installed' if self.impl == STOCK else self.impl}")
-
-    def _on_cuda(self) -> bool:
-        from harness.workers import pool
-
-        return (self.backend or pool.backend_for(self.world_size)) == "nccl"
-
-    def _world(self) -> int:
-        from harness.workers import pool
-
-        return int(os.environ["WORLD_SIZE"]) if pool.torchrun_env() else self.world_size
+        return Availability(True, f"{where.reason}; {self.kind}: {'torch as installed' if self.impl == STOCK else self.impl}")
 
     def supports(self, case: Case) -> str | None:
         s = case.schedule
@@ -122,7 +87,7 @@ class DataParallelPath:
             if unused:
                 return (f"parameter(s) {', '.join(unused)} get no grad: DDP requires find_unused_parameters=True "
                         f"then (documented; it raises at the next forward otherwise)")
-        if s.optimizer == "adagrad" and s.optimizer_impl == "fused" and self._on_cuda():
+        if s.optimizer == "adagrad" and s.optimizer_impl == "fused" and self.backend_name() == "nccl":
             return ("fused Adagrad takes no CUDA float64 parameters (torch raises \"`fused=True` requires all the "
                     "params to be floating point Tensors of supported devices\"; seen on 2.11 with NCCL)")
         if self.kind == "fsdp2" and s.optimizer and s.optimizer_impl == "fused":
@@ -151,10 +116,6 @@ class DataParallelPath:
                      f"optimizer steps nor a wrapper other than torch's: replay the corpus file with "
                      f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
 
-    def close(self) -> None:
-        from harness.workers import pool
-
-        pool.close_group(self.world_size, self.backend)
 
 
 def _judge_reductions(obs: Observation, kind: str, replies: dict[int, Any]) -> None:
