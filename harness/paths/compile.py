@@ -77,8 +77,9 @@ COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout
 # The compile paths promise everything eager does (retained grads too), and
 # want parameter hooks (drawn with the lifetime schedules) and training steps
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
-# draws are ignored here).
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True)
+# draws are ignored here), and the model parts (dropout included: see
+# ``CompilePath.config`` and ``structure_key``).
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True, model_parts=True)
 
 
 @dataclass(frozen=True)
