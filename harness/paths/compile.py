@@ -47,6 +47,7 @@ finding (the loop reports what raised where eager did not).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -76,8 +77,9 @@ COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout
 # The compile paths promise everything eager does (retained grads too), and
 # want parameter hooks (drawn with the lifetime schedules) and training steps
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
-# draws are ignored here).
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True)
+# draws are ignored here), and the model parts (dropout included: see
+# ``CompilePath.config`` and ``structure_key``).
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True, model_parts=True)
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,20 @@ def structure_key(case: Case, shapes: bool = True) -> str:
     params = [(p.name, p.shape if shapes else None, p.requires_grad) for p in case.params]
     inputs = [(x.name, x.shape if shapes else None, x.requires_grad) for x in case.inputs]
     data = case.to_json()
-    return json.dumps([params, inputs, data["nodes"], data["outputs"], data.get("hooks", []),
-                       data.get("retain_grad", []), case.dtype], sort_keys=True)
+    key = [params, inputs, data["nodes"], data["outputs"], data.get("hooks", []),
+           data.get("retain_grad", []), case.dtype]
+    if _random(case):
+        # The compiled forward is the first case's Built, whose seed_rng seeds
+        # the global RNG from *that* case's seed (dynamo bakes the constant in):
+        # a later seed of the structure would run the first seed's masks.
+        key.append(("rng seed", case.seed))
+    return json.dumps(key, sort_keys=True)
+
+
+def _random(case: Case) -> bool:
+    from harness.case.ops import OPS
+
+    return any(OPS[n.op].random for n in case.nodes)
 
 
 def other_size(case: Case) -> Case | None:
@@ -369,6 +383,9 @@ class CompilePath:
         backend = f.backend if self._backend_override is None else "aot_eager"
         make = f"torch.compile({{fn}}, backend={backend!r}, dynamic={f.dynamic})"
         lines = [f"DEVICE = {f.device!r}", ""]
+        if backend == "inductor":
+            lines += ["# Inductor draws torch.rand from its own generator unless told to fall back to eager's",
+                      "import torch._inductor.config", "", "torch._inductor.config.fallback_random = True", ""]
         if f.compiled_autograd:
             lines += ["# compiled autograd, switched on as documented: backward called inside a compiled function",
                       "torch._dynamo.config.compiled_autograd = True", "",
@@ -416,6 +433,23 @@ class CompilePath:
             counting.__name__ = getattr(inner, "__name__", None) or str(self.flavor.backend)
             self._backend = counting
         return self._backend
+
+    def config(self) -> contextlib.ExitStack:
+        """The settings every call of this flavour's compiled code runs under
+        (graphs compile lazily, inside those calls): compiled autograd on or
+        off, and for Inductor ``fallback_random``. Inductor otherwise lowers
+        ``torch.rand`` to its own generator, which draws other numbers than
+        eager's from the same seed (documented: the flag exists to make them
+        match), so every dropout case would differ in its mask, not in its
+        autograd; with it, the mask comes from eager's ``aten.rand`` and the
+        rest of the graph is still Inductor's code."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch._dynamo.config.patch(compiled_autograd=self.flavor.compiled_autograd))
+        if self.flavor.backend == "inductor" and self._backend_override is None:
+            from torch._inductor import config as inductor_config
+
+            stack.enter_context(inductor_config.patch(fallback_random=True))
+        return stack
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         # compiled autograd is bound when torch.compile() is called, not when the result runs
@@ -489,8 +523,8 @@ class _Run:
             else:
                 self.run_s += dt
 
-    def _config(self):
-        return torch._dynamo.config.patch(compiled_autograd=self.path.flavor.compiled_autograd)
+    def _config(self) -> contextlib.ExitStack:
+        return self.path.config()
 
     def forward(self, built: Built, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         progress(self.k)

@@ -46,6 +46,39 @@ def test_structure_key_ignores_data_and_schedule_but_not_the_graph():
     assert structure_key(a, shapes=False) == structure_key(bigger, shapes=False)
 
 
+def _dropout_case(seed: int = 0) -> Case:
+    """x @ w after dropout: the mask comes from the global RNG, seeded from the case's seed."""
+    return Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (4, 3), requires_grad=True),),
+                nodes=(Node("n0", "dropout", (Use("x0"),)), Node("n1", "matmul", (Use("n0"), Use("w0")))),
+                outputs=(Use("n1"),), seed=seed)
+
+
+def test_a_random_case_is_compiled_per_seed_so_each_seed_draws_its_own_masks():
+    """The compiled forward seeds the RNG from its structure's first case: a
+    later seed that reused it ran the first seed's dropout masks (the 2.13
+    cold-start findings compile.autograd-value-85eb26ea3a and others)."""
+    assert structure_key(_dropout_case(0)) != structure_key(_dropout_case(1))
+    path = CompilePath(FLAVORS["compile.aot_eager"])
+    try:
+        for seed in (0, 1, 2):
+            assert check(_dropout_case(seed), path) == [], seed
+    finally:
+        path.close()
+
+
+def test_inductor_flavours_compile_with_eager_random_numbers():
+    """Inductor lowers torch.rand to a generator of its own (other numbers from
+    the same seed) unless ``fallback_random`` is set; the dropout masks then
+    differ from the oracle's and every dropout case is a false finding."""
+    from torch._inductor import config as inductor_config
+
+    for name, flavor in FLAVORS.items():
+        with CompilePath(flavor).config():
+            assert inductor_config.fallback_random == (flavor.backend == "inductor"), name
+    assert not inductor_config.fallback_random
+    assert "fallback_random = True" in CompilePath(FLAVORS["compile.inductor"]).repro(_dropout_case()).forward
+
+
 def test_other_size_grows_the_batch_dim_only_where_the_shape_rules_allow():
     v = other_size(nested())
     assert v is not None and v.inputs[0].shape == (3, 3) and v.params == nested().params
