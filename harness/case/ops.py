@@ -249,9 +249,18 @@ def _index_add_shape(shapes: list[Shape], attrs: dict) -> Shape:
     return a
 
 
+_IX: dict[tuple, torch.Tensor] = {}  # index tensors by device, built once (_ix, seeded_index)
+
+
 def seeded_index(seed: int, shape: Shape, high: int, device: Any = "cpu") -> torch.Tensor:
-    """The index tensor a ``seed`` attribute stands for (gather, scatter_add)."""
-    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    """The index tensor a ``seed`` attribute stands for (gather, scatter_add).
+    Built once per device (as ``_ix``): a CUDA graph capture refuses the copy
+    from host memory, and the graphed paths' warm-ups build it first."""
+    key = ("seeded", seed, tuple(shape), high, str(device))
+    ix = _IX.get(key)
+    if ix is None:
+        ix = _IX[key] = torch.randint(0, high, tuple(shape), generator=torch.Generator().manual_seed(seed)).to(device)
+    return ix
 
 
 def _seeded_src(s: list[str], a: dict) -> str:
@@ -261,7 +270,15 @@ def _seeded_src(s: list[str], a: dict) -> str:
 
 
 def _ix(t: torch.Tensor, idx: Any) -> torch.Tensor:
-    return torch.tensor(tuple(idx), dtype=torch.long, device=t.device)
+    # Built once per device and index, then reused: building it from host data
+    # copies from pageable memory, which a CUDA graph capture refuses (the
+    # graphed paths' warm-ups run the forward first, so the capture finds it
+    # here). Read-only, never written by the ops that take it.
+    key = (str(t.device), tuple(idx))
+    ix = _IX.get(key)
+    if ix is None:
+        ix = _IX[key] = torch.tensor(key[1], dtype=torch.long, device=t.device)
+    return ix
 
 
 def _softmax_bound(x: torch.Tensor) -> torch.Tensor:

@@ -375,9 +375,17 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
     box: dict[str, Any] = {}
 
     def work() -> None:
-        if ctx.device.type == "cuda":
-            torch.cuda.set_device(ctx.device)  # the current device is per thread
-        box["out"] = run_case(*args)
+        # Whatever happens, this rank's thread reports: a thread that died
+        # without an answer (run_case raising before its own try, or a
+        # BaseException) left this rank flagging "running" for ever, and its
+        # peer, done, waited on it in the control all_reduce: both hung there.
+        try:
+            if ctx.device.type == "cuda":
+                torch.cuda.set_device(ctx.device)  # the current device is per thread
+            box["out"] = run_case(*args)
+        except BaseException as e:
+            box["out"] = {"rank": ctx.rank, "steps": [], "mutations": [], "failure": {
+                "step": -1, "type": type(e).__name__, "message": first_line(e), "waited": False}}
 
     t = threading.Thread(target=work, name="gradfuzz-pipeline-case", daemon=True)
     _pp["threads"].append(t)
