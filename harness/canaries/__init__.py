@@ -72,3 +72,18 @@ def all_canaries() -> list[Canary]:
     for mod in FAMILIES:
         found.extend(importlib.import_module(mod).canaries())
     return found
+
+
+def select(names: str | None) -> list[Canary] | None:
+    """``--canaries a,b``: those canaries in the order given (None: all)."""
+    if not names:
+        return None
+    from harness.paths import UsageError
+
+    known = {c.name: c for c in all_canaries()}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise UsageError(f"--canaries {names}: unknown canary {', '.join(unknown) or '(none named)'}; "
+                         f"expected some of {', '.join(known)}")
+    return [known[n] for n in wanted]

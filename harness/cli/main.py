@@ -199,12 +199,17 @@ def cmd_paths(args: argparse.Namespace) -> int:
 def cmd_selfcheck(args: argparse.Namespace) -> int:
     from harness.gate.selfcheck import selfcheck
 
-    results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack)
+    from harness.canaries import select
+
+    results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack,
+                        canaries=select(args.canaries))
     missed = [r for r in results if r.state in ("missed", "broken")]
     for r in results:
         state = {"skipped": f"skipped: {r.skipped}", "caught": "caught", "broken": f"BROKEN: {r.broken}",
-                 "missed": "NOT CAUGHT"}[r.state]
+                 "missed": f"NOT CAUGHT: {r.detail}"}[r.state]
         print(f"  {r.name:<28} {state}" + (f" after {r.examples} examples ({r.seconds:.1f}s)" if r.caught else ""))
+        if r.caught:  # what was caught, so a reader can see it is the injected bug and not the canary crashing
+            print(f"      {r.detail}")
     print(f"gradfuzz selfcheck: {len(results) - len(missed)}/{len(results)} canaries " + ("ok" if not missed else
           "MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
     return 1 if missed else 0
@@ -361,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
     sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--canaries", metavar="NAME[,NAME]", help="run only these canaries (default: all; "
+                    "an unknown name is a usage error that lists them)")
     sc.add_argument("--tolerance-slack", type=float,
                     help="loosen every comparison by this factor (to see selfcheck fail when detection is broken)")
     sc.set_defaults(func=cmd_selfcheck)

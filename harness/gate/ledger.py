@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 from harness.case import schema as sc
 from harness.case.spec import SpecError
 from harness.out.corpus import CorpusError, covers
+from harness.gate.status import STATUSES
 
 LEDGER_VERSION = 1
 
@@ -123,7 +124,7 @@ def load(file: str) -> Ledger:
 
 # --- gate reports (``gate --baseline``, ``gradfuzz table``) ---------------------------
 
-REPORT_STATUSES = ("known", "fixed", "regression", "new", "not_reproduced", "unavailable", "selfcheck")
+REPORT_STATUSES = tuple(STATUSES)
 _ROW_FIELDS = ("status", "path", "detail", "bug", "signature", "source", "case", "divergence", "upstream")
 
 

@@ -13,16 +13,9 @@ import io
 import xml.etree.ElementTree as ET
 from typing import Any
 
-STATUS_WORDS = {
-    "new": "NEW divergence",
-    "regression": "REGRESSION (known bug back on a version that had it fixed)",
-    "selfcheck": "SELF-CHECK FAILED",
-    "known": "known bug, expected on this version",
-    "fixed": "known bug fixed by this version",
-    "not_reproduced": "known bug not reproduced (ledger range may be too wide)",
-    "unavailable": "path unavailable",
-}
-ORDER = ["selfcheck", "regression", "new", "fixed", "known", "not_reproduced", "unavailable"]
+from harness.gate.status import FAILING, ORDER, STATUSES
+
+STATUS_WORDS = {k: s.words for k, s in STATUSES.items()}
 
 
 def _sorted(rows):
@@ -57,8 +50,7 @@ def _paths_text(g: dict[str, Any], most: int = 4) -> str:
 def verdict(rep: dict[str, Any]) -> str:
     """The last line on the terminal, pytest style."""
     c = rep["counts"]
-    parts = [f"{c[k]} {k.replace('_', ' ')}" for k in ("selfcheck", "regression", "new", "known", "fixed",
-                                                        "not_reproduced", "unavailable") if c.get(k)]
+    parts = [f"{c[k]} {k.replace('_', ' ')}" for k in ORDER if c.get(k)]
     text = f" gradfuzz gate on torch {rep['torch']}: {'PASSED' if rep['passed'] else 'FAILED'} ({', '.join(parts) or 'nothing to report'}) in {rep['seconds']:.0f}s "
     return text.center(max(len(text) + 8, 79), "=")
 
@@ -78,7 +70,7 @@ def terminal(rep: dict[str, Any]) -> str:
         times = f" x{g['count']}" if g["count"] > 1 else ""
         ident = f" [{g['what']}]" if g["what"] else ""
         lines.append(f"{STATUS_WORDS[g['status']]}{times}: {g['family']}{ident} on {_paths_text(g)}")
-        if g["status"] in ("new", "regression", "selfcheck", "fixed") or g["status"] == "known" and not g["what"]:
+        if g["status"] in (*FAILING, "fixed") or g["status"] == "known" and not g["what"]:
             lines.append(f"    {r['detail'][:400]}")
         if r.get("upstream") and g["status"] != "known":
             lines.append(f"    upstream: {r['upstream']}")
@@ -91,7 +83,8 @@ def markdown(rep: dict[str, Any]) -> str:
     out = [
         f"## gradfuzz gate: {'✅ passed' if rep['passed'] else '❌ failed'} on torch `{rep['torch']}`",
         "",
-        f"{c['new']} new, {c['regression']} regressions, {c['known']} known, {c['fixed']} fixed by this version, "
+        + (f"{c['error']} harness errors, " if c.get("error") else "")
+        + f"{c['new']} new, {c['regression']} regressions, {c['known']} known, {c['fixed']} fixed by this version, "
         f"{c['unavailable']} paths unavailable; self-check {sum(1 for s in rep['selfcheck'] if s['caught'])}"
         f"/{len(rep['selfcheck'])} canaries caught.",
         "",
@@ -119,7 +112,7 @@ def junit(rep: dict[str, Any]) -> str:
         tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{g['family']}",
                            name=f"{g['status']} {g['what'] or r['path']}")
         body = f"{STATUS_WORDS[g['status']]} x{g['count']} on {', '.join(g['paths'])}\n{r['detail']}"
-        if g["status"] in ("new", "regression", "selfcheck"):
+        if g["status"] in FAILING:
             failures += 1
             ET.SubElement(tc, "failure", message=f"{STATUS_WORDS[g['status']]}: {r['detail'][:200]}").text = body
         elif g["status"] == "unavailable":
@@ -217,7 +210,7 @@ def html_page(rep: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>gradfuzz gate</title><style>",
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;vertical-align:top}"
-        ".new,.regression,.selfcheck{background:#fdd}.fixed{background:#dfd}.known{background:#ffd}"
+        ".new,.regression,.selfcheck,.error{background:#fdd}.fixed{background:#dfd}.known{background:#ffd}"
         "pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:320px;font-size:12px}",
         "</style></head><body>",
         f"<h1>gradfuzz gate: {'passed' if rep['passed'] else 'FAILED'} on torch {html.escape(rep['torch'])}</h1>",

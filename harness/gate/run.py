@@ -10,6 +10,8 @@ against the ledger and the installed torch version:
 - ``not_reproduced``: in range, but its cases agree here (the ledger may be too wide)
 - ``unavailable``: a path that cannot run here, with why
 - ``selfcheck``: a canary that was not caught (fails: the gate has lost its teeth)
+- ``error``: part of the gate did not run (a harness error: the oracle or a
+  worker session failed); fails, since what did not run cannot have passed
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from harness.engine.runner import fuzz
 from harness.paths import close_paths, split_available
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
-FAILING = ("new", "regression", "selfcheck")
+from harness.gate.status import FAILING, ORDER
 FLAKY_TRIES = 8
 SCHEMA = 1
 
@@ -68,8 +70,7 @@ class GateReport:
             "passed": not self.failed,
             "seconds": round(self.seconds, 2),
             "examples": self.examples,
-            "counts": {s: sum(1 for r in self.rows if r.status == s) for s in
-                       ("new", "regression", "known", "fixed", "not_reproduced", "unavailable", "selfcheck")},
+            "counts": {s: sum(1 for r in self.rows if r.status == s) for s in ORDER},
             "rows": [asdict(r) for r in self.rows],
             "selfcheck": [asdict(c) for c in self.selfcheck],
         }

@@ -85,6 +85,7 @@ def selfcheck(seed: int = 0, progress=lambda s: None, slack: float | None = None
         what = {"skipped": f"skipped ({r.skipped})", "caught": "caught", "broken": "BROKEN",
                 "missed": "NOT CAUGHT"}[r.state]
         progress(f"[selfcheck {i}/{len(todo)}] {r.name}: {what}"
-                 + ("" if r.skipped else f" ({r.examples} examples, {r.seconds:.1f}s)"))
+                 + ("" if r.skipped else f" ({r.examples} examples, {r.seconds:.1f}s)" if r.caught
+                    else f" ({r.seconds:.1f}s)"))
         out.append(r)
     return out

@@ -13,8 +13,9 @@ from typing import Any
 
 from packaging.version import Version
 
-SHORT = {"known": "known", "fixed": "fixed", "regression": "REGRESSION", "new": "NEW",
-         "not_reproduced": "not reproduced", "unavailable": "unavailable", "selfcheck": "SELFCHECK"}
+from harness.gate.status import STATUSES
+
+SHORT = {k: s.short for k, s in STATUSES.items()}
 
 
 def table(reports: list[dict[str, Any]]) -> str:

@@ -96,12 +96,29 @@ def test_malformed_ledger_names_file_and_field(tmp_path):
         ledger.load(str(f))
 
 
-def test_selfcheck_fails_naming_the_canaries_when_detection_is_broken():
+def _selfcheck(*extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "harness", "selfcheck", "--tolerance-slack", "1e30"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "harness", "selfcheck", *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_selfcheck_fails_naming_the_canaries_when_detection_is_broken():
+    # Two cheap canaries (every canary blunted runs its whole budget: the slow set runs them all).
+    r = _selfcheck("--tolerance-slack", "1e30", "--canaries", "double_count_nested,drops_accumulated")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "MISSED:" in r.stdout and "drops_accumulated" in r.stdout
+    assert "MISSED: double_count_nested, drops_accumulated" in r.stdout, r.stdout
+    assert "NOT CAUGHT: not caught in" in r.stdout
+
+
+def test_selfcheck_shows_what_each_canary_caught_and_refuses_unknown_names():
+    r = _selfcheck("--canaries", "drops_accumulated")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1/1 canaries ok" in r.stdout
+    lines = r.stdout.splitlines()
+    caught = next(i for i, line in enumerate(lines) if "drops_accumulated" in line and "caught after" in line)
+    assert "after backward" in lines[caught + 1], r.stdout  # the caught divergence itself, on the next line
+    bad = _selfcheck("--canaries", "drops_accumulated,nope")
+    assert bad.returncode == 2 and "unknown canary nope" in bad.stderr and "double_count_nested" in bad.stderr
 
 
 def test_canaries_over_stock_split_are_judged_against_fixed_before_the_clamp(monkeypatch):

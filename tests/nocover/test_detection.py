@@ -41,3 +41,19 @@ def test_fixed_split_has_no_false_positives_over_2000(exact):
     result = fuzz(resolve("split.fixed"), examples=2000, seed=11, exact=exact, progress=lambda s: None)
     assert result.paths["split.fixed"].run == 2000
     assert not result.divergences, result.divergences[0].detail
+
+
+def test_every_canary_is_missed_when_detection_is_blunted():
+    """The whole self-check with every comparison loosened 1e30-fold: each
+    canary runs its full budget and must be reported missed (the default run
+    checks two cheap ones, tests/cover/test_gate.py)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    r = subprocess.run([sys.executable, "-m", "harness", "selfcheck", "--tolerance-slack", "1e30"], cwd=root,
+                       env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "MISSED:" in r.stdout and "drops_accumulated" in r.stdout
+    assert " caught after " not in r.stdout, r.stdout

@@ -1,0 +1,28 @@
+"""The gate's statuses, written once: worst first, with the words each report
+uses and whether the status fails the gate. Reports, the versions table and
+the report loader all read this table, so a new status cannot be shown in one
+form and forgotten in another."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Status(NamedTuple):
+    words: str  # terminal, Markdown, JUnit, HTML
+    short: str  # a cell of ``gradfuzz table``
+    fails: bool
+
+
+STATUSES: dict[str, Status] = {
+    "error": Status("HARNESS ERROR (part of the gate did not run)", "ERROR", True),
+    "selfcheck": Status("SELF-CHECK FAILED", "SELFCHECK", True),
+    "regression": Status("REGRESSION (known bug back on a version that had it fixed)", "REGRESSION", True),
+    "new": Status("NEW divergence", "NEW", True),
+    "fixed": Status("known bug fixed by this version", "fixed", False),
+    "known": Status("known bug, expected on this version", "known", False),
+    "not_reproduced": Status("known bug not reproduced (ledger range may be too wide)", "not reproduced", False),
+    "unavailable": Status("path unavailable", "unavailable", False),
+}
+ORDER = list(STATUSES)
+FAILING = tuple(k for k, s in STATUSES.items() if s.fails)
