@@ -204,6 +204,27 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     return result, extra
 
 
+def on_workers(options: Options, n: str) -> Any:
+    """The gate's fuzzing phase on ``n`` pytest-xdist workers.
+
+    One shard per target, so each target draws the cases it would draw in
+    one process: the verdict does not depend on ``n`` or on which worker ran
+    what (only the wall time does)."""
+    from harness.cli.progress import Display
+
+    def run(live: list, *, examples: int | None, minutes: float | None, seed: int, save_dir: str | None,
+            progress: Any = None, slack: float | None = None) -> Any:
+        if slack is not None:
+            raise UsageError("--tolerance-slack needs the fuzzing in this process: leave out -n")
+        args = argparse.Namespace(paths=",".join(p.name for p in live), examples=examples, minutes=minutes, seed=seed,
+                                  mode="both", db="none", save=save_dir, shards=1, progress="plain",
+                                  progress_every=30.0, keep_run_dir=False)
+        result, _ = _parallel(args, options, n, Display, {})
+        return result
+
+    return run
+
+
 def add_merge_parser(sub: Any) -> None:
     from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
 

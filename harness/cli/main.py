@@ -232,8 +232,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
     base = ledger.load_report(args.baseline) if args.baseline else None
     paths = resolve(args.paths, _options(args))
     minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
+    fuzzer = None
+    if args.numprocesses not in (None, "0", "1"):
+        from harness.cli import fuzz as fuzz_command
+
+        fuzzer = fuzz_command.on_workers(_options(args), args.numprocesses)
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
-                           seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck,
+                           seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
                            progress=lambda s: (args.verbose or not s.startswith("[case]"))
                            and print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()
@@ -359,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
     g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
     g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
+    g.add_argument("-n", "--numprocesses", metavar="N|auto",
+                   help="fuzz on N processes ('auto': one per core); each group of paths still draws the same cases, "
+                        "so the verdict does not depend on N, only the wall time does")
     g.add_argument("--no-selfcheck", action="store_true", help="skip the canaries (not recommended)")
     g.add_argument("-v", "--verbose", action="store_true", help="one line per corpus case and path replayed")
     g.add_argument("--tolerance-slack", type=float, help=argparse.SUPPRESS)

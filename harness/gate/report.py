@@ -83,7 +83,7 @@ def markdown(rep: dict[str, Any]) -> str:
     out = [
         f"## gradfuzz gate: {'✅ passed' if rep['passed'] else '❌ failed'} on torch `{rep['torch']}`",
         "",
-        + (f"{c['error']} harness errors, " if c.get("error") else "")
+        (f"{c['error']} harness errors, " if c.get("error") else "")
         + f"{c['new']} new, {c['regression']} regressions, {c['known']} known, {c['fixed']} fixed by this version, "
         f"{c['unavailable']} paths unavailable; self-check {sum(1 for s in rep['selfcheck'] if s['caught'])}"
         f"/{len(rep['selfcheck'])} canaries caught.",

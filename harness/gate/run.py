@@ -28,7 +28,7 @@ from harness.gate import ledger as ledger_mod
 from harness.observation import Divergence
 from harness.paths import Path
 from harness.engine.check import replay_entries
-from harness.engine.runner import fuzz
+from harness.engine.runner import Result, fuzz
 from harness.paths import close_paths, split_available
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
@@ -95,7 +95,10 @@ def run_gate(
     run_selfcheck: bool = True,
     progress: Callable[[str], None] = lambda s: None,
     slack: float | None = None,
+    fuzzer: Callable[..., Result] | None = None,
 ) -> GateReport:
+    """``fuzzer`` runs the fuzzing phase elsewhere (``gate -n N``: on N
+    processes); it takes the live paths and ``fuzz``'s budget keywords."""
     start = time.monotonic()
     version = torch.__version__
     report = GateReport(torch=version)
@@ -116,8 +119,10 @@ def run_gate(
         close_paths(live)
     if live and (examples or minutes):
         # --examples: the same cases on every machine whatever its load (the CI form); --minutes: local use.
-        result = fuzz(live, examples=examples, minutes=None if examples else minutes, seed=seed, save_dir=save_dir,
-                      progress=progress, slack=slack)
+        result = (fuzzer or fuzz)(live, examples=examples, minutes=None if examples else minutes, seed=seed,
+                                  save_dir=save_dir, progress=progress, slack=slack)
+        # Part of the budget that did not run cannot have passed: a harness error fails the gate.
+        report.rows.extend(Row("error", "fuzz", e[:2000], source="fuzz") for e in result.errors)
         for name, t in result.paths.items():
             report.examples[name] = report.examples.get(name, 0) + t.examples
         seen = {(r.path, r.signature) for r in report.rows}

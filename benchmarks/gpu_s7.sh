@@ -1,0 +1,31 @@
+#!/bin/bash
+# Session 7, one GPU (torch 2.11 on the device machine), issue 19's GPU numbers:
+#   call 1: graphed.fixed examples/s before (.s7before = git archive c0eb57a) and after, side by side;
+#           the full self-check with each canary's caught divergence; the broken-canary tests;
+#           the session-6 round-3 graphed findings replayed on graphed.stock/fixed; the graphed ledger check.
+#   call 2: the gate over every path here with a small example budget, its JSON and Markdown.
+# Usage (device): bash benchmarks/gpu_s7.sh call1|call2   (carry .s7before for call1)
+set -u
+S=$OUT/summary.txt; log() { echo "$(date +%T) $*" | tee -a "$S"; }
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$S"
+run() {  # name timeout command...
+  local name=$1 limit=$2; shift 2; local t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1; log "$name: exit $? in $(( $(date +%s) - t0 ))s"
+}
+case "${1:-call1}" in
+call1)
+  run ab 200 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 300 --rounds 2
+  run selfcheck 260 python -m harness selfcheck
+  run broken 90 python -m pytest -q -p no:cacheprovider -n 0 -v tests/cover/test_canaries.py -k broken
+  mkdir -p /tmp/r3 && tar xzf benchmarks/results-s6/gpu/call1-found.tgz -C /tmp/r3
+  run r3 120 python -m harness replay -v --paths graphed.stock,graphed.fixed --json "$OUT/r3.json" $(ls /tmp/r3/*/graphed*.json)
+  run ledger 60 python -m harness ledger --paths graphed
+  ;;
+call2)
+  run gate 480 python -m harness gate --examples "${EXAMPLES:-10}" --seed 0 -n 8 --save /tmp/gate-found \
+      --json "$OUT/gate.json" --markdown "$OUT/gate.md"
+  tar czf "$OUT/gate-found.tgz" -C /tmp gate-found 2>/dev/null
+  ;;
+esac
+log done
