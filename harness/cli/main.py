@@ -201,8 +201,13 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
 
     from harness.canaries import select
 
+    from harness.gate.selfcheck import to_json
+    from harness.out.corpus import atomic_write
+
     results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack,
-                        canaries=select(args.canaries))
+                        canaries=select(args.canaries), workers=_workers(args.numprocesses))
+    if args.json:
+        atomic_write(args.json, to_json(results))
     missed = [r for r in results if r.state in ("missed", "broken")]
     for r in results:
         state = {"skipped": f"skipped: {r.skipped}", "caught": "caught", "broken": f"BROKEN: {r.broken}",
@@ -213,6 +218,13 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
     print(f"gradfuzz selfcheck: {len(results) - len(missed)}/{len(results)} canaries " + ("ok" if not missed else
           "MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
     return 1 if missed else 0
+
+
+def _workers(n: str | None) -> int:
+    """``-n N|auto`` (checked by ``check_args``) as a number of processes."""
+    if n is None:
+        return 1
+    return os.cpu_count() or 1 if n == "auto" else max(1, int(n))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -239,6 +251,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         fuzzer = fuzz_command.on_workers(_options(args), args.numprocesses)
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
+                           workers=_workers(args.numprocesses),
                            progress=lambda s: (args.verbose or not s.startswith("[case]"))
                            and print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()
@@ -374,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
     sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("-n", "--numprocesses", metavar="N|auto", help="run N canaries at a time, each in a process of "
+                    "its own ('auto': one per core); the results do not depend on N")
+    sc.add_argument("--json", metavar="FILE", help="each canary's result as JSON")
     sc.add_argument("--canaries", metavar="NAME[,NAME]", help="run only these canaries (default: all; "
                     "an unknown name is a usage error that lists them)")
     sc.add_argument("--tolerance-slack", type=float,

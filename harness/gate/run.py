@@ -96,6 +96,7 @@ def run_gate(
     progress: Callable[[str], None] = lambda s: None,
     slack: float | None = None,
     fuzzer: Callable[..., Result] | None = None,
+    workers: int = 1,
 ) -> GateReport:
     """``fuzzer`` runs the fuzzing phase elsewhere (``gate -n N``: on N
     processes); it takes the live paths and ``fuzz``'s budget keywords."""
@@ -105,7 +106,7 @@ def run_gate(
     led = ledger_mod.load(ledger_file)
     entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
     if run_selfcheck:
-        report.selfcheck = selfcheck(seed, progress, slack)
+        report.selfcheck = selfcheck(seed, progress, slack, workers=workers)
         for c in report.selfcheck:
             if c.state == "broken":
                 report.rows.append(Row("selfcheck", c.name, f"canary {c.name} is broken: {c.broken}", source="selfcheck"))

@@ -14,8 +14,13 @@ missed and a broken canary fail the gate.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from harness.canaries import Canary, all_canaries
 from harness.engine.runner import Result, fuzz_path
@@ -76,16 +81,62 @@ def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryRe
 
 
 def selfcheck(seed: int = 0, progress=lambda s: None, slack: float | None = None,
-              canaries: list[Canary] | None = None) -> list[CanaryResult]:
-    """``slack`` loosens every comparison: proof that a blunted harness fails here."""
-    out = []
+              canaries: list[Canary] | None = None, workers: int = 1) -> list[CanaryResult]:
+    """``slack`` loosens every comparison: proof that a blunted harness fails here.
+
+    ``workers`` > 1 runs each canary in a process of its own (``gradfuzz
+    selfcheck --canaries NAME --json``), that many at a time: canaries are
+    independent, each draws its own seeded stream, so the results are those
+    of one process, sooner. Canaries handed in by object (tests) run here."""
     todo = all_canaries() if canaries is None else canaries
+    if workers > 1 and canaries is None and slack is None:
+        return _in_processes(todo, seed, workers, progress)
+    out = []
     for i, c in enumerate(todo, 1):
         r = run_canary(c, seed, slack)
-        what = {"skipped": f"skipped ({r.skipped})", "caught": "caught", "broken": "BROKEN",
-                "missed": "NOT CAUGHT"}[r.state]
-        progress(f"[selfcheck {i}/{len(todo)}] {r.name}: {what}"
-                 + ("" if r.skipped else f" ({r.examples} examples, {r.seconds:.1f}s)" if r.caught
-                    else f" ({r.seconds:.1f}s)"))
+        _say(progress, r, i, len(todo))
         out.append(r)
     return out
+
+
+def _say(progress, r: CanaryResult, i: int, n: int) -> None:
+    what = {"skipped": f"skipped ({r.skipped})", "caught": "caught", "broken": "BROKEN",
+            "missed": "NOT CAUGHT"}[r.state]
+    progress(f"[selfcheck {i}/{n}] {r.name}: {what}"
+             + ("" if r.skipped else f" ({r.examples} examples, {r.seconds:.1f}s)" if r.caught
+                else f" ({r.seconds:.1f}s)"))
+
+
+def to_json(results: list[CanaryResult]) -> str:
+    return json.dumps([asdict(r) for r in results], indent=1) + "\n"
+
+
+def _in_processes(todo: list[Canary], seed: int, workers: int, progress) -> list[CanaryResult]:
+    done: dict[str, CanaryResult] = {}
+    pending, running = list(todo), {}
+    with tempfile.TemporaryDirectory(prefix="gradfuzz-selfcheck-") as d:
+        while pending or running:
+            while pending and len(running) < workers:
+                c = pending.pop(0)
+                out, log = os.path.join(d, f"{c.name}.json"), open(os.path.join(d, f"{c.name}.log"), "w")
+                cmd = [sys.executable, "-m", "harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
+                       "--json", out]
+                running[c.name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL),
+                                   out, log, time.monotonic())
+            time.sleep(0.2)
+            for name, (proc, out, log, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                log.close()
+                del running[name]
+                try:
+                    with open(out) as fh:
+                        (r,) = [CanaryResult(**x) for x in json.load(fh)]
+                except (OSError, ValueError, TypeError):
+                    with open(log.name, errors="replace") as fh:
+                        tail = fh.read()[-1500:]
+                    why = f"its self-check process exited {proc.returncode} with no result; its log ends: {tail}"
+                    r = CanaryResult(name, False, None, time.monotonic() - t0, why, broken=why)
+                done[name] = r
+                _say(progress, r, len(done), len(todo))
+    return [done[c.name] for c in todo]
