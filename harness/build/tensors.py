@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.case.ops import OPS
+from harness.case.ops import OPS, draws_random
 from harness.case.validate import infer_shapes
 from harness.case.spec import Case, Use
 
@@ -36,7 +36,7 @@ class Built:
         # How many times each case hook fired ("<node> tensor_hook"), since the
         # caller last reset it: eager fires a tensor hook once per backward.
         self.fired: dict[str, int] = {}
-        self.random = any(OPS[n.op].random for n in case.nodes)
+        self.random = draws_random(case)
 
     def seed_rng(self) -> None:
         """Random ops (dropout) draw from the global RNG, as real models do, so

@@ -411,3 +411,9 @@ OPS: dict[str, Op] = {
            lambda s, a: f"{s[0]}.index_add(0, torch.tensor({tuple(a['idx'])}, device={s[0]}.device), {s[1]})", plain_tensors=True),
     ]
 }
+
+
+def draws_random(case: Any) -> bool:
+    """Whether the case's forward draws random numbers (dropout): paths that
+    replay a graph or compile per structure must then keep the seed in view."""
+    return any(OPS[n.op].random for n in case.nodes)

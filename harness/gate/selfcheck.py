@@ -87,9 +87,10 @@ def selfcheck(seed: int = 0, progress=lambda s: None, slack: float | None = None
     ``workers`` > 1 runs each canary in a process of its own (``gradfuzz
     selfcheck --canaries NAME --json``), that many at a time: canaries are
     independent, each draws its own seeded stream, so the results are those
-    of one process, sooner. Canaries handed in by object (tests) run here."""
+    of one process, sooner. The processes find each canary by its name.
+    ``slack`` runs in this process (a test hook, not a user option)."""
     todo = all_canaries() if canaries is None else canaries
-    if workers > 1 and canaries is None and slack is None:
+    if workers > 1 and len(todo) > 1 and slack is None:
         return _in_processes(todo, seed, workers, progress)
     out = []
     for i, c in enumerate(todo, 1):

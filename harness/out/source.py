@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from harness.case import functions
-from harness.case.ops import OPS
+from harness.case.ops import OPS, draws_random
 from harness.case.spec import Case, SpecError, Use
 
 
@@ -43,7 +43,7 @@ def forward_source(case: Case) -> str:
     nodes = {n.name for n in case.nodes}
     hooks = {h.node: h for h in case.hooks}
     lines = ["def forward(v):"]
-    if any(OPS[n.op].random for n in case.nodes):  # as Built.seed_rng: every forward draws the same masks
+    if draws_random(case):  # as Built.seed_rng: every forward draws the same masks
         lines.append(f"    torch.manual_seed({case.seed * 7919 + 77})")
     for n in case.nodes:
         args = [_ref(u, nodes) for u in n.args]

@@ -63,6 +63,7 @@ import torch
 
 from harness.build.schedule import run_schedule
 from harness.build.tensors import Built
+from harness.case.ops import draws_random
 from harness.case.spec import Case, SpecError
 from harness.case.validate import infer_shapes
 from harness.observation import Grads, Observation
@@ -126,18 +127,12 @@ def structure_key(case: Case, shapes: bool = True) -> str:
     data = case.to_json()
     key = [params, inputs, data["nodes"], data["outputs"], data.get("hooks", []),
            data.get("retain_grad", []), case.dtype]
-    if _random(case):
+    if draws_random(case):
         # The compiled forward is the first case's Built, whose seed_rng seeds
         # the global RNG from *that* case's seed (dynamo bakes the constant in):
         # a later seed of the structure would run the first seed's masks.
         key.append(("rng seed", case.seed))
     return json.dumps(key, sort_keys=True)
-
-
-def _random(case: Case) -> bool:
-    from harness.case.ops import OPS
-
-    return any(OPS[n.op].random for n in case.nodes)
 
 
 def other_size(case: Case) -> Case | None:

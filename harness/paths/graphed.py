@@ -174,9 +174,9 @@ class GraphedPath:
     def supports(self, case: Case) -> str | None:
         if case.schedule.retain_outputs and not self.owned_outputs:
             return OUTPUTS_REUSED
-        from harness.case.ops import OPS
+        from harness.case.ops import draws_random
 
-        if any(OPS[n.op].random for n in case.nodes):
+        if draws_random(case):
             return ("dropout inside a captured graph: each replay draws a fresh mask from the graph-safe RNG "
                     "(as it must), which cannot match the case's seeded mask")
         if self.impl_spec == COMPILE and case.retain_grad:

@@ -171,9 +171,9 @@ class PipelinePath:
             return "a training step after the schedule (clip, optimizer) is not part of this path"
         if any(len(x.shape) == 0 for x in case.inputs):
             return "an input without a batch dim cannot be split into microbatches"
-        from harness.case.ops import OPS
+        from harness.case.ops import draws_random
 
-        if any(OPS[n.op].random for n in case.nodes):
+        if draws_random(case):
             return ("dropout: the schedule runs the microbatches' forwards in its own order on its own RNG stream, "
                     "so masks cannot match the case's (no RNG replay across stages in torch.distributed.pipelining)")
         layouts = self.contract.pipeline_layouts
