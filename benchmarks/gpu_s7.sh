@@ -3,7 +3,8 @@
 #   call 1: graphed.fixed examples/s before (.s7before = git archive c0eb57a) and after, side by side;
 #           the full self-check with each canary's caught divergence; the broken-canary tests;
 #           the session-6 round-3 graphed findings replayed on graphed.stock/fixed; the graphed ledger check.
-#   call 2: the gate over every path here with a small example budget, its JSON and Markdown.
+#   call 2: the gate over every path here with a small example budget, its JSON and Markdown;
+#           where graphed.fixed's time goes (gradfuzz bench) and its rate while fuzzing, before and after.
 # Usage (device): bash benchmarks/gpu_s7.sh call1|call2   (carry .s7before for call1)
 set -u
 S=$OUT/summary.txt; log() { echo "$(date +%T) $*" | tee -a "$S"; }
@@ -23,9 +24,12 @@ call1)
   run ledger 60 python -m harness ledger --paths graphed
   ;;
 call2)
-  run gate 480 python -m harness gate --examples "${EXAMPLES:-10}" --seed 0 -n 8 --save /tmp/gate-found \
+  run gate 380 python -m harness gate --examples "${EXAMPLES:-10}" --seed 0 -n 8 --save /tmp/gate-found \
       --json "$OUT/gate.json" --markdown "$OUT/gate.md"
   tar czf "$OUT/gate-found.tgz" -C /tmp gate-found 2>/dev/null
+  run bench 90 python -m harness bench --paths graphed.fixed --examples 200 --warmup 30 --canary-seeds 0 \
+      --json "$OUT/bench.json"
+  run ab 100 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 400 --rounds 1
   ;;
 esac
 log done
