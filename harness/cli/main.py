@@ -251,7 +251,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         fuzzer = fuzz_command.on_workers(_options(args), args.numprocesses)
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
-                           workers=_workers(args.numprocesses),
+                           workers=_workers(args.numprocesses), options=_options(args),
                            progress=lambda s: (args.verbose or not s.startswith("[case]"))
                            and print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()

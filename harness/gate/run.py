@@ -19,15 +19,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from harness.out import corpus
 from harness.gate import ledger as ledger_mod
 from harness.observation import Divergence
-from harness.paths import Path
-from harness.engine.check import replay_entries
+from harness.paths import Options, Path
+from harness.engine.check import Replayed, replay_entries
+from harness.engine.replay_pool import ReplayError, replay_on_workers
 from harness.engine.runner import Result, fuzz
 from harness.paths import close_paths, split_available
 from harness.gate.selfcheck import CanaryResult, selfcheck
@@ -97,6 +98,7 @@ def run_gate(
     slack: float | None = None,
     fuzzer: Callable[..., Result] | None = None,
     workers: int = 1,
+    options: Options | None = None,
 ) -> GateReport:
     """``fuzzer`` runs the fuzzing phase elsewhere (``gate -n N``: on N
     processes); it takes the live paths and ``fuzz``'s budget keywords."""
@@ -114,8 +116,17 @@ def run_gate(
                 report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
+    seen_as: dict[tuple[str, str], ledger_mod.Bug] = {}
+    shapes: set[tuple[str, str]] = set()
     try:
-        seen_as, shapes = _replay(live, entries, led, version, report, progress, slack)
+        if workers > 1 and options is not None and slack is None and live and entries:
+            # The same (case, path) results in the one-process order: the verdict does not depend on N.
+            results: Iterable[Replayed] = replay_on_workers(entries, live, workers, options, progress)
+        else:
+            results = replay_entries(entries, live, slack)
+        seen_as, shapes = _replay(live, results, led, version, report, progress, len(entries))
+    except ReplayError as e:  # what did not replay cannot be classified: fixed or not_reproduced would be guesses
+        report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
     finally:
         close_paths(live)
     if live and (examples or minutes):
@@ -152,22 +163,22 @@ def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) ->
                {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "")
 
 
-def _replay(live: list[Path], entries, led: ledger_mod.Ledger, version: str, report: GateReport,
-            progress, slack: float | None = None) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
+def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
+            progress, n_entries: int) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
     reproduced: dict[str, list[Divergence]] = {}
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
     started, shown, done = time.monotonic(), 0.0, 0
     last_file = None
-    for r in replay_entries(entries, live, slack):
+    for r in results:
         entry, p, divs = r.entry, r.path, r.divergences
         if entry.file != last_file:
             last_file, done = entry.file, done + 1
             now = time.monotonic()
-            if now - shown >= 5 or done == len(entries):
+            if now - shown >= 5 or done == n_entries:
                 shown = now
-                left = (now - started) / done * (len(entries) - done)
-                progress(f"[phase] replay {done}/{len(entries)} corpus cases on {len(live)} paths, ~{left:.0f}s left")
+                left = (now - started) / done * (n_entries - done)
+                progress(f"[phase] replay {done}/{n_entries} corpus cases on {len(live)} paths, ~{left:.0f}s left")
         if r.skipped is not None:
             continue
         report.examples[p.name] = report.examples.get(p.name, 0) + 1

@@ -122,7 +122,9 @@ def _in_processes(todo: list[Canary], seed: int, workers: int, progress) -> list
                 out, log = os.path.join(d, f"{c.name}.json"), open(os.path.join(d, f"{c.name}.log"), "w")
                 cmd = [sys.executable, "-m", "harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
                        "--json", out]
-                running[c.name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL),
+                env = {**os.environ, "OMP_NUM_THREADS": "1"}  # N processes share the cores: no intra-op threads each
+                running[c.name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    env=env),
                                    out, log, time.monotonic())
             time.sleep(0.2)
             for name, (proc, out, log, t0) in list(running.items()):

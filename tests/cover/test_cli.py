@@ -87,7 +87,7 @@ def test_version_json_only_where_honoured_and_repro_script_alone_on_stdout(tmp_p
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--version"])
     assert "gradfuzz" in capsys.readouterr().out
-    for command in (["selfcheck"], ["paths"], ["repro", "x.json"]):
+    for command in (["paths"], ["repro", "x.json"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(command + ["--json", "r.json"])
     capsys.readouterr()

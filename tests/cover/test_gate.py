@@ -219,3 +219,17 @@ def test_shrinking_is_bounded_by_counts_not_by_wall_time():
     from hypothesis.internal.conjecture import engine
 
     assert engine.MAX_SHRINKING_SECONDS >= 3600
+
+
+def test_replay_on_two_processes_gives_the_one_process_rows(tmp_path):
+    """gate -n N replays each group of paths in a child process: the rows,
+    their order and the counts must be those of one process."""
+    def rows(workers):
+        rep = gate.run_gate(resolve("split,eager"), corpus_dirs=["cases"], ledger_file="cases/ledger.json", minutes=0,
+                            save_dir=str(tmp_path), run_selfcheck=False, workers=workers, options=Options()).to_json()
+        return rep["counts"], rep["examples"], [(r["status"], r["path"], r["bug"], r["signature"], r["source"])
+                                                for r in rep["rows"]]
+
+    one, two = rows(1), rows(2)
+    assert one == two
+    assert one[0]["known"] > 0 and one[0]["error"] == 0
