@@ -5,6 +5,7 @@
 #           the session-6 round-3 graphed findings replayed on graphed.stock/fixed; the graphed ledger check.
 #   call 2: the gate over every path here with a small example budget, its JSON and Markdown;
 #           where graphed.fixed's time goes (gradfuzz bench) and its rate while fuzzing, before and after.
+#   call 3: call 2 again with the gate's parallel replay; graphed.fixed profiled in process.
 # Usage (device): bash benchmarks/gpu_s7.sh call1|call2   (carry .s7before for call1)
 set -u
 S=$OUT/summary.txt; log() { echo "$(date +%T) $*" | tee -a "$S"; }
@@ -30,6 +31,14 @@ call2)
   run bench 90 python -m harness bench --paths graphed.fixed --examples 200 --warmup 30 --canary-seeds 0 \
       --json "$OUT/bench.json"
   run ab 100 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 400 --rounds 1
+  ;;
+call3)
+  run gate 420 python -m harness gate --examples "${EXAMPLES:-10}" --seed 0 -n 8 --save /tmp/gate-found \
+      --json "$OUT/gate.json" --markdown "$OUT/gate.md"
+  tar czf "$OUT/gate-found.tgz" -C /tmp gate-found 2>/dev/null
+  pkill -f "harness" ; sleep 3  # what a timed-out gate left running would load the measurements below
+  run profile 70 python benchmarks/graphed_profile.py --examples 200
+  run ab 95 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 400 --rounds 1
   ;;
 esac
 log done
