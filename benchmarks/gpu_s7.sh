@@ -6,6 +6,7 @@
 #   call 2: the gate over every path here with a small example budget, its JSON and Markdown;
 #           where graphed.fixed's time goes (gradfuzz bench) and its rate while fuzzing, before and after.
 #   call 3: call 2 again with the gate's parallel replay; graphed.fixed profiled in process.
+#   call 4: graphed.fixed before/after the worker's gc.freeze, side by side; the profile again.
 # Usage (device): bash benchmarks/gpu_s7.sh call1|call2   (carry .s7before for call1)
 set -u
 S=$OUT/summary.txt; log() { echo "$(date +%T) $*" | tee -a "$S"; }
@@ -39,6 +40,10 @@ call3)
   pkill -f "harness" ; sleep 3  # what a timed-out gate left running would load the measurements below
   run profile 70 python benchmarks/graphed_profile.py --examples 200
   run ab 95 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 400 --rounds 1
+  ;;
+call4)
+  run ab 300 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 600 --rounds 2
+  run profile 80 python benchmarks/graphed_profile.py --examples 200
   ;;
 esac
 log done

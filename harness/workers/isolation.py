@@ -21,6 +21,7 @@ big-endian length, then a pickle. Parent sends ``("run", case_json)`` or
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import select
@@ -296,6 +297,7 @@ def worker() -> int:
         out.flush()
 
     path = None
+    frozen = False
     while True:
         head = _read_exact(inp, 8)
         if head is None:
@@ -320,6 +322,14 @@ def worker() -> int:
             send(("obs", obs, healthy))
             if not healthy:
                 return 0
+            if not frozen:
+                # After the first case every lazy initialisation (CUDA context, cuBLAS,
+                # compiled kernels' modules) is done: freeze what survives, so the full
+                # collections of allocator-pressure events walk only what cases make
+                # (54 ms a collection before, 70% of graphed.fixed's time on an H100).
+                gc.collect()
+                gc.freeze()
+                frozen = True
         elif msg[0] == "close":
             return 0
 
