@@ -406,7 +406,7 @@ class _Drawn:
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, dtensor: bool = False,
           pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False,
-          checkpoint: bool = False, parallel: bool = False, model: bool = False) -> Case:
+          checkpoint: bool = False, parallel: bool = False, model: bool = False, input_grad: bool = False) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
@@ -418,7 +418,7 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)
     batch = draw(s.batch)
-    x_grad = draw(s.x_grad)
+    x_grad = True if input_grad else draw(s.x_grad)
     blocks = draw(s.blocks)
     out_kind = draw(s.out_kind)
     schedule = Schedule(

@@ -65,6 +65,10 @@ class Contract:
     # instead, as a pipeline stage does, says False), ``.grad`` strides
     # against the parameter's, and the graph freed after each backward.
     leaf_input_grads: bool = True
+    # The machinery needs a (stage) input that requires grad (stock split).
+    # Not a strategy flag, so it does not split a group of paths: a target
+    # draws x0 with requires_grad only when every path of it says so.
+    input_grad: bool = False
     grad_layout: bool = True
     graph_freed: bool = False
     graph_freed_while_held: bool = True

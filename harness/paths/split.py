@@ -8,6 +8,7 @@ puts a team's own fork behind the same checks.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -80,6 +81,7 @@ class SplitPath:
         self.name = name
         self.impl_spec = impl
         self.stock_contract = stock_contract
+        self.contract = dataclasses.replace(SplitPath.contract, input_grad=stock_contract)
         self.twin = twin
         self._impl: Any = None
 
