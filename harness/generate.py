@@ -370,10 +370,10 @@ class _Drawn:
     """The strategies ``cases`` draws from, made once per size limit (same
     draws, same shrinking, as building them inline)."""
 
-    _made: dict[tuple[int, int, bool, bool, bool], "_Drawn"] = {}
+    _made: dict[tuple[int, int, bool, bool, bool, bool], "_Drawn"] = {}
 
     def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False,
-                 model: bool = False) -> None:
+                 model: bool = False, random_ops: bool = True) -> None:
         self.exact = st.booleans().map(lambda b: not b)
         self.dim = st.sampled_from((3, 2, 4))
         # Microbatch size 1 (gap cases): every batch-shaped grad is then a
@@ -384,6 +384,8 @@ class _Drawn:
         blocks = BLOCKS + ("passthrough",) * 2 if gaps else BLOCKS
         blocks += CHECKPOINT_BLOCKS if checkpoint else ()
         blocks += tuple(m for m in MODEL_BLOCKS if m not in blocks) if model else ()
+        if not random_ops:  # paths that cannot reproduce a seeded mask: not drawn only to be refused
+            blocks = tuple(b for b in blocks if b != "dropout")
         self.blocks = st.lists(st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3)),
                                min_size=1, max_size=max_blocks)
         self.out_kind = st.integers(0, 4)
@@ -395,8 +397,8 @@ class _Drawn:
 
     @classmethod
     def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False,
-            model: bool = False) -> "_Drawn":
-        key = (max_blocks, max_microbatches, gaps, checkpoint, model)
+            model: bool = False, random_ops: bool = True) -> "_Drawn":
+        key = (max_blocks, max_microbatches, gaps, checkpoint, model, random_ops)
         if key not in cls._made:
             cls._made[key] = cls(*key)
         return cls._made[key]
@@ -406,14 +408,15 @@ class _Drawn:
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, dtensor: bool = False,
           pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False,
-          checkpoint: bool = False, parallel: bool = False, model: bool = False, input_grad: bool = False) -> Case:
+          checkpoint: bool = False, parallel: bool = False, model: bool = False, input_grad: bool = False,
+          random_ops: bool = True) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); it draws after everything else, so cases
     drawn without it are unchanged."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
-    s = _Drawn.get(max_blocks, max_microbatches, gaps, checkpoint, model)
+    s = _Drawn.get(max_blocks, max_microbatches, gaps, checkpoint, model, random_ops)
     if exact is None:
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)
@@ -523,7 +526,10 @@ def pipeline_stages(draw, case: Case, layouts: tuple[tuple[int, int], ...]) -> C
     positions, so they shrink towards the earliest positions and fewer
     stages (merging); a case with too few nodes keeps fewer stages (outside
     the layout: skipped). About one parameter in five is frozen."""
-    stages, microbatches = draw(st.sampled_from(sorted(layouts)))
+    # Only layouts this case has nodes enough to cut into: a case drawn for a
+    # layout it cannot fill is outside the contract and thrown away.
+    fits = [x for x in sorted(layouts) if x[0] <= len(case.nodes)] or sorted(layouts)
+    stages, microbatches = draw(st.sampled_from(fits))
     picks = draw(st.lists(st.integers(0, 255), min_size=stages - 1, max_size=stages - 1))
     free = list(range(1, len(case.nodes)))
     cuts = [free.pop(r % len(free)) for r in picks[:len(free)]]

@@ -128,6 +128,8 @@ class Target:
         paths = self.paths
         if all(p.contract.input_grad for p in paths):
             flags["input_grad"] = True  # drawn in contract, not drawn and thrown away (a third of split.stock's)
+        if not any(p.contract.random_ops for p in paths):
+            flags["random_ops"] = False  # pipeline and graphed paths refuse dropout
         return cases(exact=self.exact, **flags).filter(lambda c: any(p.supports(c) is None for p in paths))
 
     def check(self, case: Case, only: Path | None = None, known: set[str] = frozenset(),  # type: ignore[assignment]

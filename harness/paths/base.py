@@ -69,6 +69,10 @@ class Contract:
     # Not a strategy flag, so it does not split a group of paths: a target
     # draws x0 with requires_grad only when every path of it says so.
     input_grad: bool = False
+    # Random ops (dropout) can be checked: the path reproduces the case's
+    # seeded mask. Like ``input_grad``, it steers a target's draws only when
+    # every path of it says False.
+    random_ops: bool = True
     grad_layout: bool = True
     graph_freed: bool = False
     graph_freed_while_held: bool = True

@@ -149,7 +149,8 @@ class GraphedPath:
         self.impl_spec = impl
         self.device = device
         self.owned_outputs = owned_outputs
-        self.contract = Contract(retained_grads=False, lifetime_schedules=True, gap_cases=True, model_parts=True)
+        self.contract = Contract(retained_grads=False, lifetime_schedules=True, gap_cases=True, model_parts=True,
+                                 random_ops=False)
 
     def availability(self) -> Availability:
         if self.device != "cpu":

@@ -98,7 +98,7 @@ class PipelinePath:
             layouts = tuple(x for x in self._layouts() if x not in unrunnable)
         except Exception:
             layouts = ()
-        return Contract(retained_grads=False, pipeline_layouts=layouts, model_parts=True)
+        return Contract(retained_grads=False, pipeline_layouts=layouts, model_parts=True, random_ops=False)
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
         """The (stages, microbatches) the schedule's constructor takes here."""
