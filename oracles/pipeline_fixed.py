@@ -20,7 +20,11 @@ split functions:
   last stage detach them to free memory early, but a stage output saved by
   the graph of another output (one computed from the other) is then needed
   at W, which fails "saved tensor detached in-place". Dropping references
-  frees the same memory once W has run.
+  frees the same memory once W has run;
+- two stages on one rank (the V placement, or several stages in one
+  process) never talk through the process group: torch 2.11's p2p warm-up
+  sends to the rank itself, which gloo cannot ("Pair is not connected");
+  the fixed stage leaves those warm-up ops out, as 2.13 does.
 
 Parameter grads are accumulated as in ``oracles.split_fixed``: a fresh
 ``.grad`` is an owned contiguous copy, an existing one is added into.
@@ -159,6 +163,24 @@ class FixedPipelineStage(PipelineStage):
                 tuple(o.view_as(o) if isinstance(o, torch.Tensor) else o for o in outs), inputs)
         super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
 
+    def _get_init_p2p_neighbors_ops(self) -> list[Any]:
+        # torch 2.11's PipelineScheduleMulti._initialize_stages batches every
+        # local stage's warm-up send and recv to each neighbour stage's rank,
+        # this rank included when the neighbour is held here too (the V
+        # placement: rank 1 holds stages 1 and 2; every multi-stage layout in
+        # one process). Gloo has no pair to itself ("Pair is not connected"),
+        # so the step raises before any forward, on stock stages as well.
+        # Everything after the warm-up already passes a same-rank neighbour's
+        # tensors directly (shape inference and the schedule runtime compare
+        # stage_index_to_group_rank with group_rank), so a warm-up with this
+        # rank has nothing to warm: drop those ops, as 2.13's warm-up does
+        # (it warms neighbours on other ranks only, and calls this method for
+        # non-PipelineStage stages alone). Ops with other ranks are kept in
+        # their order; both ranks drop only their own self ops, so the sends
+        # and recvs between the two ranks still pair up.
+        ops = super()._get_init_p2p_neighbors_ops()
+        return [op for op in ops if _op_peer(op) != self.group_rank]
+
     # Point-to-point sends need contiguous tensors (gloo raises "input tensor
     # has to be contiguous"; the receiver's buffer is contiguous anyway), but a
     # stage output can be a view (a transpose, a chunk) and an input grad can
@@ -206,3 +228,14 @@ def _contiguous_buffers(infos: Any) -> None:
 
 def _contiguous(t: Any) -> Any:
     return t.detach().contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
+
+
+def _op_peer(op: Any) -> int | None:
+    """The group rank a warm-up ``P2POp`` talks to."""
+    peer = getattr(op, "group_peer", None)
+    if peer is None:  # an older P2POp: its peer is a global rank
+        import torch.distributed as dist
+
+        peer = getattr(op, "peer", None)
+        return None if peer is None else dist.get_group_rank(op.group, peer)
+    return peer

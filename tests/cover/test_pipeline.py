@@ -142,10 +142,19 @@ def test_a_case_outside_the_schedules_layouts_is_skipped_with_the_reason():
 
 def test_two_stages_on_one_rank_run_on_this_torch():
     """The probe ran one step of two stages on one rank for every
-    multi-stage schedule, and each worked (2.13 passes them directly)."""
+    multi-stage schedule, with either stage class, on the one-rank pool and
+    on a group of one rank of the two-rank pool, and each worked (2.13
+    passes them directly)."""
+    import harness.paths.pipeline.path as pipeline
+
     multi = {name for name, layouts in probe(1)["layouts"].items() if any(n == 2 for n, _ in layouts)}
     assert {"ZBVZeroBubble", "InterleavedZeroBubble"} <= multi
-    assert probe(1)["same_rank"] == {"works": sorted(multi, key=list(discover()).index), "self_send": {}}
+    for ws in (1, 2):
+        for impl in ("stock", FIXED):
+            for name in multi:
+                assert pipeline.same_rank_self_send(name, impl, ws) is None, (ws, impl, name)
+            assert pipeline._same_rank[(ws, impl)] == {"works": sorted(multi, key=list(discover()).index),
+                                                       "self_send": {}}, (ws, impl)
 
 
 # What torch 2.11's PipelineScheduleMulti._initialize_stages does before any
@@ -168,7 +177,8 @@ def warmup_211(self, stages, has_backward, p2p_done):
 
 S._PipelineSchedule._warmup_p2p = warmup_211
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-print(json.dumps(pipeline_rank.probe(1)["same_rank"]))
+print(json.dumps({impl: pipeline_rank.same_rank_p2p(impl=impl)
+                  for impl in ("stock", "oracles.pipeline_fixed:FixedPipelineStage")}))
 """
 
 
@@ -183,15 +193,19 @@ def test_the_probe_finds_a_runtime_that_sends_between_stages_on_one_rank(tmp_pat
                          text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
-    assert found["works"] == [] and set(found["self_send"]) == set(probe(1)["same_rank"]["works"])
-    assert all("RuntimeError" in e for e in found["self_send"].values()), found  # gloo: "Pair is not connected"
+    stock, fixed = found["stock"], found[FIXED]
+    multi = {name for name, layouts in probe(1)["layouts"].items() if any(n == 2 for n, _ in layouts)}
+    assert stock["works"] == [] and set(stock["self_send"]) == multi
+    assert all("RuntimeError" in e for e in stock["self_send"].values()), found  # gloo: "Pair is not connected"
+    # The fixed stage leaves its own rank out of 2.11's warm-up: it runs them all.
+    assert set(fixed["works"]) == multi and fixed["self_send"] == {}, found
 
 
 def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contract(monkeypatch):
     import harness.paths.pipeline.path as pipeline
 
     error = "RuntimeError: [enforce fail at pair.cc:789] state_ >= CONNECTED. 1 vs 4. Pair is not connected"
-    monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule: error)
+    monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule, *rest: error)
     # One process: every multi-stage layout has stages 0 and 1 on rank 0.
     looped = PipelinePath("InterleavedZeroBubble", FIXED)
     reason = looped.supports(chain((2,)))
@@ -212,7 +226,7 @@ def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contr
     assert v is not None and "stages 1 and 2 on rank 1" in v and "ranks2.*" not in v
     two = PipelinePath("InterleavedZeroBubble", FIXED, world_size=2)
     assert two.supports(chain((2,))) is None and two.supports(chain((1, 2, 3), microbatches=4)) is None
-    monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule: None)
+    monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule, *rest: None)
     assert looped.supports(chain((2,))) is None and zbv.availability().ok
 
 

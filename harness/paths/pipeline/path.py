@@ -20,12 +20,15 @@ Which layouts a schedule takes (how many stages, how many microbatches,
 which rank holds which stage) is found by constructing it on the ranks
 (``pipeline_rank.probe``), not from a table; fuzzing draws only those
 (``Contract.pipeline_layouts``), and a case outside them is skipped.
-One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``),
-finds a runtime that sends between a rank's own stages through the process
-group (torch 2.11's ``_initialize_stages`` warm-up; gloo has no pair to
-itself): there, layouts with two adjacent stages on one rank (every
-multi-stage layout in one process, the V placement on two ranks) are
-outside the contract, with that reason.
+One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``,
+per stage class, on a group of one rank with the backend the cases of that
+world size run on), finds a runtime that sends between a rank's own stages
+through the process group (torch 2.11's ``_initialize_stages`` warm-up;
+gloo has no pair to itself): there, layouts with two adjacent stages on one
+rank (every multi-stage layout in one process, the V placement on two
+ranks) are outside that stage class's contract, with that reason. The
+fixed stage leaves its own rank out of the warm-up (as 2.13 does), so on
+2.11 only stock loses those layouts.
 
 Observable: parameter grads only after each ``step()`` (a schedule
 interleaves the microbatches of a step, so there is no moment "after
@@ -75,11 +78,27 @@ def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
     return _probed[world_size]
 
 
-def same_rank_self_send(schedule: str) -> str | None:
-    """The error if this torch's runtime for ``schedule`` sends between two
-    stages held by one rank through the process group (found once per
-    process by ``pipeline_rank.same_rank_p2p`` on the one-rank pool), else None."""
-    return probe(1).get("same_rank", {}).get("self_send", {}).get(schedule)
+_same_rank: dict[tuple[int, str], dict[str, Any]] = {}
+
+
+def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, timeout: float = 120.0) -> str | None:
+    """The error if this torch's runtime for ``schedule``, with the stage
+    class ``impl``, sends between two stages held by one rank through the
+    process group, else None: found once per process, world size and stage
+    class by ``pipeline_rank.same_rank_p2p``, on a group of one rank with the
+    backend that world size's cases run on (on one GPU the one-rank pool is
+    NCCL, which reaches itself, while two ranks share the CPU over gloo,
+    which does not)."""
+    key = (world_size, impl)
+    if key not in _same_rank:
+        outcome = _group(world_size).request(
+            {"op": "call", "module": "harness.paths.pipeline.rank", "what": "same_rank", "impl": impl}, timeout)
+        reply = outcome.replies.get(0, {})
+        if outcome.status != "ok" or "error" in reply:
+            raise RuntimeError(f"probing two stages on one rank ({world_size} rank(s)) failed: "
+                               f"{reply.get('error') or outcome.detail or outcome.status}")
+        _same_rank[key] = {"works": reply.get("works", []), "self_send": reply.get("self_send", {})}
+    return _same_rank[key].get("self_send", {}).get(schedule)
 
 
 class PipelinePath:
@@ -106,8 +125,10 @@ class PipelinePath:
 
     def _unrunnable(self) -> dict[tuple[int, int], str]:
         """Layouts the schedule takes that this torch cannot run here, with why:
-        two adjacent stages on one rank, where the schedule's runtime sends
-        between them through gloo (``same_rank_self_send``)."""
+        two adjacent stages on one rank, where the schedule's runtime with
+        this stage class sends between them through gloo
+        (``same_rank_self_send``: stock on torch 2.11; the fixed stage drops
+        those sends)."""
         placement = probe(self.world_size)["placement"].get(self.schedule, {})
         out: dict[tuple[int, int], str] = {}
         for n, m in self._layouts():
@@ -115,7 +136,7 @@ class PipelinePath:
             pair = next(((i, r) for i, (r, q) in enumerate(zip(where, where[1:])) if r == q), None)
             if pair is None:
                 continue
-            error = same_rank_self_send(self.schedule)
+            error = same_rank_self_send(self.schedule, self.impl, self.world_size)
             if error is None:
                 return {}
             i, r = pair

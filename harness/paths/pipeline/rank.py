@@ -126,10 +126,7 @@ def probe(world_size: int, device: torch.device = torch.device("cpu")) -> dict[s
                 where[n] = [int(mapping[i]) for i in range(n)]
         layouts[name] = ok
         placement[name] = where
-    out: dict[str, Any] = {"layouts": layouts, "placement": placement, "reasons": reasons}
-    if world_size == 1:
-        out["same_rank"] = same_rank_p2p(device)
-    return out
+    return {"layouts": layouts, "placement": placement, "reasons": reasons}
 
 
 # Point-to-point calls of torch.distributed: on a group of one, any of them
@@ -137,10 +134,13 @@ def probe(world_size: int, device: torch.device = torch.device("cpu")) -> dict[s
 P2P_CALLS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
 
 
-def same_rank_p2p(device: torch.device = torch.device("cpu")) -> dict[str, Any]:
-    """Whether each multi-stage schedule runs two stages held by one rank:
-    one step of the smallest such layout (stages 0 and 1 on this rank), on
-    the group the one-process paths use (the default group, world size 1).
+def same_rank_p2p(device: torch.device = torch.device("cpu"), impl: str = STOCK,
+                  group: Any = None) -> dict[str, Any]:
+    """Whether each multi-stage schedule runs two stages held by one rank,
+    with the stage class ``impl``: one step of the smallest such layout
+    (stages 0 and 1 on this rank), on ``group``, a group of this rank alone
+    with the backend the cases' point-to-point group has (None: the default
+    group, which is that group in one process).
 
     ``self_send``: schedule -> the error, where the step raised inside a
     torch.distributed point-to-point call. On a group of one its peer can
@@ -149,13 +149,13 @@ def same_rank_p2p(device: torch.device = torch.device("cpu")) -> dict[str, Any]:
     torch 2.11's ``PipelineScheduleMulti._initialize_stages`` does this: it
     batches every local stage's ``_get_init_p2p_neighbors_ops()`` (a send
     and a recv to each neighbour stage's rank, same rank or not); 2.13 warms
-    up only neighbours on other ranks. ``works``: the schedules whose step
-    ran. A step that fails any other way is in neither: that is for the
-    cases to find, not a limit of the layout."""
+    up only neighbours on other ranks, and so does
+    ``oracles.pipeline_fixed.FixedPipelineStage`` on either. ``works``: the
+    schedules whose step ran. A step that fails any other way is in neither:
+    that is for the cases to find, not a limit of the layout."""
     import traceback
 
-    from torch.distributed.pipelining import PipelineStage
-
+    Stage = stage_class(impl)
     works: list[str] = []
     self_send: dict[str, str] = {}
     for name, cls in discover().items():
@@ -163,7 +163,7 @@ def same_rank_p2p(device: torch.device = torch.device("cpu")) -> dict[str, Any]:
             continue
         for m in range(1, MAX_MICROBATCHES + 1):
             try:
-                s = _make_schedule(cls, [PipelineStage(_Probe().to(device), i, 2, device) for i in (0, 1)], m,
+                s = _make_schedule(cls, [Stage(_Probe().to(device), i, 2, device, group=group) for i in (0, 1)], m,
                                    lambda o, t: o.sum())
                 break
             except Exception:  # the schedule's own constraint
@@ -178,6 +178,21 @@ def same_rank_p2p(device: torch.device = torch.device("cpu")) -> dict[str, Any]:
                    for f in traceback.extract_tb(e.__traceback__)):
                 self_send[name] = f"{type(e).__name__}: {first_line(e)}"
     return {"works": works, "self_send": self_send}
+
+
+def _own_group(ctx: Any) -> Any:
+    """A group of this rank alone, with the backend of the cases' p2p group
+    (``_group``): what a rank's two stages would talk over. Every rank makes
+    one (``new_subgroups`` is collective). None in one process: the default
+    group is the cases' group there."""
+    import torch.distributed as dist
+
+    if ctx.world_size == 1:
+        return None
+    if _pp.get("own") is None:
+        backend = "gloo" if ctx.device.type == "cpu" else None
+        _pp["own"], _ = dist.new_subgroups(group_size=1, backend=backend)
+    return _pp["own"]
 
 
 def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, placement: list[int],
@@ -350,6 +365,8 @@ def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """A pool message (``harness.workers.host``'s ``call`` op) for this module."""
     if msg.get("what") == "probe":
         return probe(ctx.world_size, ctx.device)
+    if msg.get("what") == "same_rank":
+        return same_rank_p2p(ctx.device, msg.get("impl", STOCK), _own_group(ctx))
     group = _group(ctx, msg.get("wait", 3.0))
     args = (ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"], msg["placement"],
             ctx.device, group)
