@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from harness.engine.check import Replayed, replay_entries
 from harness.observation import Divergence
 from harness.out import corpus
 from harness.paths import Options, Path, close_paths, resolve
+from harness.workers.jobs import Ended, run_jobs
 
 _DIV_FIELDS = {f.name for f in dataclasses.fields(Divergence)}
 
@@ -44,39 +44,32 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
     lines: list[dict[str, Any]] = []
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gradfuzz-replay-") as d:
-        pending = list(jobs.items())
-        running: dict[str, tuple[subprocess.Popen, str, str, Any]] = {}
-        started, shown = time.monotonic(), 0.0
-        while pending or running:
-            while pending and len(running) < workers:
-                key, names = pending.pop(0)
-                spec, out = os.path.join(d, f"{key}.spec.json"), os.path.join(d, f"{key}.jsonl")
-                with open(spec, "w") as fh:
-                    json.dump({"paths": names, "files": files, "options": dataclasses.asdict(options)}, fh)
-                log = open(os.path.join(d, f"{key}.log"), "w")
-                proc = subprocess.Popen([sys.executable, "-m", "harness.engine.replay_pool", spec, out], stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-                running[key] = (proc, out, log.name, log)
-            time.sleep(0.25)
-            for key, (proc, out, logname, log) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                log.close()
-                del running[key]
-                got = _read_lines(out)
-                lines.extend(got)
-                if proc.returncode != 0 or len(got) != len(files) * len(jobs[key]):
-                    with open(logname, errors="replace") as fh:
-                        tail = fh.read()[-1500:]
-                    failures.append(f"replay of {', '.join(jobs[key])} exited {proc.returncode} after "
-                                    f"{len(got)} of {len(files) * len(jobs[key])} (case, path) pairs; its log ends: {tail}")
-            now = time.monotonic()
-            if now - shown >= 10 or not (pending or running):
-                shown = now
-                done = len(lines) + sum(len(_read_lines(r[1])) for r in running.values())
-                left = (now - started) / done * (total - done) if done else 0.0
-                progress(f"[phase] replay {done}/{total} (case, path) pairs on {workers} processes, "
-                         f"{len(pending) + len(running)} of {len(jobs)} path groups to go, ~{left:.0f}s left")
+        started = time.monotonic()
+
+        def out(key: str) -> str:
+            return os.path.join(d, f"{key}.jsonl")
+
+        def ended(e: Ended) -> None:
+            got = _read_lines(out(e.key))
+            lines.extend(got)
+            want = len(files) * len(jobs[e.key])
+            if e.returncode != 0 or len(got) != want:
+                failures.append(f"replay of {', '.join(jobs[e.key])} exited {e.returncode} after {len(got)} of {want} "
+                                f"(case, path) pairs; its log ends: {e.tail()}")
+
+        def tick(pending: list[str], running: list[str]) -> None:
+            done = len(lines) + sum(len(_read_lines(out(k))) for k in running)
+            left = (time.monotonic() - started) / done * (total - done) if done else 0.0
+            progress(f"[phase] replay {done}/{total} (case, path) pairs on {workers} processes, "
+                     f"{len(pending) + len(running)} of {len(jobs)} path groups to go, ~{left:.0f}s left")
+
+        argvs = []
+        for key, names in jobs.items():
+            spec = os.path.join(d, f"{key}.spec.json")
+            with open(spec, "w") as fh:
+                json.dump({"paths": names, "files": files, "options": dataclasses.asdict(options)}, fh)
+            argvs.append((key, [sys.executable, "-m", "harness.engine.replay_pool", spec, out(key)]))
+        run_jobs(argvs, workers, d, ended, tick)
     if failures:
         raise ReplayError("; ".join(failures))
     by_file = {os.path.abspath(e.file): e for e in entries}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from harness.canaries import Canary, all_canaries
 from harness.engine.runner import Result, fuzz_path
+from harness.workers.jobs import Ended, run_jobs
 
 
 @dataclass
@@ -114,32 +114,20 @@ def to_json(results: list[CanaryResult]) -> str:
 
 def _in_processes(todo: list[Canary], seed: int, workers: int, progress) -> list[CanaryResult]:
     done: dict[str, CanaryResult] = {}
-    pending, running = list(todo), {}
     with tempfile.TemporaryDirectory(prefix="gradfuzz-selfcheck-") as d:
-        while pending or running:
-            while pending and len(running) < workers:
-                c = pending.pop(0)
-                out, log = os.path.join(d, f"{c.name}.json"), open(os.path.join(d, f"{c.name}.log"), "w")
-                cmd = [sys.executable, "-m", "harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
-                       "--json", out]
-                env = {**os.environ, "OMP_NUM_THREADS": "1"}  # N processes share the cores: no intra-op threads each
-                running[c.name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                    env=env),
-                                   out, log, time.monotonic())
-            time.sleep(0.2)
-            for name, (proc, out, log, t0) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                log.close()
-                del running[name]
-                try:
-                    with open(out) as fh:
-                        (r,) = [CanaryResult(**x) for x in json.load(fh)]
-                except (OSError, ValueError, TypeError):
-                    with open(log.name, errors="replace") as fh:
-                        tail = fh.read()[-1500:]
-                    why = f"its self-check process exited {proc.returncode} with no result; its log ends: {tail}"
-                    r = CanaryResult(name, False, None, time.monotonic() - t0, why, broken=why)
-                done[name] = r
-                _say(progress, r, len(done), len(todo))
+        def out(name: str) -> str:
+            return os.path.join(d, f"{name}.json")
+
+        def ended(e: Ended) -> None:
+            try:
+                with open(out(e.key)) as fh:
+                    (r,) = [CanaryResult(**x) for x in json.load(fh)]
+            except (OSError, ValueError, TypeError):
+                why = f"its self-check process exited {e.returncode} with no result; its log ends: {e.tail()}"
+                r = CanaryResult(e.key, False, None, e.seconds, why, broken=why)
+            done[e.key] = r
+            _say(progress, r, len(done), len(todo))
+
+        run_jobs([(c.name, [sys.executable, "-m", "harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
+                            "--json", out(c.name)]) for c in todo], workers, d, ended)
     return [done[c.name] for c in todo]

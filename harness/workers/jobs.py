@@ -1,0 +1,53 @@
+"""Child processes, N at a time: the gate's canaries and replay groups.
+
+Each job is one ``python -m ...`` command whose output goes to a log file;
+the caller reads what the child wrote and is told how each one ended, with
+the tail of its log when it failed. Children run single-threaded: N of them
+share the cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Ended:
+    key: str
+    returncode: int
+    seconds: float
+    log: str  # the log file's path
+
+    def tail(self, chars: int = 1500) -> str:
+        with open(self.log, errors="replace") as fh:
+            return fh.read()[-chars:]
+
+
+def run_jobs(jobs: list[tuple[str, list[str]]], workers: int, folder: str, on_end: Callable[[Ended], None],
+             on_tick: Callable[[list[str], list[str]], None] | None = None, tick: float = 10.0) -> None:
+    """Run ``(key, argv)`` jobs, ``workers`` at a time; ``on_end`` as each
+    ends, ``on_tick(pending, running)`` every ``tick`` seconds and at the end."""
+    pending = list(jobs)
+    running: dict[str, tuple[subprocess.Popen, float, str]] = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    shown = 0.0
+    while pending or running:
+        while pending and len(running) < max(1, workers):
+            key, argv = pending.pop(0)
+            log = os.path.join(folder, f"{key}.log")
+            with open(log, "w") as fh:
+                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            running[key] = (proc, time.monotonic(), log)
+        time.sleep(0.2)
+        for key, (proc, t0, log) in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                on_end(Ended(key, proc.returncode, time.monotonic() - t0, log))
+        now = time.monotonic()
+        if on_tick is not None and (now - shown >= tick or not (pending or running)):
+            shown = now
+            on_tick([k for k, _ in pending], list(running))
