@@ -28,7 +28,10 @@ class Canary:
     make: Callable[[], Any]
     base: str | None
     budget: int = 300
-    needs_clamp: bool = False  # stock split must be 2.13+ to be a clean base
+    # The injected bug is the installed stock's own before torch 2.13 (the
+    # founding nested double count): there, removing the injection removes
+    # nothing, so the canary proves nothing and its ``fallback`` runs instead.
+    needs_clamp: bool = False
     # The finding kinds the injected bug produces. A canary is caught only by
     # a finding of these kinds on a case where its base agrees (the injection
     # removed, the finding goes away); anything else it shows (an exception
@@ -38,30 +41,24 @@ class Canary:
     fallback: "Canary | None" = None
     shrink: bool = True  # False: stop at the first failing example (paths where each shrink step compiles)
 
-    def base_here(self) -> tuple[str | None, str]:
-        """The base to judge against on the installed torch, and why it is not ``base``.
-
-        Before 2.13 stock split has the founding double count itself, so a
-        canary built over it is judged against the fixed path instead: what
-        is caught is then the injected bug together with stock's own, which
-        on those versions is the same shape.
-        """
-        if self.needs_clamp and self.base and Version(torch.__version__.split("+")[0]) < Version("2.13"):
-            fixed = self.base.rsplit(".", 1)[0] + ".fixed"
-            return fixed, f"judged against {fixed}: stock split before 2.13 double counts itself"
-        return self.base, ""
+    def proves_nothing_here(self) -> str:
+        """Why this canary cannot be causal on the installed torch ("" if it can)."""
+        if self.needs_clamp and Version(torch.__version__.split("+")[0]) < Version("2.13"):
+            return (f"its injected bug is {self.base}'s own before torch 2.13 (the nested double count): "
+                    "with the injection removed the bug stays, so a finding could not be told from it")
+        return ""
 
     def resolve_base(self) -> tuple[Any, str, str]:
-        """The base path to judge against here (None: none), the note of
-        ``base_here``, and why the canary cannot run ("" if it can)."""
+        """The base path to judge against (the canary without its injection;
+        None: none), a note, and why the canary cannot run here ("" if it can)."""
         from harness.paths import resolve
 
-        name, note = self.base_here()
-        if not name:
-            return None, note, ""
-        base = resolve(name)[0]
+        why = self.proves_nothing_here()
+        if why or not self.base:
+            return None, "", why
+        base = resolve(self.base)[0]
         available = base.availability()
-        return base, note, "" if available.ok else f"base {name} unavailable: {available.reason}"
+        return base, "", "" if available.ok else f"base {self.base} unavailable: {available.reason}"
 
 
 def all_canaries() -> list[Canary]:

@@ -80,20 +80,29 @@ CANARIES = {
 def canaries() -> list[Canary]:
     """The founding nested-weight double count put back into the stock
     stage's split backward, through the zero-bubble V schedule on one rank,
-    judged against stock; where one rank cannot hold adjacent stages (torch
-    2.11 over gloo), through the interleaved zero-bubble schedule on two."""
+    judged against stock. Before torch 2.13 that bug is stock's own, so the
+    double count goes into the fixed stage instead (``DoubleWeight``, judged
+    against the fixed path); where one rank cannot hold adjacent stages, the
+    interleaved zero-bubble schedule on two ranks carries each."""
     from harness.paths.pipeline.path import PipelinePath
     from harness.paths.pipeline.rank import discover
 
     found = discover()
-    two = None
+
+    def canary(name: str, impl: str, schedule: str, ranks: int, base: str, fallback: Canary | None) -> Canary:
+        return Canary(name, lambda: PipelinePath(schedule, CANARIES[impl], ranks, name=f"canary.{name}"), base,
+                      needs_clamp=impl == "pre_clamp", fallback=fallback)
+
+    fixed2 = stock2 = None
     if "InterleavedZeroBubble" in found:
-        two = Canary("pipeline_pre_clamp_ranks2",
-                     lambda: PipelinePath("InterleavedZeroBubble", CANARIES["pre_clamp"], 2,
-                                          name="canary.pipeline_pre_clamp_ranks2"),
-                     "pipeline.InterleavedZeroBubble.ranks2.stock", needs_clamp=True)
+        fixed2 = canary("pipeline_double_weight_ranks2", "double_weight", "InterleavedZeroBubble", 2,
+                        "pipeline.InterleavedZeroBubble.ranks2.fixed", None)
+        stock2 = canary("pipeline_pre_clamp_ranks2", "pre_clamp", "InterleavedZeroBubble", 2,
+                        "pipeline.InterleavedZeroBubble.ranks2.stock", fixed2)
     if "ZBVZeroBubble" not in found:
-        return [two] if two else []
-    return [Canary("pipeline_pre_clamp", lambda: PipelinePath("ZBVZeroBubble", CANARIES["pre_clamp"],
-                                                              name="canary.pipeline_pre_clamp"),
-                   "pipeline.ZBVZeroBubble.stock", needs_clamp=True, fallback=two)]
+        return [stock2] if stock2 else []
+    # Each runs its fallback where it cannot run (a layout one rank cannot hold) or proves nothing
+    # (before 2.13): the V canary over stock, then over the fixed stage, then both on two ranks.
+    fixed1 = canary("pipeline_double_weight", "double_weight", "ZBVZeroBubble", 1, "pipeline.ZBVZeroBubble.fixed",
+                    stock2 or fixed2)
+    return [canary("pipeline_pre_clamp", "pre_clamp", "ZBVZeroBubble", 1, "pipeline.ZBVZeroBubble.stock", fixed1)]

@@ -90,6 +90,6 @@ def canaries() -> list[Canary]:
 
     return [
         Canary(name, lambda name=name, impl=impl: SplitPath(f"canary.{name}", impl, stock_contract=True),
-               base, needs_clamp=base == "split.stock")
+               base, needs_clamp=name == "double_count_nested")
         for name, (impl, base) in CANARIES.items()
     ]
