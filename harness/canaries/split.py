@@ -29,6 +29,12 @@ class _LooksSingle(list):
         return 1
 
 
+def _first(items):
+    """The first item, in a container of the same kind."""
+    kept = list(items)[:1]
+    return type(items)(kept) if isinstance(items, (set, frozenset, tuple)) else kept
+
+
 class double_count_nested:
     """The founding bug (seed 001): a weight nested on one path (x @ w @ w)
     is counted once per captured intermediate that reaches it."""
@@ -52,8 +58,9 @@ class loses_tied_site:
         dinputs, groups = stock.stage_backward_input(*args, **kwargs)
         for g in groups:
             if g.get("grads") is not None and len(g["intermediates"]) > 1:
-                g["intermediates"] = g["intermediates"][:1]
-                g["grads"] = g["grads"][:1]
+                # A list from 2.13 on, a set before (its order is the one the grads were made in).
+                g["intermediates"] = _first(g["intermediates"])
+                g["grads"] = _first(g["grads"])
         return dinputs, groups
 
     stage_backward_weight = staticmethod(stock.stage_backward_weight)
