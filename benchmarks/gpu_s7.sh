@@ -7,6 +7,7 @@
 #           where graphed.fixed's time goes (gradfuzz bench) and its rate while fuzzing, before and after.
 #   call 3: call 2 again with the gate's parallel replay; graphed.fixed profiled in process.
 #   call 4: graphed.fixed before/after the worker's gc.freeze, side by side; the profile again.
+#   call 5: the strictly causal self-check (every canary, 8 at a time) and the broken-canary tests.
 # Usage (device): bash benchmarks/gpu_s7.sh call1|call2   (carry .s7before for call1)
 set -u
 S=$OUT/summary.txt; log() { echo "$(date +%T) $*" | tee -a "$S"; }
@@ -44,6 +45,10 @@ call3)
 call4)
   run ab 300 python benchmarks/ab_throughput.py --a .s7before --b . --paths graphed.fixed --examples 600 --rounds 2
   run profile 80 python benchmarks/graphed_profile.py --examples 200
+  ;;
+call5)
+  run selfcheck 400 python -m harness selfcheck -n 8 --json "$OUT/selfcheck.json"
+  run broken 120 python -m pytest -q -p no:cacheprovider -n 0 -v tests/cover/test_canaries.py -k broken
   ;;
 esac
 log done
