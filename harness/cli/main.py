@@ -215,8 +215,10 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
         print(f"  {r.name:<28} {state}" + (f" after {r.examples} examples ({r.seconds:.1f}s)" if r.caught else ""))
         if r.caught:  # what was caught, so a reader can see it is the injected bug and not the canary crashing
             print(f"      {r.detail}")
-    print(f"gradfuzz selfcheck: {len(results) - len(missed)}/{len(results)} canaries " + ("ok" if not missed else
-          "MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
+    skipped = sum(r.state == "skipped" for r in results)
+    print(f"gradfuzz selfcheck: {sum(r.caught for r in results)}/{len(results)} canaries caught"
+          + (f", {skipped} skipped" if skipped else "") + ("" if not missed else
+          "; MISSED: " + ", ".join(r.name for r in missed) + " (detection is broken on this installation)"))
     return 1 if missed else 0
 
 

@@ -113,7 +113,7 @@ def test_selfcheck_fails_naming_the_canaries_when_detection_is_broken():
 def test_selfcheck_shows_what_each_canary_caught_and_refuses_unknown_names():
     r = _selfcheck("--canaries", "drops_accumulated,double_count_nested", "-n", "2")  # each in a process of its own
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2/2 canaries ok" in r.stdout
+    assert "2/2 canaries caught" in r.stdout
     lines = r.stdout.splitlines()
     caught = next(i for i, line in enumerate(lines) if "drops_accumulated" in line and "caught after" in line)
     assert "after backward" in lines[caught + 1], r.stdout  # the caught divergence itself, on the next line
