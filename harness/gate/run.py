@@ -154,8 +154,27 @@ def run_gate(
             bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
             status = _classify(bug, version, True) if bug else "new"
             report.rows.append(_row(status, d, bug, "fuzz"))
+    report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
     return report
+
+
+def one_row_per_bug(rows: list[Row]) -> list[Row]:
+    """One row per (status, ledger bug, path): the first signature seen stands
+    for the others. A racy bug (a send racing an in-place add on two ranks)
+    shows one signature in one run and two in the next; counted per bug, the
+    same seed and budget give the same counts. New findings stay one row per
+    signature: each is news of its own."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for r in rows:
+        if r.bug is not None:
+            key = (r.status, r.bug, r.path)
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(r)
+    return out
 
 
 def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) -> Row:

@@ -239,3 +239,18 @@ def test_replay_on_two_processes_gives_the_one_process_rows(tmp_path):
     one, two = rows(1), rows(2)
     assert one == two
     assert one[0]["known"] > 0 and one[0]["error"] == 0
+
+
+def test_a_racy_known_bug_counts_once_per_path_whatever_signatures_it_showed():
+    """Two runs of one seed: a racy bug showed one signature in the first and
+    two in the second (seen on two-rank zero bubble). Counted per (status, bug,
+    path) both runs give the same rows; new signatures stay one row each."""
+    from harness.gate.run import Row, one_row_per_bug
+
+    def run(sigs):
+        rows = [Row("known", "pipeline.X.ranks2.stock", "d", bug="racy", signature=s) for s in sigs]
+        rows += [Row("new", "split.stock", "d", signature=s) for s in ("n1", "n2")]
+        return [(r.status, r.bug, r.path) for r in one_row_per_bug(rows)]
+
+    assert run(["s1"]) == run(["s1", "s2"]) == run(["s2", "s1"])
+    assert len(run(["s1"])) == 3
