@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -108,6 +108,11 @@ class Divergence:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Divergence":
+        """Back from ``to_json`` in another process (fields it does not know are dropped)."""
+        return cls(**{k: v for k, v in data.items() if k in _DIVERGENCE_FIELDS})
+
 
 def _norm(what: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"\b[wxnpb]\d+\b", "#", what))
@@ -125,3 +130,6 @@ def keys(path: str, kind: str, what: str) -> dict[str, str]:
     schedule) can be recognised on a schedule its own cases never ran on."""
     shape = hashlib.sha1(f"{kind}|{_norm(what)}".encode()).hexdigest()[:10]
     return {"signature": signature(path, kind, what), "shape": f"{kind}-{shape}"}
+
+
+_DIVERGENCE_FIELDS = frozenset(f.name for f in fields(Divergence))

@@ -48,17 +48,17 @@ class Canary:
                     "with the injection removed the bug stays, so a finding could not be told from it")
         return ""
 
-    def resolve_base(self) -> tuple[Any, str, str]:
+    def resolve_base(self) -> tuple[Any, str]:
         """The base path to judge against (the canary without its injection;
-        None: none), a note, and why the canary cannot run here ("" if it can)."""
+        None: none) and why the canary cannot run here ("" if it can)."""
         from harness.paths import resolve
 
         why = self.proves_nothing_here()
         if why or not self.base:
-            return None, "", why
+            return None, why
         base = resolve(self.base)[0]
         available = base.availability()
-        return base, "", "" if available.ok else f"base {self.base} unavailable: {available.reason}"
+        return base, "" if available.ok else f"base {self.base} unavailable: {available.reason}"
 
 
 def all_canaries() -> list[Canary]:

@@ -168,8 +168,8 @@ def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool
     for c in all_canaries():
         if names and c.name not in names:
             continue
-        base, note, skipped = c.resolve_base()
-        row: dict[str, Any] = {"canary": c.name, "base": base.name if base else None, **({"note": note} if note else {})}
+        base, skipped = c.resolve_base()
+        row: dict[str, Any] = {"canary": c.name, "base": base.name if base else None}
         if skipped:
             row["skipped"] = skipped
             out.append(row)

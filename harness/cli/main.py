@@ -197,11 +197,8 @@ def cmd_paths(args: argparse.Namespace) -> int:
 
 
 def cmd_selfcheck(args: argparse.Namespace) -> int:
-    from harness.gate.selfcheck import selfcheck
-
     from harness.canaries import select
-
-    from harness.gate.selfcheck import to_json
+    from harness.gate.selfcheck import selfcheck, to_json
     from harness.out.corpus import atomic_write
 
     results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack,
@@ -226,7 +223,7 @@ def _workers(n: str | None) -> int:
     """``-n N|auto`` (checked by ``check_args``) as a number of processes."""
     if n is None:
         return 1
-    return os.cpu_count() or 1 if n == "auto" else max(1, int(n))
+    return (os.cpu_count() or 1) if n == "auto" else max(1, int(n))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -246,14 +243,15 @@ def cmd_gate(args: argparse.Namespace) -> int:
     base = ledger.load_report(args.baseline) if args.baseline else None
     paths = resolve(args.paths, _options(args))
     minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
+    options = _options(args)
     fuzzer = None
     if args.numprocesses not in (None, "0", "1"):
         from harness.cli import fuzz as fuzz_command
 
-        fuzzer = fuzz_command.on_workers(_options(args), args.numprocesses)
+        fuzzer = fuzz_command.on_workers(options, args.numprocesses)
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
-                           workers=_workers(args.numprocesses), options=_options(args),
+                           workers=_workers(args.numprocesses), options=options,
                            progress=lambda s: (args.verbose or not s.startswith("[case]"))
                            and print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
     rep = report.to_json()

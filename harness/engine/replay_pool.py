@@ -26,12 +26,9 @@ from harness.out import corpus
 from harness.paths import Options, Path, close_paths, resolve
 from harness.workers.jobs import Ended, run_jobs
 
-_DIV_FIELDS = {f.name for f in dataclasses.fields(Divergence)}
-
-
 def job_key(name: str) -> str:
     """Paths that share setup: ``pipeline.GPipe.stock`` and ``.fixed`` -> ``pipeline.GPipe``."""
-    return name.rsplit(".", 1)[0] if name.count(".") >= 1 else name
+    return name.rsplit(".", 1)[0]
 
 
 def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: int, options: Options,
@@ -78,7 +75,7 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
     order_path = {p.name: i for i, p in enumerate(live)}
     lines.sort(key=lambda x: (order_file[x["file"]], order_path[x["path"]]))
     return [Replayed(by_file[x["file"]], by_name[x["path"]], x["skipped"],
-                     [Divergence(**{k: v for k, v in dv.items() if k in _DIV_FIELDS}) for dv in x["divergences"]])
+                     [Divergence.from_json(dv) for dv in x["divergences"]])
             for x in lines]
 
 

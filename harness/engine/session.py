@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import fields
 from typing import Any, Callable
 
 from harness.out import findings
@@ -162,9 +161,6 @@ def _tally_json(t: Tally) -> dict[str, Any]:
             "first_hit_examples": t.first_hit_examples, "first_hit_seconds": t.first_hit_seconds}
 
 
-_DIV_FIELDS = {f.name for f in fields(Divergence)}
-
-
 def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
     """Worker snapshots -> one Result (tallies summed, seconds the longest)
     and the combined counts/details for the display and the JSON record."""
@@ -187,8 +183,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
                     tally.first_hit_seconds is None or t["first_hit_seconds"] < tally.first_hit_seconds):
                 tally.first_hit_examples, tally.first_hit_seconds = t["first_hit_examples"], t["first_hit_seconds"]
         result.unavailable.update(s.get("unavailable", {}))
-        result.divergences.extend(Divergence(**{k: v for k, v in d.items() if k in _DIV_FIELDS})
-                                  for d in s.get("divergences", []))
+        result.divergences.extend(Divergence.from_json(d) for d in s.get("divergences", []))
         for f in s.get("saved", []):
             if f not in result.saved:
                 result.saved.append(f)

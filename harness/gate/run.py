@@ -239,7 +239,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
             continue  # a bug that starts after this version and is absent here is no news
         status = _classify(b, version, bool(divs))
         if divs:
-            for d in _unique(divs):
+            for d in divs:  # one row per path stays (one_row_per_bug)
                 report.rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
         else:
             word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
@@ -257,15 +257,6 @@ def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergenc
 
 def _is_case_of(led: ledger_mod.Ledger, bug: ledger_mod.Bug, file: str) -> bool:
     return any(os.path.abspath(os.path.join(led.root, c)) == os.path.abspath(file) for c in bug.cases)
-
-
-def _unique(divs: list[Divergence]) -> list[Divergence]:
-    seen, out = set(), []
-    for d in divs:
-        if d.signature not in seen:
-            seen.add(d.signature)
-            out.append(d)
-    return out
 
 
 def compare_baseline(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:

@@ -48,7 +48,7 @@ def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryRe
         if c.fallback is not None:
             return run_canary(c.fallback, seed, slack)
         return CanaryResult(c.name, False, None, 0.0, "", skipped=f"unavailable here: {available.reason}")
-    base, note, skipped = c.resolve_base()
+    base, skipped = c.resolve_base()
     if skipped:
         if c.fallback is not None:
             return run_canary(c.fallback, seed, slack)
@@ -69,8 +69,7 @@ def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryRe
     other = [d for d in firm if d.kind not in c.expects]
     seconds = time.monotonic() - start
     if own:
-        detail = own[0].detail
-        return CanaryResult(c.name, True, tally.first_hit_examples, seconds, f"{detail}; {note}" if note else detail)
+        return CanaryResult(c.name, True, tally.first_hit_examples, seconds, own[0].detail)
     if other:
         d = other[0]
         why = (f"found only {d.kind} findings, not the {'/'.join(c.expects)} its injected bug makes: {d.detail}"

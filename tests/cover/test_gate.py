@@ -137,13 +137,13 @@ def test_before_the_clamp_a_canary_whose_bug_is_stocks_own_runs_its_fallback_ove
     for c in by_name.values():
         assert c.proves_nothing_here() == ""  # torch 2.13+ here
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    assert "own before torch 2.13" in by_name["double_count_nested"].resolve_base()[2]
+    assert "own before torch 2.13" in by_name["double_count_nested"].resolve_base()[1]
     assert by_name["loses_tied_site"].resolve_base()[0].name == "split.stock"
     chain, c = [], by_name["pipeline_pre_clamp"]
     while c is not None:
         chain.append(c)
         c = c.fallback
-    assert chain[0].resolve_base()[2] and chain[1].base.endswith(".fixed") and chain[1].resolve_base()[2] == ""
+    assert chain[0].resolve_base()[1] and chain[1].base.endswith(".fixed") and chain[1].resolve_base()[1] == ""
 
 
 def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_path):
