@@ -209,7 +209,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
                 ran.add(owners[0].id)
                 reproduced.setdefault(owners[0].id, [])
             for d in divs:
-                b = next((b for b in owners if d.signature in b.signatures), owners[0])
+                b = _owner_of(led, owners, d, version)
                 ran.add(b.id)
                 reproduced.setdefault(b.id, []).append(d)
             continue
@@ -247,6 +247,22 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
             report.rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
                                    f"corpus {', '.join(b.cases)}", upstream=b.upstream))
     return seen_as, shapes
+
+
+def _owner_of(led: ledger_mod.Ledger, owners: list[ledger_mod.Bug], d: Divergence, version: str) -> ledger_mod.Bug:
+    """The bug a divergence on a case filed under ``owners`` belongs to: an
+    owner affecting this version whose signatures name it; else any bug
+    affecting this version that records it (a case filed under a bug that
+    starts later can show an older bug here: on 2.11 a case of a 2.13
+    zero-bubble bug shows the stale-buffer bug every schedule has); else an
+    owner naming it; else the first owner."""
+    named = ledger_mod.first([b for b in owners if d.signature in b.signatures], version)
+    if named is not None and named.relation(version) == "in":
+        return named
+    other = led.match(d.path, d.signature, version=version)
+    if other is not None and other.relation(version) == "in":
+        return other
+    return named or owners[0]
 
 
 def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergence, version: str) -> ledger_mod.Bug | None:

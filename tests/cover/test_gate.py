@@ -180,6 +180,28 @@ def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names
     assert {(r.status, r.bug) for r in report.rows} == {("known", "named")}
 
 
+def test_a_case_of_a_later_bug_showing_an_older_bugs_signature_is_that_older_bug(tmp_path):
+    """On 2.11 a case filed under a zero-bubble bug that starts at 2.13 shows
+    the stale-buffer bug every schedule has; the row goes to the bug that
+    affects this torch and records the signature, not NEW under the later one."""
+    from harness.engine.runner import check
+
+    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
+    sigs = sorted({d.signature for d in check(nested(), paths[0])})
+    cases = tmp_path / "cases"
+    corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
+    bugs = [{"id": "later", "path": "split.stock", "torch": ">=99", "summary": "starts later",
+             "cases": ["split/nested.json"], "signatures": sigs},
+            {"id": "older", "path": "split.stock", "torch": f">={V}", "summary": "affects this torch",
+             "signatures": sigs}]
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    run = lambda: gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"),  # noqa: E731
+                                minutes=0, run_selfcheck=False)
+    assert {(r.status, r.bug) for r in run().rows} == {("known", "older")}
+    bugs[1]["signatures"] = []  # nothing affecting this torch records it: news under the case's own bug
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    assert {(r.status, r.bug) for r in run().rows} == {("new", "later")}
+
 def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(tmp_path):
     """A ledger bug fixed before this version, whose own case agrees in the
     replay, does not claim a fuzz finding by signature alone: that finding
