@@ -257,9 +257,20 @@ def seeded_index(seed: int, shape: Shape, high: int, device: Any = "cpu") -> tor
     Built once per device (as ``_ix``): a CUDA graph capture refuses the copy
     from host memory, and the graphed paths' warm-ups build it first."""
     key = ("seeded", seed, tuple(shape), high, str(device))
+    return _cached(key, lambda: torch.randint(0, high, tuple(shape), generator=torch.Generator().manual_seed(seed)).to(device))
+
+
+def _cached(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    # Not kept when torch.compile traces the call: a tensor made in the traced
+    # region is a graph output, which under mode="reduce-overhead" lives in
+    # the CUDA-graph pool, and the next run overwrites it ("accessing tensor
+    # output of CUDAGraphs that has been overwritten", raised in the next
+    # case's trace: the 2.11 H100 gate's graphed.compile-error-f1a75e4745).
     ix = _IX.get(key)
     if ix is None:
-        ix = _IX[key] = torch.randint(0, high, tuple(shape), generator=torch.Generator().manual_seed(seed)).to(device)
+        ix = make()
+        if not torch.compiler.is_compiling():
+            _IX[key] = ix
     return ix
 
 
@@ -275,10 +286,7 @@ def _ix(t: torch.Tensor, idx: Any) -> torch.Tensor:
     # graphed paths' warm-ups run the forward first, so the capture finds it
     # here). Read-only, never written by the ops that take it.
     key = (str(t.device), tuple(idx))
-    ix = _IX.get(key)
-    if ix is None:
-        ix = _IX[key] = torch.tensor(key[1], dtype=torch.long, device=t.device)
-    return ix
+    return _cached(key, lambda: torch.tensor(key[1], dtype=torch.long, device=t.device))
 
 
 def _softmax_bound(x: torch.Tensor) -> torch.Tensor:

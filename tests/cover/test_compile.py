@@ -186,3 +186,22 @@ def test_stats_sum_per_case_figures():
     s.add({"hit": True, "graphs": 0, "compile_s": 0.0, "run_s": 0.2, "rss_mb": 310.0})
     j = s.to_json()
     assert (j["cases"], j["structures"], j["hits"], j["graphs"], j["hit_rate"], j["rss_mb"]) == (2, 1, 1, 2, 0.5, 310.0)
+
+
+def test_an_index_tensor_made_while_compiling_is_not_kept_for_later_cases():
+    """Made inside a compiled region, the index tensor is a graph output: under
+    mode="reduce-overhead" a CUDA-graph pool buffer the next run overwrites.
+    The 2.11 H100 gate raised on the next embedding case's trace until the
+    cache stopped keeping it; eager calls still build it once."""
+    from harness.case import ops
+
+    idx = (7, 3, 11)  # a key no other test builds
+    key = ("cpu", idx)
+    ops._IX.pop(key, None)
+    f = torch.compile(lambda e: torch.nn.functional.embedding(ops._ix(e, idx), e), backend="eager", fullgraph=True)
+    e = torch.randn(12, 2)
+    assert torch.equal(f(e), e[list(idx)])
+    assert key not in ops._IX
+    first = ops._ix(e, idx)
+    assert ops._IX[key] is first and ops._ix(e, idx) is first
+    ops._IX.pop(key, None)
