@@ -7,7 +7,7 @@
 #           graphed.compile on the gate's embedding finding (f1a75e4745), the case twice in one process,
 #           before (.s8before = git archive of 196e1eb) and after the index cache stopped keeping tensors
 #           made while compiling; expanded_weight_grad_adopted on the zero-bubble paths (a "not reproduced" row).
-#   call 3: the gate again, after the fixes.
+#   call 3: the gate again, after the fixes (GATE_LIMIT=590: the first try at 420 s was stopped in its fuzz phase).
 # Usage (device): bash benchmarks/gpu_s8.sh call1|call2|call3   (carry .s8before for call2)
 set -u
 S=$OUT/summary.txt; log() { echo "$(date +%T) $*" | tee -a "$S"; }
@@ -36,7 +36,7 @@ call2)
   run adopted 120 python -m harness replay -v --paths pipeline.InterleavedZeroBubble.stock,pipeline.InterleavedZeroBubble.ranks2.stock,pipeline.InterleavedZeroBubble.fixed cases/pipeline/expanded_weight_grad_adopted.json
   ;;
 call3)
-  run gate 420 python -m harness gate --examples "${EXAMPLES:-10}" --seed 0 -n 14 --save /tmp/gate-found \
+  run gate "${GATE_LIMIT:-420}" python -m harness gate --examples "${EXAMPLES:-10}" --seed 0 -n 14 --save /tmp/gate-found \
       --json "$OUT/gate.json" --markdown "$OUT/gate.md"
   tar czf "$OUT/gate-found.tgz" -C /tmp gate-found 2>/dev/null
   ;;

@@ -219,7 +219,15 @@ def on_workers(options: Options, n: str) -> Any:
         args = argparse.Namespace(paths=",".join(p.name for p in live), examples=examples, minutes=minutes, seed=seed,
                                   mode="both", db="none", save=save_dir, shards=1, progress="plain",
                                   progress_every=30.0, keep_run_dir=False)
-        result, _ = _parallel(args, options, n, Display, {})
+        result, extra = _parallel(args, options, n, Display, {})
+        if extra.get("interrupted"):
+            # SIGTERM from a CI timeout stops the workers between examples; what
+            # did not run cannot have passed, so the gate fails with the reason.
+            sig = signal.Signals(extra.get("signal", signal.SIGINT)).name
+            ran = sum(t.examples for t in result.paths.values())
+            budget = f"{examples} example(s) per target" if examples else f"{minutes} minute(s)"
+            result.errors.append(f"fuzzing stopped by {sig} after {ran} example(s), before its budget of {budget} "
+                                 "ran: an interrupted gate cannot pass")
         return result
 
     return run

@@ -279,3 +279,27 @@ def test_a_racy_known_bug_counts_once_per_path_whatever_signatures_it_showed():
 
     assert run(["s1"]) == run(["s1", "s2"]) == run(["s2", "s1"])
     assert len(run(["s1"])) == 3
+
+
+def test_a_fuzz_phase_stopped_by_sigterm_fails_the_gate(tmp_path, monkeypatch):
+    """``gate -n``'s workers stop between examples on SIGTERM (what a CI
+    timeout sends) and the summary still prints; a run whose budget did not
+    run out cannot pass (the 2.11 H100 gate printed PASSED after its timeout)."""
+    import signal
+
+    from harness.cli import fuzz as fuzz_command
+    from harness.engine.result import Result, Tally
+
+    def stopped(args, options, n, display, unavailable):
+        r = Result()
+        r.paths["split.fixed"] = Tally(examples=3)
+        return r, {"interrupted": True, "signal": signal.SIGTERM}
+
+    monkeypatch.setattr(fuzz_command, "_parallel", stopped)
+    cases, led = _world(tmp_path, None)
+    paths = resolve("split.fixed")
+    report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, examples=10, run_selfcheck=False,
+                           fuzzer=fuzz_command.on_workers(Options(), "2"))
+    errors = [r for r in report.rows if r.status == "error"]
+    assert report.failed and len(errors) == 1
+    assert "SIGTERM after 3 example(s)" in errors[0].detail and "10 example(s) per target" in errors[0].detail
