@@ -241,9 +241,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     for f in corpus.discover(args.corpus):
         corpus.load(f)
     base = ledger.load_report(args.baseline) if args.baseline else None
-    paths = resolve(args.paths, _options(args))
-    minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
     options = _options(args)
+    paths = resolve(args.paths, options)
+    minutes = args.minutes if args.minutes is not None or args.examples is not None else 2.0
     fuzzer = None
     if args.numprocesses not in (None, "0", "1"):
         from harness.cli import fuzz as fuzz_command

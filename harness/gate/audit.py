@@ -118,10 +118,6 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
     return out
 
 
-def _lists(led: ledger_mod.Ledger, bug_id: str, case: str) -> bool:
-    return any(b.id == bug_id and case in b.cases for b in led.bugs)
-
-
 def record(ledger_file: str, problems: list[Problem]) -> int:
     """Add each ``unrecorded`` or ``misfiled`` signature to the entries whose
     cases show it; the file keeps its layout otherwise. Returns how many were

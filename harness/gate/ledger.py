@@ -58,12 +58,12 @@ class Ledger:
     def match(self, path: str, signature: str, case_file: str | None = None, version: str | None = None) -> Bug | None:
         """The bug a divergence belongs to. Coarse signatures can fit several
         bugs of one path; then a bug affecting ``version`` wins."""
-        hits = [
-            b for b in self.for_path(path)
-            if signature in b.signatures
-            or case_file and any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(case_file) for c in b.cases)
-        ]
+        hits = [b for b in self.for_path(path) if signature in b.signatures or case_file and self.is_case_of(b, case_file)]
         return first(hits, version)
+
+    def is_case_of(self, bug: Bug, file: str) -> bool:
+        """Whether corpus ``file`` is one of ``bug``'s cases (listed relative to the ledger)."""
+        return any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(file) for c in bug.cases)
 
 
 def first(hits: list[Bug], version: str | None) -> Bug | None:

@@ -26,11 +26,10 @@ import torch
 from harness.out import corpus
 from harness.gate import ledger as ledger_mod
 from harness.observation import Divergence
-from harness.paths import Options, Path
 from harness.engine.check import Replayed, replay_entries
 from harness.engine.replay_pool import ReplayError, replay_on_workers
 from harness.engine.runner import Result, fuzz
-from harness.paths import close_paths, split_available
+from harness.paths import Options, Path, close_paths, split_available
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 from harness.gate.status import FAILING, ORDER
@@ -201,7 +200,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         if r.skipped is not None:
             continue
         report.examples[p.name] = report.examples.get(p.name, 0) + 1
-        owners = [b for b in led.for_path(p.name) if _is_case_of(led, b, entry.file)]
+        owners = [b for b in led.for_path(p.name) if led.is_case_of(b, entry.file)]
         if owners:
             # A case filed under several bugs: each divergence goes to the one
             # whose recorded signatures name it, else to the first.
@@ -269,10 +268,6 @@ def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergenc
     """A bug whose entry covers ``d``'s path and whose own cases showed ``d``'s
     shape on some path in this run; one affecting ``version`` wins."""
     return ledger_mod.first([b for b in led.for_path(d.path) if (b.id, d.shape) in shapes], version)
-
-
-def _is_case_of(led: ledger_mod.Ledger, bug: ledger_mod.Bug, file: str) -> bool:
-    return any(os.path.abspath(os.path.join(led.root, c)) == os.path.abspath(file) for c in bug.cases)
 
 
 def compare_baseline(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:

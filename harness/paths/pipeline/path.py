@@ -65,16 +65,20 @@ def _group(world_size: int) -> Any:
     return pool.group(world_size)
 
 
+def _ask(world_size: int, msg: dict[str, Any], what: str, timeout: float) -> dict[str, Any]:
+    """Rank 0's reply to a ``pipeline_rank.handle`` message, or why ``what`` failed."""
+    outcome = _group(world_size).request({"op": "call", "module": "harness.paths.pipeline.rank", **msg}, timeout)
+    reply = outcome.replies.get(0, {})
+    if outcome.status != "ok" or "error" in reply:
+        raise RuntimeError(f"probing {what} on {world_size} rank(s) failed: "
+                           f"{reply.get('error') or outcome.detail or outcome.status}")
+    return reply
+
+
 def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
     """The layouts of every schedule with this many ranks (cached per process)."""
     if world_size not in _probed:
-        outcome = _group(world_size).request({"op": "call", "module": "harness.paths.pipeline.rank", "what": "probe"},
-                                             timeout)
-        reply = outcome.replies.get(0, {})
-        if outcome.status != "ok" or "error" in reply:
-            raise RuntimeError(f"probing the schedules on {world_size} rank(s) failed: "
-                               f"{reply.get('error') or outcome.detail or outcome.status}")
-        _probed[world_size] = reply
+        _probed[world_size] = _ask(world_size, {"what": "probe"}, "the schedules", timeout)
     return _probed[world_size]
 
 
@@ -91,14 +95,9 @@ def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, t
     which does not)."""
     key = (world_size, impl)
     if key not in _same_rank:
-        outcome = _group(world_size).request(
-            {"op": "call", "module": "harness.paths.pipeline.rank", "what": "same_rank", "impl": impl}, timeout)
-        reply = outcome.replies.get(0, {})
-        if outcome.status != "ok" or "error" in reply:
-            raise RuntimeError(f"probing two stages on one rank ({world_size} rank(s)) failed: "
-                               f"{reply.get('error') or outcome.detail or outcome.status}")
+        reply = _ask(world_size, {"what": "same_rank", "impl": impl}, "two stages on one rank", timeout)
         _same_rank[key] = {"works": reply.get("works", []), "self_send": reply.get("self_send", {})}
-    return _same_rank[key].get("self_send", {}).get(schedule)
+    return _same_rank[key]["self_send"].get(schedule)
 
 
 class PipelinePath:
