@@ -114,21 +114,62 @@ class Divergence:
         return cls(**{k: v for k, v in data.items() if k in _DIVERGENCE_FIELDS})
 
 
+# The signature scheme: bump it whenever what goes into a signature changes;
+# a ledger recorded under another scheme is refused (``harness.gate.ledger``).
+SIGNATURE_SCHEME = 2
+MAX_WORDS = 24
+# Lines that are advice or a trace, not the error; and where a line's own trace or advice starts.
+_NOISE = ("traceback (most recent call last)", "set torch", "you can suppress", "for even more developer context",
+          "original traceback", "while executing")
+_TAIL = re.compile(r"(stack trace:|please report a bug|while executing|original traceback|set torch_logs|"
+                   r"set torchdynamo_verbose).*", re.IGNORECASE)
+_PATHISH = re.compile(r"\S*[/\\]\S*")
+_TOKEN = re.compile(r"[A-Za-z0-9_.']+")
+
+
+def message_words(text: str, names: frozenset[str] = frozenset()) -> str:
+    """An exception message reduced to its words: what the bug says, not where
+    it ran. Stack frames and code lines (indented), file paths, addresses,
+    numbers, dotted call sites and the case's own names are dropped, and only
+    the first lines count, so the same error gives the same words from any
+    checkout, on any machine, under any torch-internal line number."""
+    lines = [_TAIL.sub("", ln) for ln in text.splitlines() if ln.strip() and not ln[:1].isspace()
+             and not ln.lower().startswith(_NOISE)]
+    words: list[str] = []
+    for ln in [ln for ln in lines if ln.strip()][:2]:
+        for tok in _TOKEN.findall(_PATHISH.sub(" ", ln)):
+            tok = tok.strip("._'")
+            if tok and not any(c.isdigit() for c in tok) and "." not in tok and tok not in names:
+                words.append(tok.lower())
+    return " ".join(words[:MAX_WORDS])
+
+
 def _norm(what: str) -> str:
-    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"\b[wxnpb]\d+\b", "#", what))
+    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"\b[wxnpbgu]\d+\b", "#", what))
+
+
+def path_key(path: str) -> str:
+    """The family and variant of a path (``pipeline.ZBVZeroBubble.ranks2.stock``
+    -> ``pipeline.stock``): a schedule or layout is a knob of the case, not a
+    different bug, and the ledger's path patterns still say where a bug lives."""
+    parts = path.split(".")
+    return path if len(parts) <= 2 else f"{parts[0]}.{parts[-1]}"
 
 
 def signature(path: str, kind: str, what: str) -> str:
-    """A de-duplication key that ignores generated names and exact numbers."""
-    digest = hashlib.sha1(f"{path}|{kind}|{_norm(what)}".encode()).hexdigest()[:10]
-    return f"{path}-{kind}-{digest}"
+    """A de-duplication key built from what the bug is: family and variant,
+    kind, and the structural ``what`` (role and coefficient pattern, violated
+    invariant, or exception type and message words)."""
+    key = path_key(path)
+    digest = hashlib.sha1(f"{SIGNATURE_SCHEME}|{key}|{kind}|{_norm(what)}".encode()).hexdigest()[:10]
+    return f"{key}-{kind}-{digest}"
 
 
 def keys(path: str, kind: str, what: str) -> dict[str, str]:
     """``signature`` and ``shape`` for a Divergence: the shape leaves the path
     out, so a ledger bug filed under a path pattern (every zero-bubble
     schedule) can be recognised on a schedule its own cases never ran on."""
-    shape = hashlib.sha1(f"{kind}|{_norm(what)}".encode()).hexdigest()[:10]
+    shape = hashlib.sha1(f"{SIGNATURE_SCHEME}|{kind}|{_norm(what)}".encode()).hexdigest()[:10]
     return {"signature": signature(path, kind, what), "shape": f"{kind}-{shape}"}
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from harness.build import workarounds
 from harness.build.lifetime import Lifetime
 from harness.build.tensors import Built
 from harness.build.train import Trainer
@@ -83,6 +84,7 @@ def make_params(built: Built, device: str = "cpu") -> dict[str, torch.nn.Paramet
         params[p.name] = torch.nn.Parameter(
             values[p.name].to(device, built.dtype), requires_grad=p.requires_grad
         )
+    workarounds.on_params(params)
     init = built.case.schedule.grad_init
     prefill = built.prefill()
     for p in built.case.params:

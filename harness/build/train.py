@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.build import workarounds
 from harness.case.spec import Case
 from harness.case.training import OPTIMIZERS
 
@@ -33,7 +34,7 @@ class Trainer:
         self.clip_with = clip_with or torch.nn.utils.clip_grad_norm_
         self.clip = s.clip
         self.max_norm = s.max_norm
-        impl = "for_loop" if oracle else s.optimizer_impl
+        impl = "for_loop" if oracle else workarounds.optimizer_impl(s.optimizer_impl)
         self.foreach = {"foreach": True, "for_loop": False}.get(impl)
         self.optimizer = None
         trainable = [p for p in params.values() if p.requires_grad]

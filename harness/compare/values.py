@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.build.tensors import magnitude_bounds
-from harness.observation import Divergence, Observation, keys
+from harness.observation import Divergence, Observation, keys, message_words
 from harness.case.spec import Case
 from harness.build.schedule import first_inexact
 
@@ -82,13 +82,13 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     """``retained_grads``: whether the path promises intermediate ``.grad`` from ``retain_grad``."""
     tol = tol or Tolerance.for_case(case)
     found: list[Divergence] = []
+    names = case_names(case)
     if obs.failure is not None:
         f = obs.failure
-        what = f"{f.type}: {f.message}"
         found.append(
             Divergence(obs.path, "error", None, f.k if f.k >= 0 else None, None, None, None,
-                       f"raised {what} (the eager oracle ran this case fine)",
-                       **keys(obs.path, "error", what))
+                       f"raised {f.type}: {f.message} (the eager oracle ran this case fine)",
+                       **keys(obs.path, "error", f"{f.type}: {message_words(f.message, names)}"))
         )
     for m in obs.mutations:
         what = f"changed {m.what}"
@@ -100,7 +100,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     for v in obs.violations:
         found.append(
             Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
-                       **keys(obs.path, v.kind, v.key or v.what))
+                       **keys(obs.path, v.kind, v.key or message_words(v.what, names)))
         )
     found += _hook_counts(obs.path, oracle, obs, retained_grads)
     done: set[str] = set()
@@ -133,6 +133,11 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
                     done.add(key)
                     found.append(d)
     return found
+
+
+def case_names(case: Case) -> frozenset[str]:
+    """The names a case gave its tensors: never part of a signature."""
+    return frozenset(x.name for x in (*case.params, *case.inputs, *case.nodes))
 
 
 def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,

@@ -118,6 +118,37 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
     return out
 
 
+def rescheme(ledger_file: str) -> bool:
+    """Move a ledger recorded under another signature scheme to this one: its
+    signatures cannot be translated (they are hashes), so they are dropped and
+    ``record`` re-records what each entry's cases show on this machine (run
+    ``gradfuzz ledger --write`` on the other torch versions and machines too).
+    False, and nothing written, when the ledger is already on this scheme."""
+    from harness.case import schema as sc
+    from harness.observation import SIGNATURE_SCHEME
+
+    data = sc.read_json(ledger_file, sc.MAX_LEDGER_BYTES, "ledger")
+    if isinstance(data, dict) and data.get("signature_scheme") == SIGNATURE_SCHEME:
+        return False
+    if isinstance(data, dict):
+        data = {"gradfuzz_ledger": data.get("gradfuzz_ledger"), "signature_scheme": SIGNATURE_SCHEME,
+                **{k: v for k, v in data.items() if k not in ("gradfuzz_ledger", "signature_scheme")}}
+        for b in data.get("bugs") if isinstance(data.get("bugs"), list) else []:
+            if isinstance(b, dict):
+                b["signatures"] = []
+    ledger_mod.from_json(data, ledger_file)  # the rest of the file must be valid as it stands
+    _write(ledger_file, data)
+    return True
+
+
+def _write(ledger_file: str, data: dict) -> None:
+    tmp = f"{ledger_file}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, ledger_file)
+
+
 def record(ledger_file: str, problems: list[Problem]) -> int:
     """Add each ``unrecorded`` or ``misfiled`` signature to the entries whose
     cases show it; the file keeps its layout otherwise. Returns how many were
@@ -141,9 +172,5 @@ def record(ledger_file: str, problems: list[Problem]) -> int:
                     if s not in have:
                         have.append(s)
                         n += 1
-    tmp = f"{ledger_file}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, ledger_file)
+    _write(ledger_file, data)
     return n

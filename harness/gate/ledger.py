@@ -16,12 +16,17 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from harness.build import workarounds
 from harness.case import schema as sc
 from harness.case.spec import SpecError
 from harness.out.corpus import CorpusError, covers
 from harness.gate.status import STATUSES
+from harness.observation import SIGNATURE_SCHEME
 
 LEDGER_VERSION = 1
+# An entry's ``workaround`` when none exists from outside: its findings are
+# "known by signature only", shown apart in every report.
+NO_WORKAROUND = "none"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,9 @@ class Bug:
     upstream: str = ""
     cases: tuple[str, ...] = ()  # corpus files, relative to the ledger
     signatures: tuple[str, ...] = ()
+    # What a user does from outside to avoid the bug, by name (``harness.paths.workarounds``);
+    # ``none``: nothing can be done from outside (upgrade torch).
+    workaround: str = NO_WORKAROUND
 
     def covers(self, path: str) -> bool:
         return covers(self.path, path)
@@ -61,6 +69,10 @@ class Ledger:
         hits = [b for b in self.for_path(path) if signature in b.signatures or case_file and self.is_case_of(b, case_file)]
         return first(hits, version)
 
+    def by_id(self, bug_id: str, path: str) -> Bug:
+        """The entry for ``bug_id`` that covers ``path`` (one entry per bug and path)."""
+        return next(b for b in self.bugs if b.id == bug_id and b.covers(path))
+
     def is_case_of(self, bug: Bug, file: str) -> bool:
         """Whether corpus ``file`` is one of ``bug``'s cases (listed relative to the ledger)."""
         return any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(file) for c in bug.cases)
@@ -75,7 +87,7 @@ def first(hits: list[Bug], version: str | None) -> Bug | None:
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_BUG_FIELDS = ("id", "path", "torch", "summary", "upstream", "cases", "signatures")
+_BUG_FIELDS = ("id", "path", "torch", "summary", "upstream", "cases", "signatures", "workaround")
 MAX_BUGS = 10_000
 
 
@@ -90,10 +102,11 @@ def _case_file(v: Any, where: str) -> str:
 def from_json(data: Any, file: str) -> Ledger:
     """A parsed ledger -> Ledger, every field checked; FileError naming the file and field."""
     try:
-        sc.obj(data, "", ("gradfuzz_ledger", "bugs"))
+        sc.obj(data, "", ("gradfuzz_ledger", "bugs"), ("gradfuzz_ledger", "signature_scheme", "bugs"))
         v = data["gradfuzz_ledger"]
         if type(v) is not int or v != LEDGER_VERSION:
             raise SpecError("gradfuzz_ledger", f"expected {LEDGER_VERSION}, got {sc._show(v)}")
+        _scheme(data.get("signature_scheme", 1))
         bugs, ids = [], set()
         for i, b in enumerate(sc.array(data["bugs"], "bugs", MAX_BUGS)):
             where = f"bugs[{i}]"
@@ -109,12 +122,23 @@ def from_json(data: Any, file: str) -> Ledger:
             cases = tuple(_case_file(c, f"{where}.cases[{j}]") for j, c in enumerate(sc.array(b.get("cases", []), f"{where}.cases")))
             sigs = tuple(sc.signature(x, f"{where}.signatures[{j}]")
                          for j, x in enumerate(sc.array(b.get("signatures", []), f"{where}.signatures", 1024)))
-            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs}))
+            wa = sc.string(b.get("workaround", NO_WORKAROUND), f"{where}.workaround",
+                           choices=(NO_WORKAROUND, *workarounds.EFFECTS))
+            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa}))
     except SpecError as e:
         if not e.where:
             raise CorpusError(file, "expected a JSON object with gradfuzz_ledger and bugs") from None
         raise CorpusError(file, f"field {e}") from None
     return Ledger(bugs, os.path.dirname(os.path.abspath(file)))
+
+
+def _scheme(v: Any) -> None:
+    """Signatures are hashes of what the scheme puts in them: one recorded
+    under another scheme can never match, so the whole ledger is refused."""
+    if type(v) is not int or v != SIGNATURE_SCHEME:
+        raise SpecError("signature_scheme", f"the ledger's signatures were recorded under scheme {sc._show(v)}; this "
+                        f"gradfuzz computes scheme {SIGNATURE_SCHEME}: re-record them with `gradfuzz ledger --rescheme` "
+                        "(replays each entry's cases and records what they show here)")
 
 
 def load(file: str) -> Ledger:
@@ -170,6 +194,7 @@ def load_report(file: str) -> dict[str, Any]:
 def to_json(ledger: Ledger) -> dict[str, Any]:
     return {
         "gradfuzz_ledger": LEDGER_VERSION,
+        "signature_scheme": SIGNATURE_SCHEME,
         "bugs": [{k: list(v) if isinstance(v, tuple) else v for k, v in b.__dict__.items()} for b in ledger.bugs],
     }
 

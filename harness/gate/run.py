@@ -77,9 +77,12 @@ class GateReport:
 
 
 def _classify(bug: ledger_mod.Bug, version: str, reproduced: bool) -> str:
+    """A bug's signature shown (``reproduced``) inside its range is known (to
+    be confirmed by its workaround), past it a regression, before it a range
+    that starts too late; never plain known outside the range."""
     rel = bug.relation(version)
     if reproduced:
-        return {"in": "known", "after": "regression", "before": "new"}[rel]
+        return {"in": "known", "after": "regression", "before": "range_wrong"}[rel]
     return {"in": "not_reproduced", "after": "fixed", "before": "fixed"}[rel]
 
 
@@ -153,9 +156,47 @@ def run_gate(
             bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
             status = _classify(bug, version, True) if bug else "new"
             report.rows.append(_row(status, d, bug, "fuzz"))
+    confirm_known(report.rows, live, led, slack)
     report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
     return report
+
+
+def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, slack: float | None) -> None:
+    """"Known" is causal: each (bug, path, signature) row the ledger would call
+    known is run again with the bug's outside workaround in force. Gone: known.
+    Still there: it only resembles the bug, and fails the gate. No workaround
+    (or none this path can apply): known by signature only, shown apart."""
+    by_name = {p.name: p for p in live}
+    verdicts: dict[tuple[str, str, str | None], tuple[str, str]] = {}
+    for r in rows:
+        if r.status != "known" or r.bug is None:
+            continue
+        key = (r.bug, r.path, r.signature)
+        if key not in verdicts:
+            verdicts[key] = _workaround_verdict(led.by_id(r.bug, r.path), by_name.get(r.path), r, slack)
+        r.status, note = verdicts[key]
+        r.detail = f"{r.detail} [{note}]"
+
+
+def _workaround_verdict(bug: ledger_mod.Bug, path: Path | None, row: Row, slack: float | None) -> tuple[str, str]:
+    from harness.case.spec import Case
+    from harness.engine.check import check
+    from harness.paths.workarounds import apply
+
+    if bug.workaround == ledger_mod.NO_WORKAROUND:
+        return "known_signature_only", "the ledger knows no workaround from outside: matched by signature only"
+    worked = apply(path, bug.workaround) if path is not None and row.case is not None else None
+    if worked is None:
+        return "known_signature_only", f"workaround {bug.workaround} is not applied on {row.path} here: by signature only"
+    shape = (row.divergence or {}).get("shape")
+    case = Case.from_json(row.case)
+    if worked.supports(case) is not None:
+        return "known_signature_only", f"the case is outside {row.path}'s contract with {bug.workaround}: by signature only"
+    left = [d for d in check(case, worked, slack=slack) if d.shape == shape]
+    if left:
+        return "resembles", f"resembles {bug.id}, but its workaround ({bug.workaround}) does not remove it"
+    return "known", f"confirmed: {bug.workaround} removes it"
 
 
 def one_row_per_bug(rows: list[Row]) -> list[Row]:

@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.paths.workarounds import IN_PROCESS
 from harness.build.tensors import Built
 from harness.observation import Grads, Observation
 from harness.case.ops import OPS
@@ -266,6 +267,7 @@ class CheckpointPath:
     ``rules`` are the stock contract's exclusions, each a function of the
     case returning why it is outside (or None).
     """
+    workarounds = IN_PROCESS
 
     def __init__(self, name: str, wrap: Wrap | None, *, sequential: bool = False,
                  ambient: Callable[[], Any] | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.paths.workarounds import IN_PROCESS
 from harness.observation import Grads, Observation
 from harness.build.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Repro
@@ -24,6 +25,7 @@ def _backward(outs, cots, inputs, params) -> Grads:
 class EagerAccumulate:
     name = "eager.accumulate"
     contract = Contract(retained_grads=True, gap_cases=True, graph_freed=True, model_parts=True)
+    workarounds = IN_PROCESS
 
     def availability(self) -> Availability:
         return Availability(True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from harness.paths.workarounds import IN_PROCESS
 from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
 from harness.build.schedule import run_schedule
@@ -77,6 +78,8 @@ class SplitPath:
     contract = Contract(retained_grads=False, gap_cases=True, model_parts=True, leaf_input_grads=False, graph_freed=True,
                         graph_freed_while_held=False)
 
+    workarounds = IN_PROCESS
+
     def __init__(self, name: str, impl: str, stock_contract: bool, twin: bool = False) -> None:
         self.name = name
         self.impl_spec = impl
@@ -90,6 +93,12 @@ class SplitPath:
             loaded = load_impl(self.impl_spec)
             self._impl = _Workarounds(loaded) if self.twin else loaded
         return self._impl
+
+    def with_workaround(self, name: str) -> "SplitPath | None":
+        """The twin under this path's name: ``split-clone-adopted`` is what it does."""
+        if name != "split-clone-adopted" or self.twin:
+            return None
+        return SplitPath(self.name, self.impl_spec, self.stock_contract, twin=True)
 
     def availability(self) -> Availability:
         try:

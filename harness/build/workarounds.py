@@ -1,0 +1,52 @@
+"""Outside workarounds of known bugs, as the code that builds and trains a case applies them.
+
+A ledger entry names what a user would do to avoid its bug without
+touching the machinery (``harness.paths.workarounds`` says which paths can
+apply which). "Known" is causal: a finding is that bug only when running
+the same case again with the workaround in force removes it. The workarounds
+in force for the run in this process are a context variable, so a path that
+builds its parameters and trainer here (``make_params``, ``Trainer``) needs
+no code of its own to take them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
+
+import torch
+
+ACTIVE: ContextVar[frozenset[str]] = ContextVar("gradfuzz_workarounds", default=frozenset())
+
+# name -> what a user does, in one sentence (shown in reports beside "known").
+EFFECTS = {
+    "clone-grads": "register a hook on every parameter that returns a clone of its incoming grad "
+                   "(AccumulateGrad then never adopts a view of a shared buffer)",
+    "optimizer-for-loop": "construct the optimizer with foreach=False (and without fused=True): the for-loop step",
+    "split-clone-adopted": "after stage_backward_weight, replace each .grad it set on a parameter whose .grad was None "
+                           "by a contiguous clone",
+}
+
+
+@contextmanager
+def in_force(name: str) -> Iterator[None]:
+    token = ACTIVE.set(ACTIVE.get() | {name})
+    try:
+        yield
+    finally:
+        ACTIVE.reset(token)
+
+
+def on_params(params: dict[str, torch.nn.Parameter]) -> None:
+    """What the workarounds in force do to freshly made parameters."""
+    if "clone-grads" in ACTIVE.get():
+        for p in params.values():
+            if p.requires_grad:
+                p.register_hook(torch.clone)
+
+
+def optimizer_impl(impl: str) -> str:
+    """The optimizer implementation the case names ("" is torch's choice), or
+    the for-loop one when that workaround is in force."""
+    return "for_loop" if "optimizer-for-loop" in ACTIVE.get() else impl

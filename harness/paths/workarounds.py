@@ -1,0 +1,50 @@
+"""Which path applies which outside workaround, so the gate can test "known" causally.
+
+A path offers a workaround either by listing its name in ``workarounds``
+(the in-process ones of ``harness.build.workarounds``: the path builds its
+parameters and trainer in this process, so the context variable reaches
+them) or by ``with_workaround(name)`` returning a path of its own (the
+split twin). Anything else cannot apply it, and its findings stay "known by
+signature only".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.build.workarounds import in_force
+from harness.case.spec import Case
+from harness.observation import Observation
+
+# The workarounds a path running its schedule in this process applies with no code of its own.
+IN_PROCESS = ("clone-grads", "optimizer-for-loop")
+
+
+class WorkedAround:
+    """``path`` with one outside workaround in force; the same name, contract and repro."""
+
+    def __init__(self, path: Any, workaround: str) -> None:
+        self.path, self.workaround = path, workaround
+        self.name, self.contract = path.name, path.contract
+
+    def availability(self) -> Any:
+        return self.path.availability()
+
+    def supports(self, case: Case) -> str | None:
+        return self.path.supports(case)
+
+    def run(self, case: Case) -> Observation:
+        with in_force(self.workaround):
+            return self.path.run(case)
+
+    def repro(self, case: Case) -> Any:
+        return self.path.repro(case)
+
+
+def apply(path: Any, workaround: str) -> Any | None:
+    """``path`` with ``workaround`` applied from outside, or None where it cannot be."""
+    own = getattr(path, "with_workaround", None)
+    made = own(workaround) if callable(own) else None
+    if made is not None:
+        return made
+    return WorkedAround(path, workaround) if workaround in getattr(path, "workarounds", ()) else None
