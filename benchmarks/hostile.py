@@ -91,6 +91,7 @@ def base_entry() -> dict[str, Any]:
 def base_ledger() -> dict[str, Any]:
     return {
         "gradfuzz_ledger": 1,
+        "signature_scheme": 2,
         "bugs": [{
             "id": "hostile-base", "path": "split.stock", "torch": "<2.13", "summary": "a base entry",
             "upstream": "https://example.invalid/1", "cases": ["case.json"],

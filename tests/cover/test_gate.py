@@ -37,12 +37,12 @@ def _world(tmp_path, torch_range: str | None):
     bugs = [] if torch_range is None else [
         {"id": "canary-bug", "path": "split.stock", "torch": torch_range, "summary": "double count",
          "cases": ["split/nested.json"], "upstream": "https://example.invalid/1"}]
-    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
     return str(cases), str(cases / "ledger.json")
 
 
 @pytest.mark.parametrize("impl, torch_range, status, fails", [
-    ("harness.canaries.split:double_count_nested", f">={V}", "known", False),
+    ("harness.canaries.split:double_count_nested", f">={V}", "known_signature_only", False),
     ("harness.canaries.split:double_count_nested", "<2.0", "regression", True),
     ("harness.canaries.split:double_count_nested", None, "new", True),
     ("oracles.split_fixed", "<2.0", "fixed", False),
@@ -58,6 +58,51 @@ def test_classification(tmp_path, impl, torch_range, status, fails):
     assert rep["passed"] is (not fails) and rep["counts"][status] == 1
 
 
+def _ledger_world(tmp_path, case_file: str, bug: dict) -> tuple[str, str]:
+    """A corpus of one filed case (copied from cases/) under one ledger entry."""
+    cases = tmp_path / "cases"
+    (cases / os.path.dirname(case_file)).mkdir(parents=True)
+    (cases / case_file).write_text(open(os.path.join(ROOT, "cases", case_file)).read())
+    led = cases / "ledger.json"
+    led.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [{**bug, "cases": [case_file]}]}))
+    return str(cases), str(led)
+
+
+@pytest.mark.parametrize("workaround, status", [
+    ("clone-grads", "known"),  # the view steal's outside workaround removes it: known, causally
+    ("optimizer-for-loop", "resembles"),  # a workaround of another bug leaves it: not this bug, fails
+    ("none", "known_signature_only"),
+])
+def test_known_means_the_workaround_removes_it(tmp_path, workaround, status):
+    cases, led = _ledger_world(tmp_path, "eager/accumulategrad_stack_alias.json", {
+        "id": "steal", "path": "eager.accumulate", "torch": f">={V}", "summary": "view steal", "workaround": workaround})
+    report = gate.run_gate(resolve("eager.accumulate"), corpus_dirs=[cases], ledger_file=led, minutes=0,
+                           run_selfcheck=False)
+    assert {(r.status, r.bug) for r in report.rows} == {(status, "steal")}, [r.detail for r in report.rows]
+    assert report.failed is (status == "resembles")
+
+
+def test_a_signature_before_its_range_is_range_wrong_not_known(tmp_path):
+    cases, led = _ledger_world(tmp_path, "eager/accumulategrad_stack_alias.json", {
+        "id": "steal", "path": "eager.accumulate", "torch": ">=99", "summary": "view steal", "workaround": "clone-grads"})
+    report = gate.run_gate(resolve("eager.accumulate"), corpus_dirs=[cases], ledger_file=led, minutes=0,
+                           run_selfcheck=False)
+    assert {r.status for r in report.rows} == {"range_wrong"} and report.failed
+
+
+def test_a_ledger_of_another_signature_scheme_is_refused_and_rescheme_moves_it(tmp_path):
+    from harness.gate import audit
+    from harness.case.schema import FileError
+
+    f = tmp_path / "ledger.json"
+    f.write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": [
+        {"id": "x", "path": "split.stock", "torch": "<2.13", "summary": "s", "signatures": ["split.stock-value-0123456789"]}]}))
+    with pytest.raises(FileError, match="signature_scheme.*scheme 1.*scheme 2.*--rescheme"):
+        ledger.load(str(f))
+    assert audit.rescheme(str(f)) and not audit.rescheme(str(f))
+    assert ledger.load(str(f)).bugs[0].signatures == ()
+
+
 def test_reports_render_from_the_json(tmp_path):
     cases, led = _world(tmp_path, None)
     paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested")) + resolve("split.fixed")
@@ -65,7 +110,8 @@ def test_reports_render_from_the_json(tmp_path):
     suite = ET.fromstring(gate_report.junit(rep))
     assert suite.get("failures") == "1" and len(suite.findall("testcase")) >= 2
     md = gate_report.markdown(rep)
-    assert "| NEW divergence | 1 | split: `split.stock` |" in md  # one row per (status, bug or signature, family)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| NEW divergence |"))  # one row per signature
+    assert "split.stock: " in row and "(value)" in row and "`split.stock`" in row  # its title and path
     page = gate_report.html_page(rep)
     assert "def forward(v):" in page  # the repro script inline
     try:
@@ -91,7 +137,7 @@ def test_baseline_and_version_table():
 
 def test_malformed_ledger_names_file_and_field(tmp_path):
     f = tmp_path / "ledger.json"
-    f.write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": [{"id": "x", "path": "p", "torch": "~~2", "summary": "s"}]}))
+    f.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [{"id": "x", "path": "p", "torch": "~~2", "summary": "s"}]}))
     with pytest.raises(corpus.CorpusError, match=r"ledger.json: field bugs\[0\]\.torch"):
         ledger.load(str(f))
 
@@ -174,10 +220,10 @@ def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names
     common = {"path": "split.stock", "torch": f">={V}", "cases": ["split/nested.json"]}
     bugs = [{"id": "first", "summary": "listed first", **common},
             {"id": "named", "summary": "names the signature", "signatures": sorted(sigs), **common}]
-    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
     report = gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"), minutes=0,
                            run_selfcheck=False)
-    assert {(r.status, r.bug) for r in report.rows} == {("known", "named")}
+    assert {(r.status, r.bug) for r in report.rows} == {("known_signature_only", "named")}
 
 
 def test_a_case_of_a_later_bug_showing_an_older_bugs_signature_is_that_older_bug(tmp_path):
@@ -194,13 +240,13 @@ def test_a_case_of_a_later_bug_showing_an_older_bugs_signature_is_that_older_bug
              "cases": ["split/nested.json"], "signatures": sigs},
             {"id": "older", "path": "split.stock", "torch": f">={V}", "summary": "affects this torch",
              "signatures": sigs}]
-    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
     run = lambda: gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"),  # noqa: E731
                                 minutes=0, run_selfcheck=False)
-    assert {(r.status, r.bug) for r in run().rows} == {("known", "older")}
-    bugs[1]["signatures"] = []  # nothing affecting this torch records it: news under the case's own bug
-    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
-    assert {(r.status, r.bug) for r in run().rows} == {("new", "later")}
+    assert {(r.status, r.bug) for r in run().rows} == {("known_signature_only", "older")}
+    bugs[1]["signatures"] = []  # nothing affecting this torch records it: the later bug, shown too early
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
+    assert {(r.status, r.bug) for r in run().rows} == {("range_wrong", "later")}  # its signature, before its range
 
 def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(tmp_path):
     """A ledger bug fixed before this version, whose own case agrees in the
@@ -216,7 +262,7 @@ def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(
     corpus.save(cases / "split", "plain", corpus.Entry(plain, {"title": "agrees"}))
     old = {"id": "old", "path": "split.stock", "torch": "<2.0", "summary": "fixed long ago",
            "cases": ["split/plain.json"], "signatures": sorted({d.signature for d in check(nested(), paths[0])})}
-    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": [old]}))
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [old]}))
     report = gate.run_gate(paths, corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"), minutes=0.1,
                            run_selfcheck=False)
     fuzz = [r for r in report.rows if r.source == "fuzz"]
@@ -234,12 +280,13 @@ def test_reports_group_a_bug_seen_on_many_paths_into_one_row_and_end_on_the_verd
            "rows": [{**row, "path": f"pipeline.S{i}.stock"} for i in range(30)] + [{**row, "path": "split.stock"}]}
     md = gate_report.markdown(rep)
     body = [ln for ln in md.splitlines() if ln.startswith("| known")]
-    assert len(body) == 2  # 30 pipeline rows -> one, the split row -> one
-    assert "| 30 | pipeline: `pipeline.S0.stock, " in md and " and 26 more` | optim-x |" in md
-    term = gate_report.terminal(rep).splitlines()
-    assert term[-1].startswith("=") and "PASSED (31 known)" in term[-1]
+    assert len(body) == 1  # one bug on 31 paths of two families -> one row listing the paths
+    assert "| optim-x | `pipeline.S0.stock`, `pipeline.S1.stock`, " in md and " and 27 more |" in md
+    term = gate_report.terminal(rep, width=100).splitlines()
+    assert term[0].startswith("gradfuzz gate PASSED") and "31 known" in term[0]  # the verdict first
+    assert term[-1].startswith("=") and "PASSED (31 known)" in term[-1]  # and last, pytest style
     suite = ET.fromstring(gate_report.junit(rep))
-    assert len([t for t in suite.findall("testcase") if not t.get("name").startswith("examples")]) == 2
+    assert len([t for t in suite.findall("testcase") if not t.get("name").startswith("examples")]) == 1
 
 
 def test_shrinking_is_bounded_by_counts_not_by_wall_time():

@@ -33,7 +33,7 @@ def test_a_signature_filed_under_the_wrong_bug_is_reported(tmp_path):
         {"id": "the-real-bug", "path": "split.stock", "torch": ">=2.0", "summary": "s", "cases": ["case.json"]},
         {"id": "another-bug", "path": "split.stock", "torch": ">=2.0", "summary": "s", "signatures": [sig]},
     ]
-    (tmp_path / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "bugs": bugs}))
+    (tmp_path / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
     found = audit(str(tmp_path / "ledger.json"), resolve("split.stock"), torch.__version__)
     assert [(p.kind, p.bug, p.signature) for p in found.problems] == [("misfiled", "the-real-bug", sig)]
     assert "another-bug" in found.problems[0].detail
