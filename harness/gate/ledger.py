@@ -199,17 +199,29 @@ def to_json(ledger: Ledger) -> dict[str, Any]:
     }
 
 
-def labeller(file: str = "cases/ledger.json"):
-    """``label(path, signature)`` for fuzzing fronts: ``known: <id>`` when the
-    ledger names the signature for that path, else ``not in ledger``. The
-    ledger is read once; without one every finding is ``not in ledger``."""
+def signature_label(bug: Bug | None, version: str) -> str:
+    """What a signature match alone may say: a fuzzing front does not run the
+    workaround, so it never says plain "known" (the gate decides that)."""
+    if bug is None:
+        return "not in ledger"
+    return {"in": f"resembles {bug.id} (signature; `gradfuzz gate` checks its workaround)",
+            "after": f"regression? {bug.id} (fixed in its range {bug.torch})",
+            "before": f"range wrong? {bug.id} (its range {bug.torch} starts later)"}[bug.relation(version)]
+
+
+def labeller(file: str | None = None):
+    """``label(path, signature)`` for fuzzing fronts (``signature_label``). The
+    ledger is read once. ``file`` None: the installed project's ledger
+    (``harness.project``); a ledger that is not there is a UsageError, never
+    an empty one that would call every known bug "not in ledger"."""
     import torch
 
-    led = load(file) if os.path.exists(file) else Ledger()
+    from harness import project
+
+    led = load(project.ledger_file(file))
     version = torch.__version__
 
     def label(path: str, signature: str) -> str:
-        bug = led.match(path, signature, version=version)
-        return f"known: {bug.id}" if bug is not None else "not in ledger"
+        return signature_label(led.match(path, signature, version=version), version)
 
     return label
