@@ -231,6 +231,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     import os
 
     from harness.gate import run as gate
+    from harness.cli.progress import PhaseLines
     from harness.gate import report as gate_report
     from harness.out.corpus import atomic_write
 
@@ -252,24 +253,24 @@ def cmd_gate(args: argparse.Namespace) -> int:
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
                            workers=_workers(args.numprocesses), options=options,
-                           progress=lambda s: (args.verbose or not s.startswith("[case]"))
-                           and print(s, file=sys.stderr, flush=True), slack=args.tolerance_slack)
+                           progress=PhaseLines(verbose=args.verbose), slack=args.tolerance_slack)
     rep = report.to_json()
     if base is not None:
         print("\n".join(gate.compare_baseline(rep, base)))
-    print(gate_report.terminal(rep))  # the verdict is its last line
+    where = {"save_dir": args.save, "full": args.json}  # repro links and "see FILE" in the reports
+    print(gate_report.terminal(rep, **where))  # the verdict first and last
     if args.json:
         atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
     if args.junit:
-        atomic_write(args.junit, gate_report.junit(rep))
-    md = gate_report.markdown(rep)
+        atomic_write(args.junit, gate_report.junit(rep, save_dir=args.save))
+    md = gate_report.markdown(rep, **where)
     if args.markdown:
         atomic_write(args.markdown, md)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
             f.write(md)
     if args.html:
-        atomic_write(args.html, gate_report.html_page(rep))
+        atomic_write(args.html, gate_report.html_page(rep, **where))
     return 1 if report.failed else 0
 
 

@@ -8,10 +8,13 @@ fuzzing loop never waits for the terminal.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
 from typing import IO, Any, Callable
+
+from harness.out.text import scrub, shorten, terminal_width
 
 View = dict[str, Any]
 
@@ -45,15 +48,86 @@ def summarize(view: View) -> dict[str, Any]:
             "finds": sum(view.get("counts", {}).values())}
 
 
-def plain_line(view: View) -> str:
+def fit(line: str, width: int | None = None) -> str:
+    """A progress line as a terminal shows it: one line, no path of this
+    machine, cut at a word to the terminal's width (a 2,000-character line
+    wraps into a screenful nobody reads)."""
+    return shorten(scrub(line), width or terminal_width())
+
+
+def _listing(items: list[str], room: int) -> str:
+    """As many of ``items`` as fit in ``room`` characters, the rest counted."""
+    shown: list[str] = []
+    for i, item in enumerate(items):
+        more = f" (+{len(items) - i - 1} more)" if i < len(items) - 1 else ""
+        if len(", ".join(shown + [item]) + more) > room:
+            return ", ".join(shown) + f"{' ' if shown else ''}(+{len(items) - len(shown)} more)"
+        shown.append(item)
+    return ", ".join(shown)
+
+
+def plain_line(view: View, width: int | None = None) -> str:
+    """The fuzz phase in one line within ``width``: time, done/total, ETA,
+    finds; then the slowest paths first, as many as fit, the rest counted."""
+    width = width or terminal_width()
     s = summarize(view)
+    paths = view.get("paths", {})
     left = f", {_clock(s['left'])} left" if s["left"] is not None else ""
-    per = ", ".join(
-        f"{name} {t['examples']} ({t['examples'] / max(s['elapsed'], 1e-9):.0f}/s)" for name, t in view.get("paths", {}).items()
-    )
     workers = f", {view['workers']} workers" if view.get("workers", 1) > 1 else ""
-    return (f"gradfuzz [{_clock(s['elapsed'])} elapsed{left}{workers}] {s['total']} examples ({s['rate']:.0f}/s)"
-            f"{': ' + per if per else ''}; {s['finds']} divergence(s) in {s['signatures']} signature(s)")
+    want = view.get("examples_budget") and view["examples_budget"] * len(paths)
+    done = f"{s['total']}/{want}" if want else f"{s['total']}"
+    head = (f"gradfuzz [fuzz {_clock(s['elapsed'])}{left}{workers}] {done} examples ({s['rate']:.0f}/s); "
+            f"{s['finds']} finds, {s['signatures']} distinct")
+    rate = lambda t: t["examples"] / max(s["elapsed"], 1e-9)  # noqa: E731
+    slowest = sorted(paths.items(), key=lambda kv: (rate(kv[1]), kv[0]))
+    items = [f"{name} {t['examples']} ({rate(t):.0f}/s)" for name, t in slowest]
+    room = width - len(head) - len("; slowest: ")
+    if not items or room < 20:
+        return fit(head, width)
+    return fit(f"{head}; slowest: {_listing(items, room)}", width)
+
+
+_COUNT = re.compile(r"^\[(?P<announce>phase\] )?(?P<phase>[a-z][\w-]*)[^\]\d]*?\b(?P<done>\d+)/(?P<total>\d+)")
+
+
+class PhaseLines:
+    """The gate's progress callback: every line names its phase (selfcheck,
+    replay, fuzz), done/total where the emitter counted, an ETA where it can
+    be estimated, and fits the terminal. Emitters stay simple: this is the
+    one place that knows how wide a line may be.
+
+    ``[NAME i/N]`` reports step i done; ``[phase] NAME ... i/N`` announces
+    step i starting; a line that already says what is ``left`` is kept."""
+
+    def __init__(self, stream: IO[str] | None = None, verbose: bool = False, width: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream
+        self.verbose = verbose
+        self.width = width
+        self.clock = clock
+        self.phase = ""
+        self.since = clock()  # when the current phase began (or the one before it ended)
+
+    def line(self, text: str) -> str:
+        """``text`` as shown: phase, count, ETA, width."""
+        m = _COUNT.match(text)
+        if m is None:
+            return fit(f"[{self.phase}] {text}" if self.phase and not text.startswith(f"[{self.phase}") else text,
+                       self.width)
+        now = self.clock()
+        if m["phase"] != self.phase:
+            self.phase, self.since = m["phase"], now if m["announce"] else self.since
+        done, total = int(m["done"]) - (1 if m["announce"] else 0), int(m["total"])
+        if " left" not in text and 0 < done < total:
+            eta = (now - self.since) / done * (total - done)
+            text = f"{text[:m.end()]}, ~{_clock(eta)} left{text[m.end():]}"
+        self.since = self.since if done < total else now  # the next phase starts where this one ends
+        return fit(text, self.width)
+
+    def __call__(self, text: str) -> None:
+        if text.startswith("[case]") and not self.verbose:
+            return
+        print(self.line(text), file=self.stream or sys.stderr, flush=True)
 
 
 def render(view: View) -> Any:
@@ -134,7 +208,7 @@ class Display:
     def event(self, line: str) -> None:
         """A one-off line (a new divergence, an unavailable path)."""
         if self.mode == "plain":
-            print(f"gradfuzz: {line}", file=self.stream, flush=True)
+            print(fit(f"gradfuzz: {line}"), file=self.stream, flush=True)
         elif self.mode == "live":
             with self._lock:
                 self._events.append(line)
@@ -173,7 +247,7 @@ class Display:
             except Exception:
                 continue
             for line in self._new_signatures(v):
-                print(f"gradfuzz: {line}", file=self.stream, flush=True)
+                print(fit(f"gradfuzz: {line}"), file=self.stream, flush=True)
             if time.monotonic() >= next_line:
                 next_line += self.every
                 print(plain_line(v), file=self.stream, flush=True)

@@ -10,32 +10,61 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+import os
+import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
 from harness.gate.status import FAILING, ORDER, STATUSES
+from harness.out.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten, terminal_width
 
 STATUS_WORDS = {k: s.words for k, s in STATUSES.items()}
+MAX_ROWS = 40  # table rows a reviewer reads; the JSON record keeps every row
+CELL = 160  # characters of detail in a Markdown cell
+TITLE = 120  # characters of a finding's one-line title
+
+
+def words(status: str) -> str:
+    """How reports name a status: from the status table, so a status added
+    there shows in every report (an unknown one shows as itself)."""
+    return STATUS_WORDS.get(status, status)
+
+
+def _rank(status: str) -> int:
+    return ORDER.index(status) if status in ORDER else len(ORDER)
 
 
 def _sorted(rows):
-    return sorted(rows, key=lambda r: (ORDER.index(r["status"]), r["path"]))
+    return sorted(rows, key=lambda r: (_rank(r["status"]), r["path"]))
 
 
 def family(path: str) -> str:
     return path.split(".", 1)[0]
 
 
+def _key(r: dict[str, Any]) -> tuple[str, ...]:
+    """What makes two rows one line: the same bug on any path (a bug seen on
+    31 paths is one thing to read), else the same signature (a new finding
+    is news of its own), else the family for rows that pass (unavailable
+    paths) and the row itself for the rest (a harness error each)."""
+    if r.get("bug"):
+        return (r["status"], "bug", r["bug"])
+    if r.get("signature"):
+        return (r["status"], "signature", r["signature"])
+    if r["status"] in FAILING:
+        return (r["status"], "row", r["path"], r["detail"])
+    return (r["status"], "family", family(r["path"]))
+
+
 def groups(rep: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows grouped by (status, ledger bug or signature, path family), worst
-    first: one line per bug and family however many paths and cases show
-    it, with the count, the paths and one representative row."""
-    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    """Rows grouped into one line per bug (or per signature where no bug
+    owns it), worst first, with the count, the paths and one representative row."""
+    out: dict[tuple[str, ...], dict[str, Any]] = {}
     for r in _sorted(rep["rows"]):
-        what = r["bug"] or (r["signature"] if r["status"] in ("new", "regression") else "") or ""
-        key = (r["status"], what, family(r["path"]))
-        g = out.setdefault(key, {"status": r["status"], "what": what, "family": key[2], "count": 0, "paths": [],
-                                 "first": r})
+        what = r.get("bug") or r.get("signature") or ""
+        g = out.setdefault(_key(r), {"status": r["status"], "what": what, "family": family(r["path"]), "count": 0,
+                                     "paths": [], "first": r})
         g["count"] += 1
         if r["path"] not in g["paths"]:
             g["paths"].append(r["path"])
@@ -47,77 +76,288 @@ def _paths_text(g: dict[str, Any], most: int = 4) -> str:
     return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
 
+# --- a finding's title and repro ------------------------------------------------------------
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.3g}x"
+
+
+def _when(d: dict[str, Any]) -> str:
+    k = d.get("microbatch")
+    if k is None or k < 0:
+        return ""
+    return f" after {k + 1} microbatch{'' if k == 0 else 'es'}"
+
+
+def _value_words(d: dict[str, Any]) -> str:
+    """A wrong value in words: whose grad, by what factor, when."""
+    label = d.get("param") or "a value"
+    subject = label if " " in label else f"{label}'s grad"
+    detail, ratio, when = d.get("detail") or "", d.get("ratio"), _when(d)
+    if ratio is not None and abs(ratio) < 1e-6:
+        return f"{subject} is zero{when} where eager's is not"
+    if ratio is None:
+        if "where autograd gives none" in detail:
+            return f"{label} gets a grad{when} where eager gives none"
+        return f"{subject} has the wrong shape{when}" if "shape" in detail else f"{subject} differs from eager's{when}"
+    if abs(ratio - 1) < 0.01:
+        rel = d.get("max_rel")
+        return f"{subject} differs from eager's{when}" + (f" (max rel diff {rel:.2g})" if rel is not None else "")
+    return f"{subject} is {_times(ratio)} eager's{when}" + _explanation(detail)
+
+
+_EXPLAINED = re.compile(r"; ratio actual/expected [^;]+; (?P<why>.+)$")
+
+
+def _explanation(detail: str) -> str:
+    """The decomposition the comparison found ("actual = 2*g1, expected g1 +
+    g2"), without its trailing aside, as ": ..."; else nothing."""
+    m = _EXPLAINED.search(one_line(detail))
+    if m is None:
+        return ""
+    why = m["why"]
+    while (short := re.sub(r" \([^()]*\)$", "", why)) != why:
+        why = short
+    return f": {why}"
+
+
+def _clause(detail: str) -> str:
+    """A violation's first clause: "w0.grad after backward 0 has strides (1, 3), the parameter (3, 1)"."""
+    return re.split(r"; |: |, but ", one_line(detail), maxsplit=1)[0]
+
+
+def _error_words(d: dict[str, Any]) -> str:
+    raised = (d.get("detail") or "").removeprefix("raised ").removesuffix(" (the eager oracle ran this case fine)")
+    return f"raises {raised.splitlines()[0] if raised else 'an error'}{_when(d)} where eager runs"
+
+
+def title(row: dict[str, Any]) -> str | None:
+    """A finding's one line for an upstream report, from its path, kind,
+    tensor and ratio: "split.stock: w0's grad is 2x eager's after 2
+    microbatches (value)". None for a row with no divergence."""
+    d = row.get("divergence")
+    if not d:
+        return None
+    kind = d.get("kind") or "divergence"
+    what = {"value": _value_words, "error": _error_words}.get(kind, lambda d: _clause(d.get("detail") or kind))(d)
+    return shorten(scrub(f"{row['path']}: {one_line(what)}"), TITLE - len(kind) - 3) + f" ({kind})"
+
+
+def _saved_by_signature(save_dir: str) -> dict[str, str]:
+    """Saved findings by every signature each one shows: one file is saved
+    per finding, named by its first divergence's signature."""
+    out: dict[str, str] = {}
+    try:
+        names = sorted(n for n in os.listdir(save_dir) if n.endswith(".json"))
+    except OSError:
+        return out
+    for n in names:
+        f = os.path.join(save_dir, n)
+        try:
+            with open(f) as fh:
+                meta = json.load(fh).get("meta") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        for sig in [meta.get("signature")] + [d.get("signature") for d in meta.get("divergences") or []]:
+            if isinstance(sig, str):
+                out.setdefault(sig, f)
+    return out
+
+
+def _corpus_file(source: str) -> str | None:
+    """The one corpus file a replayed row came from (``corpus FILE``), as
+    named or under the project's ``cases/`` (ledger entries name their cases so)."""
+    if not source.startswith("corpus ") or "," in source:
+        return None
+    name = source[len("corpus "):]
+    return next((f for f in (name, os.path.join(PROJECT, "cases", name)) if os.path.isfile(f)), None)
+
+
+class Repros:
+    """Where a reviewer finds each failing row's standalone repro: the
+    corpus file a replayed finding came from, or the finding the fuzzing
+    saved under ``save_dir``; its ``.py`` script where one was written."""
+
+    def __init__(self, save_dir: str | None) -> None:
+        self.save_dir = save_dir
+        self._index: dict[str, str] | None = None
+
+    def _saved(self, sig: str) -> str | None:
+        if not self.save_dir or not sig:
+            return None
+        direct = os.path.join(self.save_dir, f"{sig}.json")
+        if os.path.exists(direct):
+            return direct
+        if self._index is None:
+            self._index = _saved_by_signature(self.save_dir)
+        return self._index.get(sig)
+
+    def __call__(self, row: dict[str, Any]) -> str | None:
+        """The relative path of ``row``'s repro, or None."""
+        if row.get("repro"):
+            return relative(row["repro"])
+        found = _corpus_file(row.get("source") or "") or self._saved(row.get("signature") or "")
+        if not found:
+            return None
+        script = found[:-5] + ".py" if found.endswith(".json") else found
+        return relative(script if os.path.exists(script) else found)
+
+
+def _needs_repro(g: dict[str, Any]) -> bool:
+    return g["status"] in FAILING and bool(g["first"].get("divergence"))
+
+
+# --- the verdict --------------------------------------------------------------------------
+
+
+def _counted(rep: dict[str, Any], failing: bool) -> list[str]:
+    c = rep["counts"]
+    keys = ORDER + sorted(k for k in c if k not in ORDER)
+    return [f"{c[k]} {k.replace('_', ' ')}" for k in keys if c.get(k) and (k in FAILING) == failing]
+
+
+def headline(rep: dict[str, Any]) -> str:
+    """The verdict and why in one line: what fails the gate, then the rest."""
+    fails, rest = _counted(rep, True), _counted(rep, False)
+    why = (f"{', '.join(fails)} fail the gate" if fails else "nothing fails the gate") + (
+        f"; {', '.join(rest)}" if rest else "")
+    return f"gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on torch {rep['torch']}: {why}"
+
+
+def _facts(rep: dict[str, Any]) -> str:
+    sc = rep.get("selfcheck") or []
+    ex = rep.get("examples") or {}
+    parts = [f"self-check {sum(1 for s in sc if s['caught'])}/{len(sc)} canaries caught" if sc else "no self-check",
+             f"{sum(ex.values()):,} examples over {len(ex)} paths", f"{rep['seconds']:.0f}s"]
+    return "; ".join(parts)
+
+
 def verdict(rep: dict[str, Any]) -> str:
     """The last line on the terminal, pytest style."""
-    c = rep["counts"]
-    parts = [f"{c[k]} {k.replace('_', ' ')}" for k in ORDER if c.get(k)]
+    parts = _counted(rep, True) + _counted(rep, False)
     text = f" gradfuzz gate on torch {rep['torch']}: {'PASSED' if rep['passed'] else 'FAILED'} ({', '.join(parts) or 'nothing to report'}) in {rep['seconds']:.0f}s "
     return text.center(max(len(text) + 8, 79), "=")
 
 
-def terminal(rep: dict[str, Any]) -> str:
-    lines = []
-    if rep["selfcheck"]:
-        caught = [c for c in rep["selfcheck"] if c["caught"]]
-        lines.append(f"self-check: {len(caught)}/{len(rep['selfcheck'])} canaries caught"
-                     + "".join(f"; {c['name']} skipped ({c['skipped']})" for c in rep["selfcheck"] if c["skipped"])
-                     + "".join(f"; {c['name']} BROKEN" for c in rep["selfcheck"] if c.get("broken")))
-    ex = rep.get("examples") or {}
-    if ex:
-        lines.append(f"examples: {sum(ex.values())} over {len(ex)} paths")
-    for g in reversed(groups(rep)):  # the worst last, next to the verdict
-        r = g["first"]
-        times = f" x{g['count']}" if g["count"] > 1 else ""
-        ident = f" [{g['what']}]" if g["what"] else ""
-        lines.append(f"{STATUS_WORDS[g['status']]}{times}: {g['family']}{ident} on {_paths_text(g)}")
-        if g["status"] in (*FAILING, "fixed") or g["status"] == "known" and not g["what"]:
-            lines.append(f"    {r['detail'][:400]}")
-        if r.get("upstream") and g["status"] != "known":
-            lines.append(f"    upstream: {r['upstream']}")
+def _overflow(n: int, full: str | None) -> str:
+    return f"{ELLIPSIS} and {n} more rows: see {relative(full) if full else 'the JSON report (--json)'}"
+
+
+def _shows_detail(g: dict[str, Any]) -> bool:
+    """Detail a reader needs: why it fails, or the reason of a row with no
+    divergence (fixed, not reproduced, unavailable); a known bug's id says enough."""
+    return g["status"] in FAILING or not g["first"].get("divergence")
+
+
+# --- the forms ----------------------------------------------------------------------------
+
+
+def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None,
+             width: int | None = None) -> str:
+    """The verdict first, the worst rows last next to the closing verdict line."""
+    width = width or terminal_width()
+    repros = Repros(save_dir)
+    lines = [shorten(headline(rep), width), shorten(_facts(rep), width)]
+    skipped = [f"{c['name']} skipped ({c['skipped']})" for c in rep["selfcheck"] if c["skipped"]]
+    broken = [f"{c['name']} BROKEN" for c in rep["selfcheck"] if c.get("broken")]
+    if skipped or broken:
+        lines.append(shorten("self-check: " + "; ".join(broken + skipped), width))
+    shown = groups(rep)
+    if len(shown) > MAX_ROWS:
+        lines.append(_overflow(len(shown) - MAX_ROWS, full))
+        shown = shown[:MAX_ROWS]
+    for g in reversed(shown):  # the worst last, next to the verdict
+        lines += _terminal_group(g, repros, width)
     lines.append(verdict(rep))
     return "\n".join(lines)
 
 
-def markdown(rep: dict[str, Any]) -> str:
-    c = rep["counts"]
+def _terminal_group(g: dict[str, Any], repros: Repros, width: int) -> list[str]:
+    r = g["first"]
+    times = f" x{g['count']}" if g["count"] > 1 else ""
+    ident = f" [{g['what']}]" if g["what"] else ""
+    out = [shorten(f"{words(g['status'])}{times}:{ident} on {_paths_text(g)}", width)]
+    if _needs_repro(g):
+        out.append(_indented(title(r) or "", width))
+        link = repros(r)
+        run = f"python {link}" if link and link.endswith(".py") else f"gradfuzz repro {link}" if link else None
+        out.append(_indented(f"repro: {run or 'not saved (gate --save DIR)'}", width))
+    if _shows_detail(g):
+        out.append(_indented(scrub(r["detail"]), width))
+        if r.get("upstream"):
+            out.append(_indented(f"upstream: {r['upstream']}", width))
+    return out
+
+
+def _indented(text: str, width: int) -> str:
+    return "    " + shorten(text, width - 4)
+
+
+def _cell(text: str, width: int = CELL) -> str:
+    """A Markdown table cell: one line, no path of this machine, cut at a word, ``|`` escaped."""
+    return shorten(scrub(text), width).replace("|", "\\|")
+
+
+def _md_ident(g: dict[str, Any], repros: Repros) -> str:
+    r = g["first"]
+    if _needs_repro(g):
+        link = repros(r)
+        name = _cell(title(r) or g["what"], TITLE)
+        head = f"[{name}]({link})" if link else f"{name} (repro not saved)"
+        return head + (f"<br>`{g['what']}`" if g["what"] else "")
+    ident = _cell(g["what"], TITLE)
+    if ident and (r.get("upstream") or "").startswith("http"):
+        ident = f"[{ident}]({r['upstream'].split()[0]})"
+    return ident
+
+
+def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None) -> str:
+    """The CI summary: the verdict first, then one table row per bug (at most
+    ``MAX_ROWS``, the rest counted), each new finding titled and linked to its repro."""
+    repros = Repros(save_dir)
     out = [
-        f"## gradfuzz gate: {'✅ passed' if rep['passed'] else '❌ failed'} on torch `{rep['torch']}`",
+        f"## {'✅' if rep['passed'] else '❌'} gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on torch `{rep['torch']}`",
         "",
-        (f"{c['error']} harness errors, " if c.get("error") else "")
-        + f"{c['new']} new, {c['regression']} regressions, {c['known']} known, {c['fixed']} fixed by this version, "
-        f"{c['unavailable']} paths unavailable; self-check {sum(1 for s in rep['selfcheck'] if s['caught'])}"
-        f"/{len(rep['selfcheck'])} canaries caught.",
+        f"**{headline(rep).split(': ', 1)[1]}.** {_facts(rep)}.",
         "",
-        "| status | rows | family: paths | bug / signature | detail |",
-        "| --- | --- | --- | --- | --- |",
+        "| status | bug / finding | paths | detail |",
+        "| --- | --- | --- | --- |",
     ]
-    for g in groups(rep):
-        r = g["first"]
-        ident = g["what"]
-        if ident and r.get("upstream", "").startswith("http"):
-            ident = f"[{ident}]({r['upstream'].split()[0]})"
-        detail = r["detail"].replace("|", "\\|").replace("\n", " ")[:300]
-        out.append(f"| {STATUS_WORDS[g['status']]} | {g['count']} | {g['family']}: `{_paths_text(g)}` | {ident} | {detail} |")
+    shown = groups(rep)
+    for g in shown[:MAX_ROWS]:
+        paths = ", ".join(f"`{p}`" for p in g["paths"][:4]) + (f" and {len(g['paths']) - 4} more" if len(g["paths"]) > 4 else "")
+        out.append(f"| {_cell(words(g['status']))} | {_md_ident(g, repros)} | {paths} | {_cell(g['first']['detail'])} |")
+    if len(shown) > MAX_ROWS:
+        out += ["", _overflow(len(shown) - MAX_ROWS, full)]
+    if any(_needs_repro(g) for g in shown):
+        out += ["", "Each linked repro runs alone: `python FILE.py`, or `gradfuzz repro FILE.json` on this harness."]
     return "\n".join(out) + "\n"
 
 
-def junit(rep: dict[str, Any]) -> str:
-    """One test case per group of rows (status, bug or signature, family) and
-    one per fuzzed path, so a CI test view lists what failed, not 70 rows."""
+def junit(rep: dict[str, Any], *, save_dir: str | None = None) -> str:
+    """One test case per bug (or signature) and one per fuzzed path, so a CI
+    test view lists what failed, not 70 rows; the verdict is the suite's first property."""
+    repros = Repros(save_dir)
     suite = ET.Element("testsuite", name=f"gradfuzz gate (torch {rep['torch']})")
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="verdict", value=headline(rep))
     failures = skipped = tests = 0
     for g in groups(rep):
         tests += 1
         r = g["first"]
-        tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{g['family']}",
-                           name=f"{g['status']} {g['what'] or r['path']}")
-        body = f"{STATUS_WORDS[g['status']]} x{g['count']} on {', '.join(g['paths'])}\n{r['detail']}"
+        name = (title(r) if _needs_repro(g) else None) or f"{g['status']} {g['what'] or r['path']}"
+        tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{g['family']}", name=name)
+        detail = scrub(r["detail"])
+        link = repros(r) if _needs_repro(g) else None
+        body = f"{words(g['status'])} x{g['count']} on {', '.join(g['paths'])}\n{detail}" + (
+            f"\nrepro: {link}" if link else "")
         if g["status"] in FAILING:
             failures += 1
-            ET.SubElement(tc, "failure", message=f"{STATUS_WORDS[g['status']]}: {r['detail'][:200]}").text = body
+            ET.SubElement(tc, "failure", message=f"{words(g['status'])}: {shorten(detail, 200)}").text = body
         elif g["status"] == "unavailable":
             skipped += 1
-            ET.SubElement(tc, "skipped", message=f"{', '.join(g['paths'])}: {r['detail'][:300]}")
+            ET.SubElement(tc, "skipped", message=shorten(f"{', '.join(g['paths'])}: {detail}", 300))
         else:
             ET.SubElement(tc, "system-out").text = body
     for name, n in sorted((rep.get("examples") or {}).items()):
@@ -201,56 +441,76 @@ def _resolve_quietly(name: str) -> list[Any]:
         return []
 
 
-def html_page(rep: dict[str, Any]) -> str:
-    from harness.out import repro
+def html_page(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None) -> str:
+    """A self-contained page: the verdict first, the table (at most
+    ``MAX_ROWS``), then a section per shown group with a case: heatmaps and
+    the standalone repro script."""
     from harness.paths import close_paths
-    from harness.case.spec import Case
 
+    repros = Repros(save_dir)
+    grouped = groups(rep)
+    shown = grouped[:MAX_ROWS]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>gradfuzz gate</title><style>",
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;vertical-align:top}"
-        ".new,.regression,.selfcheck,.error{background:#fdd}.fixed{background:#dfd}.known{background:#ffd}"
+        ".fails{background:#fdd}.fixed{background:#dfd}.known{background:#ffd}"
         "pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:320px;font-size:12px}",
         "</style></head><body>",
-        f"<h1>gradfuzz gate: {'passed' if rep['passed'] else 'FAILED'} on torch {html.escape(rep['torch'])}</h1>",
-        "<p>" + ", ".join(f"{n} {html.escape(k.replace('_', ' '))}" for k, n in rep["counts"].items() if n)
-        + f"; {sum((rep.get('examples') or {}).values())} examples over {len(rep.get('examples') or {})} paths;"
-        f" {rep['seconds']:.0f}s</p>",
-        "<table><tr><th>status</th><th>rows</th><th>family: paths</th><th>bug / signature</th><th>detail</th></tr>",
+        f"<h1>gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on torch {html.escape(rep['torch'])}</h1>",
+        f"<p><strong>{html.escape(headline(rep).split(': ', 1)[1])}.</strong> {html.escape(_facts(rep))}.</p>",
+        "<table><tr><th>status</th><th>rows</th><th>paths</th><th>bug / finding</th><th>detail</th></tr>",
     ]
     # One section per group with a case to show: a known bug replayed from many
     # corpus cases would otherwise re-run (and plot) the same thing dozens of times.
-    grouped = groups(rep)
-    anchors = {id(g): f"d{i}" for i, g in enumerate(x for x in grouped if x["first"].get("case")
+    anchors = {id(g): f"d{i}" for i, g in enumerate(x for x in shown if x["first"].get("case")
                                                      and x["first"].get("divergence"))}
-    for g in grouped:
-        r = g["first"]
-        what = html.escape(g["what"])
-        link = f"<a href='#{anchors[id(g)]}'>{what or 'details'}</a>" if id(g) in anchors else what
-        parts.append(f"<tr class='{g['status']}'><td>{STATUS_WORDS[g['status']]}</td><td>{g['count']}</td>"
-                     f"<td>{html.escape(g['family'])}: {html.escape(_paths_text(g))}</td><td>{link}</td>"
-                     f"<td>{html.escape(r['detail'][:500])}</td></tr>")
+    for g in shown:
+        parts.append(_html_row(g, anchors.get(id(g)), repros))
     parts.append("</table>")
+    if len(grouped) > MAX_ROWS:
+        parts.append(f"<p>{html.escape(_overflow(len(grouped) - MAX_ROWS, full))}</p>")
     paths: dict[str, Any] = {}
     try:
-        for g in (g for g in grouped if id(g) in anchors):
-            r = g["first"]
-            name = r["path"]
-            if name not in paths:
-                paths[name] = next((p for p in _resolve_quietly(name) if p.name == name), None)
-            path = paths[name]
-            more = f" ({g['count']} rows on {', '.join(g['paths'])}; the first is shown)" if g["count"] > 1 else ""
-            parts.append(f"<h2 id='{anchors[id(g)]}'>{html.escape(STATUS_WORDS[g['status']])}: {html.escape(name)} "
-                         f"{html.escape(g['what'])}</h2><p>{html.escape(r['detail'])}{more}</p>")
-            parts.append(_heatmaps(r, path))
-            try:
-                case = Case.from_json(r["case"])
-                text = repro.script(case, name, path.repro(case), title=r["detail"][:120])
-                parts.append("<details><summary>standalone repro script</summary><pre>" + html.escape(text) + "</pre></details>")
-            except Exception as e:  # a report never dies for want of a script
-                parts.append(f"<p>(no repro script: {html.escape(str(e))})</p>")
+        for g in (g for g in shown if id(g) in anchors):
+            parts += _html_section(g, anchors[id(g)], paths)
     finally:
         close_paths([p for p in paths.values() if p is not None])
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _html_row(g: dict[str, Any], anchor: str | None, repros: Repros) -> str:
+    r = g["first"]
+    what = html.escape(shorten(scrub(title(r) or g["what"]) if _needs_repro(g) else g["what"], TITLE))
+    cell = f"<a href='#{anchor}'>{what or 'details'}</a>" if anchor else what
+    if _needs_repro(g):
+        link = repros(r)
+        cell += (f"<br>repro: <a href='{html.escape(link)}'>{html.escape(link)}</a>" if link
+                 else "<br>repro not saved") + (f"<br><code>{html.escape(g['what'])}</code>" if g["what"] else "")
+    css = f"{g['status']}{' fails' if g['status'] in FAILING else ''}"
+    return (f"<tr class='{html.escape(css)}'><td>{html.escape(words(g['status']))}</td><td>{g['count']}</td>"
+            f"<td>{html.escape(_paths_text(g))}</td><td>{cell}</td>"
+            f"<td>{html.escape(shorten(scrub(r['detail']), 500))}</td></tr>")
+
+
+def _html_section(g: dict[str, Any], anchor: str, paths: dict[str, Any]) -> list[str]:
+    from harness.case.spec import Case
+    from harness.out import repro
+
+    r = g["first"]
+    name = r["path"]
+    if name not in paths:
+        paths[name] = next((p for p in _resolve_quietly(name) if p.name == name), None)
+    path = paths[name]
+    more = f" ({g['count']} rows on {', '.join(g['paths'])}; the first is shown)" if g["count"] > 1 else ""
+    out = [f"<h2 id='{anchor}'>{html.escape(words(g['status']))}: {html.escape(name)} "
+           f"{html.escape(g['what'])}</h2><p>{html.escape(scrub(r['detail']))}{html.escape(more)}</p>",
+           _heatmaps(r, path)]
+    try:
+        case = Case.from_json(r["case"])
+        text = scrub(repro.script(case, name, path.repro(case), title=title(r) or shorten(r["detail"], 120)))
+        out.append("<details><summary>standalone repro script</summary><pre>" + html.escape(text) + "</pre></details>")
+    except Exception as e:  # a report never dies for want of a script
+        out.append(f"<p>(no repro script: {html.escape(scrub(str(e)))})</p>")
+    return out

@@ -32,9 +32,9 @@ def test_live_display_shows_rates_signatures_and_time_left():
 
 
 def test_plain_lines_when_stdout_is_not_a_terminal():
-    line = plain_line(dict(VIEW))
-    assert line.startswith("gradfuzz [00:30 elapsed, 01:30 left, 2 workers] 6000 examples (200/s)")
-    assert "split.stock 3000 (100/s)" in line and "3 divergence(s) in 1 signature(s)" in line
+    line = plain_line(dict(VIEW), width=200)
+    assert line.startswith("gradfuzz [fuzz 00:30, 01:30 left, 2 workers] 6000 examples (200/s); 3 finds, 1 distinct")
+    assert "slowest: split.fixed 3000 (100/s), split.stock 3000 (100/s)" in line
     out = io.StringIO()
     d = Display(lambda: dict(VIEW, from_status=True, now=None), mode="auto", every=0.2, stream=out)
     assert d.mode == "plain"  # a StringIO is not a terminal
