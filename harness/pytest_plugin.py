@@ -46,7 +46,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gradfuzz-save", metavar="DIR", default=".gradfuzz/found",
                 help="where findings go, outside the replayed corpus (default .gradfuzz/found)")
     g.addoption("--gradfuzz-corpus", metavar="DIRS", default=None,
-                help="comma-separated corpus files/dirs replayed as items (default: cases, if present; '' for none)")
+                help="comma-separated corpus files/dirs replayed as items (default: cases/ of the installed gradfuzz "
+                     "project, if present; '' for none)")
+    g.addoption("--gradfuzz-ledger", metavar="FILE", default=None,
+                help="known-bug ledger that labels findings (default: cases/ledger.json of the installed gradfuzz "
+                     "project; none there: a usage error)")
     g.addoption("--gradfuzz-run-dir", metavar="DIR", help=argparse_suppress())
     g.addoption("--gradfuzz-path", action="append", default=[], metavar="MODULE:ATTR",
                 help="add a third-party path (repeatable)")
@@ -91,6 +95,27 @@ def _workers() -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gradfuzz: a gradfuzz fuzz target or corpus replay item")
+    if config.getoption("gradfuzz_paths") is not None:
+        _check_setup(config)
+
+
+def _check_setup(config: pytest.Config) -> None:
+    """Setup errors (no ledger, an unimportable split_impl, a bad
+    --gradfuzz-path) stop the session before collection with the message
+    and its fix; found later, they would read as skipped or unlabelled items."""
+    from harness.paths import UsageError
+
+    try:
+        _ledger_file(config)
+        _selected(config)
+    except UsageError as e:
+        raise pytest.UsageError(f"gradfuzz: {e}") from None
+
+
+def _ledger_file(config: pytest.Config) -> str:
+    from harness import project
+
+    return project.ledger_file(config.getoption("gradfuzz_ledger"), flag="--gradfuzz-ledger")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -118,7 +143,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         new.append(SkippedItem.from_parent(parent, name=f"fuzz[{p.name}]", reason=f"{p.name} unavailable here: {why}"))
     spec = config.getoption("gradfuzz_corpus")
     if spec is None:
-        spec = "cases" if os.path.isdir("cases") else ""
+        from harness import project
+
+        spec = project.corpus_dirs()[0] if os.path.isdir(project.CORPUS) else ""
     files = corpus.discover([s for s in spec.split(",") if s]) if spec else []
     for f in files:
         for p, why in live + dead:
@@ -150,7 +177,7 @@ def _worker_session(config: pytest.Config) -> Any:
         from harness.gate.ledger import labeller
 
         _session = Session(save_dir=config.getoption("gradfuzz_save") or None, db_spec=db, database=open_database(db),
-                           label=labeller(),
+                           label=labeller(_ledger_file(config)),
                            stop=stop, seed=config.getoption("gradfuzz_seed"),
                            worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
         _session.set_budget(config.getoption("gradfuzz_examples"), config.getoption("gradfuzz_minutes"))

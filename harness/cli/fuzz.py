@@ -100,7 +100,7 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
     from harness.gate.ledger import labeller
 
     s = sessions.Session(save_dir=args.save, db_spec=args.db, database=open_database(args.db), stop=stop,
-                         seed=args.seed, label=labeller())
+                         seed=args.seed, label=labeller(getattr(args, "ledger", None)))
     display = Display(s.snapshot, args.progress, args.progress_every)
     s.on_event = display.event
     got: list[int] = []
@@ -156,7 +156,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     cmd = parallel.pytest_command(
         run_dir, workers=n, paths=args.paths, examples=args.examples, minutes=args.minutes, seed=args.seed,
         mode=args.mode, db=args.db, save=args.save, shards=args.shards, options=_option_overrides(options),
-        extra_paths=list(options.extra))
+        extra_paths=list(options.extra), ledger=getattr(args, "ledger", None))
     ctl = parallel.Controller(cmd, run_dir, n)
     ctl.unavailable = unavailable
     display = Display(ctl.view, args.progress, args.progress_every)
@@ -204,12 +204,13 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     return result, extra
 
 
-def on_workers(options: Options, n: str) -> Any:
+def on_workers(options: Options, n: str, ledger: str | None = None) -> Any:
     """The gate's fuzzing phase on ``n`` pytest-xdist workers.
 
     One shard per target, so each target draws the cases it would draw in
     one process: the verdict does not depend on ``n`` or on which worker ran
-    what (only the wall time does)."""
+    what (only the wall time does). ``ledger``: the gate's, so the workers
+    label findings against the same file."""
     from harness.cli.progress import Display
 
     def run(live: list, *, examples: int | None, minutes: float | None, seed: int, save_dir: str | None,
@@ -218,7 +219,7 @@ def on_workers(options: Options, n: str) -> Any:
             raise UsageError("--tolerance-slack needs the fuzzing in this process: leave out -n")
         args = argparse.Namespace(paths=",".join(p.name for p in live), examples=examples, minutes=minutes, seed=seed,
                                   mode="both", db="none", save=save_dir, shards=1, progress="plain",
-                                  progress_every=30.0, keep_run_dir=False)
+                                  progress_every=30.0, keep_run_dir=False, ledger=ledger)
         result, extra = _parallel(args, options, n, Display, {})
         if extra.get("interrupted"):
             # SIGTERM from a CI timeout stops the workers between examples; what

@@ -1,6 +1,8 @@
 """``gradfuzz``: fuzz, replay, repro, paths.
 
-Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error.
+Exit codes: 0 no divergence (or only known ones), 1 divergence found, 2 usage
+or setup error (a bad flag, an unimportable ``--split-impl``, no ledger or
+corpus to be found): nothing was tested.
 """
 
 from __future__ import annotations
@@ -114,6 +116,21 @@ def check_args(args: argparse.Namespace) -> None:
         _writable(args.save, "--save", directory=True)
     if getattr(args, "into", None):
         _writable(args.into, "--into", directory=True)
+    _project_data(args)
+
+
+def _project_data(args: argparse.Namespace) -> None:
+    """The ledger and corpus a command reads by default come from the
+    installed project, not the working directory (``harness.project``);
+    one that cannot be found is a usage error here, before any work."""
+    from harness import project
+
+    if hasattr(args, "ledger"):
+        args.ledger = project.ledger_file(args.ledger)
+    if args.command == "gate":
+        args.corpus = project.corpus_dirs(args.corpus, fix="pass --corpus DIR (or --corpus alone for none)")
+    if args.command == "replay" and not args.targets:
+        args.targets = project.corpus_dirs(None, fix="name the corpus files or directories to replay")
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -138,16 +155,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from harness.engine import runner
 
     skipped: list[str] = []
-    files = corpus.discover(args.targets or ["cases"], skipped)
+    files = corpus.discover(args.targets, skipped)
     for d in skipped:
         print(f"gradfuzz: {d} holds findings, not filed cases: not replayed (name it to replay it)", file=sys.stderr)
     if not files:
-        raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets or ['cases'])}")
+        raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets)}")
     for f in files:  # every file read and checked before any path is built
         corpus.load(f)
+    import collections
+
+    import torch
+
+    from harness.cli import replay as verdict
+
     paths = resolve(args.paths, _options(args))
-    result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None)
+    counts: collections.Counter = collections.Counter()
+
+    def tally(r) -> None:
+        if r.skipped is None:
+            counts[verdict.status(r.entry, r.path.name, bool(r.divergences), torch.__version__)] += 1
+
+    result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None,
+                           each=tally)
     print(report.summary(result, verb=f"replayed {len(files)} case(s),"))
+    print(verdict.line(counts, len(result.unavailable)))
     if args.json:
         report.write_json(result, args.json)
     return 1 if result.divergences else 0
@@ -249,7 +280,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if args.numprocesses not in (None, "0", "1"):
         from harness.cli import fuzz as fuzz_command
 
-        fuzzer = fuzz_command.on_workers(options, args.numprocesses)
+        fuzzer = fuzz_command.on_workers(options, args.numprocesses, ledger=args.ledger)
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
                            workers=_workers(args.numprocesses), options=options,
@@ -322,6 +353,24 @@ def _version() -> str:
     return f"gradfuzz {mine} (torch {torch.__version__})"
 
 
+SETUP_ERROR = ("2: a setup error (a bad flag, an --split-impl/--graphed-impl/--path that does not import, no ledger "
+               "or corpus found): nothing was tested; the message names the fix.")
+EXIT_FUZZ = ("exit status: 0: no divergence; 1: divergences found (each shrunk and saved); " + SETUP_ERROR
+             + " A harness error also exits 2; Ctrl-C 130, SIGTERM 143.")
+EXIT_REPLAY = ("exit status: 0: every divergence is a known bug its case expects on this torch (the summary counts known, "
+               "new and fixed); 1: a new divergence; " + SETUP_ERROR)
+EXIT_GATE = ("exit status: 0: PASSED, nothing untriaged (known, fixed, not reproduced, unavailable paths); 1: FAILED, "
+             "a new divergence, a regression, a missed canary or a harness error (the report says which); "
+             + SETUP_ERROR)
+
+
+def _add_ledger_arg(p: argparse.ArgumentParser, what: str = "") -> None:
+    from harness import project
+
+    p.add_argument("--ledger", metavar="FILE", help=f"known-bug ledger{'; ' + what if what else ''} (default: "
+                   f"cases/ledger.json of the installed gradfuzz project, {project.LEDGER}; none there: exit 2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
 
@@ -329,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    f = sub.add_parser("fuzz", help="generate cases and compare every path with eager autograd")
+    f = sub.add_parser("fuzz", help="generate cases and compare every path with eager autograd", epilog=EXIT_FUZZ)
     _add_path_args(f)
     f.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     f.add_argument("--examples", type=int, help="examples per path (default 100)")
@@ -340,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"where shrunk failures go, outside the replayed corpus (default {DEFAULT_FOUND})")
     f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
                    help="exact: small-integer data, any difference is a bug; tolerance: float data, nonlinear ops")
+    _add_ledger_arg(f, "labels each finding known (with its bug) or not in ledger")
     from harness.cli import bench
     from harness.cli import fuzz as fuzz_command
 
@@ -348,10 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     fuzz_command.add_merge_parser(sub)
 
-    r = sub.add_parser("replay", help="replay corpus cases on every available path")
+    r = sub.add_parser("replay", help="replay corpus cases on every available path", epilog=EXIT_REPLAY)
     _add_path_args(r)
     r.add_argument("--json", metavar="FILE", help="write the full result as JSON")
-    r.add_argument("targets", nargs="*", help="corpus files or directories (default: cases)")
+    r.add_argument("targets", nargs="*", help="corpus files or directories (default: cases/ of the installed gradfuzz project)")
     r.add_argument("-v", "--verbose", action="store_true")
     r.set_defaults(func=cmd_replay)
 
@@ -361,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", action="store_true", help="also print the standalone repro script")
     p.set_defaults(func=cmd_repro)
 
-    g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger")
+    g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger",
+                       epilog=EXIT_GATE)
     _add_path_args(g)
     g.add_argument("--json", metavar="FILE", help="the full gate record as JSON (every other report renders from it)")
     budget = g.add_mutually_exclusive_group()
@@ -370,8 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--minutes", type=float, help="wall-clock fuzzing budget after the replay (local use; default 2 "
                         "when --examples is not given)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--corpus", nargs="*", default=["cases"], help="corpus directories (default cases)")
-    g.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
+    g.add_argument("--corpus", nargs="*", help="corpus directories (default: cases/ of the installed gradfuzz project; "
+                   "--corpus alone: none)")
+    _add_ledger_arg(g)
     g.add_argument("--save", metavar="DIR", default=DEFAULT_FOUND,
                    help=f"where new findings go, outside the replayed corpus (default {DEFAULT_FOUND})")
     g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
@@ -403,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lg = sub.add_parser("ledger", help="replay every ledger entry's cases: signatures unrecorded, misfiled, or silent here")
     _add_path_args(lg)
-    lg.add_argument("--ledger", default="cases/ledger.json", help="known-bug ledger (default cases/ledger.json)")
+    _add_ledger_arg(lg)
     lg.add_argument("--write", action="store_true", help="record unrecorded and misfiled signatures under the entries "
                     "whose cases show them")
     lg.set_defaults(func=cmd_ledger)

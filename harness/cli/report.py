@@ -56,7 +56,7 @@ def summary(result: Result, verb: str = "fuzzed") -> str:
             lines.append(f"      {d.detail}")
         for f in result.saved:
             lines.append(f"  saved {f}  (reproduce: gradfuzz repro {f}; standalone: python {f[:-5]}.py)")
-    else:
+    elif not result.expected:  # known divergences are divergences too: the caller counts them
         lines.append("no divergence")
     return "\n".join(lines)
 

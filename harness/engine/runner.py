@@ -76,8 +76,10 @@ def replay(
     paths: list[Path],
     progress: Callable[[str], None] = lambda s: None,
     slack: float | None = None,
+    each: Callable[..., None] | None = None,
 ) -> Result:
-    """Every corpus case on every available path whose contract takes it."""
+    """Every corpus case on every available path whose contract takes it;
+    ``each(replayed)`` sees every run (``gradfuzz replay`` counts them)."""
     import torch
 
     result = Result()
@@ -87,6 +89,8 @@ def replay(
         for r in replay_entries(entries, live, slack):
             tally = result.paths.setdefault(r.path.name, Tally())
             tally.examples += 1
+            if each is not None:
+                each(r)
             if r.skipped is not None:
                 tally.skipped[r.skipped] = tally.skipped.get(r.skipped, 0) + 1
                 continue

@@ -18,8 +18,8 @@ from harness.paths.base import Availability, Contract, Options, Path, Repro, Usa
 from harness.paths.eager import EagerAccumulate
 from harness.paths.split import STOCK, SplitPath
 
-__all__ = ["Availability", "Contract", "Options", "Path", "Repro", "UsageError", "all_paths", "close_paths", "register_path",
-           "resolve", "run_schedule", "split_available"]
+__all__ = ["Availability", "Contract", "Options", "Path", "Repro", "UsageError", "all_paths", "check_options", "close_paths",
+           "register_path", "resolve", "run_schedule", "split_available"]
 
 
 Factory = Callable[[Options], "Path | list[Path]"]
@@ -57,30 +57,102 @@ def _optional_builtins() -> list[Factory]:
     return found
 
 
+# --- the user's own setup: every flag that names code or hardware, checked here ---
+
+# The flags that point a built-in path at the user's own implementation:
+# (Options field, flag, the loader that imports and checks it, what it must name).
+USER_IMPLS: tuple[tuple[str, str, str, str], ...] = (
+    ("split_impl", "--split-impl", "harness.paths.split:load_impl",
+     "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),
+    ("graphed_impl", "--graphed-impl", "harness.paths.graphed:load_impl",
+     "MODULE:ATTR, a make_graphed_callables-like callable"),
+    ("dtensor_impl", "--dtensor-impl", "harness.paths.dtensor.rank:load_impl",
+     "MODULE[:ATTR] with install(params, mesh)"),
+)
+PATH_FORM = "a gradfuzz path, or a callable taking the options and returning one or a list of them, as MODULE:ATTR"
+
+
+def _fix(flag: str, spec: str, wants: str) -> str:
+    """The fix for a ``flag`` whose ``spec`` did not load: make the module
+    importable when it did not import, else name the right object."""
+    import sys
+
+    module = spec.partition(":")[0]
+    if module not in sys.modules:
+        return (f"fix: install the package that provides {module!r} or put its folder on PYTHONPATH "
+                f"(python -c 'import {module}' shows the error), so that {flag} names {wants}")
+    return f"fix: make {flag} name {wants}"
+
+
+def check_options(options: Options) -> None:
+    """Every user flag honoured, or a UsageError (exit 2) naming the flag,
+    what went wrong and the fix. A path the user pointed at their own code
+    must not turn "unavailable" when that code does not import: the gate
+    would PASS with nothing of theirs tested."""
+    for name, flag, loader, wants in USER_IMPLS:
+        spec = getattr(options, name)
+        if spec is None:
+            continue
+        load = load_object(loader, "loader")
+        try:
+            load(spec)
+        except LoadError as e:
+            raise UsageError(f"{flag} {spec!r} does not load: {e}; {_fix(flag, spec, wants)} "
+                             f"(or leave {flag} out to test torch's own)") from None
+    _check_backend(options)
+
+
+def _check_backend(options: Options) -> None:
+    """``--dtensor-backend nccl`` where nccl cannot start: every path it sets would be unavailable."""
+    if options.dtensor_backend != "nccl":
+        return
+    import torch
+    import torch.distributed as dist
+
+    from harness.workers import pool
+
+    if pool.torchrun_env():
+        return
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not (dist.is_available() and dist.is_nccl_available()) or gpus < options.world_size:
+        have = "no nccl backend in this torch" if not (dist.is_available() and dist.is_nccl_available()) else f"{gpus} GPU(s)"
+        raise UsageError(f"--dtensor-backend nccl needs {options.world_size} GPU(s) (--world-size {options.world_size}) "
+                         f"and torch with nccl; here: {have}. fix: leave --dtensor-backend out (gloo is picked "
+                         "without a GPU per rank) or lower --world-size")
+
+
 def _load(spec: str) -> Any:
     try:
         return load_object(spec, "--path", require_attr=True)
     except LoadError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(f"{e}; {_fix('--path', spec, PATH_FORM)}") from None
 
 
-def _expand(obj: Any, options: Options) -> list[Path]:
-    made = obj if isinstance(obj, Path) else obj(options) if callable(obj) else obj
+def _expand(obj: Any, options: Options, source: str) -> list[Path]:
+    """``obj`` (a path, a list of them, or a factory of either) as paths;
+    ``source`` names where it came from, for the message when it is none."""
+    try:
+        made = obj if isinstance(obj, Path) else obj(options) if callable(obj) else obj
+    except Exception as e:
+        raise UsageError(f"{source}: calling {getattr(obj, '__qualname__', repr(obj))}(options) raised "
+                         f"{type(e).__name__}: {e}; fix: it must be {PATH_FORM}") from None
     made = made if isinstance(made, list) else [made]
     for p in made:
         if not isinstance(p, Path):
-            raise UsageError(f"{p!r} is not a gradfuzz path (needs name, contract, availability, supports, run)")
+            raise UsageError(f"{source}: {p!r} is not a gradfuzz path (needs name, contract, availability, supports, "
+                             f"run); fix: it must be {PATH_FORM}")
     return made
 
 
 def all_paths(options: Options = Options()) -> list[Path]:
+    check_options(options)
     paths = _builtin(options)
     for ep in entry_points(group="gradfuzz.paths"):
-        paths.extend(_expand(ep.load(), options))
+        paths.extend(_expand(ep.load(), options, f"entry point {ep.name} = {ep.value}"))
     for factory in _registered:
-        paths.extend(_expand(factory, options))
+        paths.extend(_expand(factory, options, "register_path"))
     for spec in options.extra:
-        paths.extend(_expand(_load(spec), options))
+        paths.extend(_expand(_load(spec), options, f"--path {spec!r}"))
     names = [p.name for p in paths]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -16,8 +16,9 @@ def test_split_impl_option_points_split_stock_at_a_fork():
     (path,) = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
     assert path.availability().ok
     assert check(nested(), path), "the fork double counts x @ w @ w"
-    (bad,) = resolve("split.stock", Options(split_impl="no_such_module_xyz"))
-    assert not bad.availability().ok and "cannot import" in bad.availability().reason
+    # The user's own flag that cannot be honoured is a setup error, never an "unavailable" path the gate passes.
+    with pytest.raises(UsageError, match=r"--split-impl 'no_such_module_xyz' does not load: .*cannot import"):
+        resolve("split.stock", Options(split_impl="no_such_module_xyz"))
 
 
 @pytest.mark.parametrize("exact", [True, False])
