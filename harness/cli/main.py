@@ -309,8 +309,11 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     import torch
 
     from harness.gate import audit as audit_mod
+    from harness.observation import SIGNATURE_SCHEME
     from harness.paths import close_paths, split_available
 
+    if args.rescheme and audit_mod.rescheme(args.ledger):
+        print(f"gradfuzz ledger: {args.ledger} moved to signature scheme {SIGNATURE_SCHEME}; its old signatures were dropped")
     live, unavailable = split_available(resolve(args.paths, _options(args)))
     try:
         found = audit_mod.audit(args.ledger, live, torch.__version__)
@@ -458,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ledger_arg(lg)
     lg.add_argument("--write", action="store_true", help="record unrecorded and misfiled signatures under the entries "
                     "whose cases show them")
+    lg.add_argument("--rescheme", action="store_true", help="a ledger recorded under an older signature scheme: drop "
+                    "its signatures and record this scheme's (with --write; then run `ledger --write` on every other "
+                    "torch and machine the ledger covers)")
     lg.set_defaults(func=cmd_ledger)
 
     ps = sub.add_parser("paths", help="list the paths and whether each is available here")
