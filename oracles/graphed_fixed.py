@@ -23,6 +23,10 @@ The price is one device copy per output and per grad per call.
 default. The tests supply a CPU stand-in that re-runs the captured function
 and writes the results into the same static buffers, so the ownership
 logic in this file runs in CI without a GPU.
+
+Each guarantee sits behind one method (``_returned`` for the grads,
+``_surface_after_capture`` for the input surface), so the self-check's
+graphed canaries (harness/canaries/graphed.py) can undo exactly one.
 """
 
 from __future__ import annotations
@@ -141,6 +145,11 @@ class GraphedCallable:
         """How the captured input surface is held from now on: strongly, by these very tensors."""
         return tensors
 
+    def _returned(self, buf: torch.Tensor) -> torch.Tensor:
+        """What backward hands autograd for a static grad buffer: an owned copy,
+        since AccumulateGrad may adopt it as ``.grad`` and hooks may keep it."""
+        return buf.detach().clone()
+
     def _check_params(self) -> None:
         for i, (p, ptr) in enumerate(zip(self.params, self.param_ptrs)):
             if p.data_ptr() != ptr:
@@ -181,9 +190,8 @@ class GraphedCallable:
                         else:
                             buf.copy_(g)
                 me.replay_backward()
-                # Owned: AccumulateGrad may adopt these as .grad, hooks may keep them.
                 grads = list(me.static_grad_inputs[:n_user]) + [me.static_grad_inputs[n_user + i] for i in used]
-                return tuple(None if b is None else b.detach().clone() for b in grads)
+                return tuple(None if b is None else me._returned(b) for b in grads)
 
         def graphed(*user_args: Any) -> Any:
             flat, _ = tree_flatten(tuple(user_args))

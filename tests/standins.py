@@ -13,10 +13,11 @@ the static tensors returned at capture. On top of it:
   when ``.grad`` is None; the next replay overwrites it: ``g2 + g2``.
 - ``fixed``: ``oracles.graphed_fixed`` itself on the CPU backend, so its
   ownership logic is tested by the same checks.
-- ``weakref_surface`` (GPU, seed 003): the fixed wrapper, except that after
-  capture it holds its input surface through raw-pointer weak references,
-  as the graph manager in the seed did; the caching allocator reuses the
-  memory and replays read and write someone else's tensors.
+- ``weakref_canary()`` (GPU, seed 003): the self-check's canary
+  ``graphed_weak_input_surface`` (harness/canaries/graphed.py), the fixed
+  wrapper holding its input surface by raw pointer after capture; the
+  caching allocator reuses the memory and replays read and write someone
+  else's tensors.
 - ``crashes`` / ``hangs``: wrappers that segfault or never return once a
   second microbatch arrives, for the crash-isolation tests.
 
@@ -128,25 +129,6 @@ def fixed(module, sample_args, num_warmup_iters=3, allow_unused_input=False, poo
                                                backend=CpuReplay())
 
 
-class _WeakSurface(graphed_fixed.GraphedCallable):
-    """Holds the captured input surface by raw pointer, not by reference (seed 003)."""
-
-    def _surface_after_capture(self, tensors):
-        views = []
-        for t in tensors:
-            storage = torch._C._construct_storage_from_data_pointer(
-                t.data_ptr(), t.device, t.untyped_storage().nbytes())
-            view = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, t.shape, t.stride())
-            views.append(view.requires_grad_(t.requires_grad))
-        return views  # the owners die here; the caching allocator gets their blocks back
-
-
-def weakref_surface(module, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
-    backend = graphed_fixed.CudaGraphs()
-    made = [_WeakSurface(module, sample_args, allow_unused_input, backend)]
-    return graphed_fixed.capture_all(made, num_warmup_iters, backend.new_pool() if pool is None else pool, backend)[0]
-
-
 def _after_first(module, on_second) -> torch.nn.Module:
     original = module.forward
     calls = [0]
@@ -179,8 +161,9 @@ def standin(name: str, impl: str, owned_outputs: bool = False, device: str = "cp
 
 def weakref_canary() -> IsolatedPath:
     """The seed-003 canary on the GPU, in a worker (it may crash)."""
-    return IsolatedPath(("tests.standins:standin", {"name": "canary.weakref", "impl": "tests.standins:weakref_surface",
-                                                    "owned_outputs": True, "device": "cuda"}), timeout=120)
+    from harness.canaries.graphed import canaries
+
+    return next(c for c in canaries() if c.name == "graphed_weak_input_surface").make()
 
 
 def paths(options: Any = None) -> list:

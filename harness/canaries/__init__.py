@@ -3,8 +3,8 @@
 They ship with the package because ``gradfuzz selfcheck`` (and ``gate``,
 which runs it first) proves on the user's own installation that detection
 still works: a gate that silently lost its teeth after an upgrade must not
-pass. One module per path family (``split``, ``dtensor``, ``pipeline``),
-each with a ``canaries()`` list; a canary is judged relative to its base
+pass. One module per path family (``split``, ``dtensor``, ``pipeline``,
+``graphed``, ...), each with a ``canaries()`` list; a canary is judged relative to its base
 path, so what is caught is the injected bug, not another bug the base has.
 """
 
@@ -17,7 +17,7 @@ import torch
 from packaging.version import Version
 
 FAMILIES = ("harness.canaries.split", "harness.canaries.dtensor", "harness.canaries.pipeline", "harness.canaries.compile",
-            "harness.canaries.checkpoint", "harness.canaries.parallel")
+            "harness.canaries.checkpoint", "harness.canaries.parallel", "harness.canaries.graphed")
 
 
 @dataclass(frozen=True)
