@@ -156,47 +156,77 @@ def run_gate(
             bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
             status = _classify(bug, version, True) if bug else "new"
             report.rows.append(_row(status, d, bug, "fuzz"))
-    confirm_known(report.rows, live, led, slack)
+    confirm_known(report.rows, live, led, slack, version)
     report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
     return report
 
 
-def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, slack: float | None) -> None:
+def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, slack: float | None,
+                  version: str) -> None:
     """"Known" is causal: each (bug, path, signature) row the ledger would call
     known is run again with the bug's outside workaround in force. Gone: known.
-    Still there: it only resembles the bug, and fails the gate. No workaround
-    (or none this path can apply): known by signature only, shown apart."""
+    Still wrong at the same place: it only resembles the bug, and fails the
+    gate. No workaround (or none this path can apply): known by signature
+    only, shown apart. What the worked-around run shows that the plain run did
+    not (a second bug the first one hid, as ``split.twin`` exposes) is new."""
     by_name = {p.name: p for p in live}
-    verdicts: dict[tuple[str, str, str | None], tuple[str, str]] = {}
-    for r in rows:
+    verdicts: dict[tuple[str, str, str | None], Verdict] = {}
+    seen = {(r.path, r.signature) for r in rows}
+    for r in list(rows):
         if r.status != "known" or r.bug is None:
             continue
         key = (r.bug, r.path, r.signature)
         if key not in verdicts:
-            verdicts[key] = _workaround_verdict(led.by_id(r.bug, r.path), by_name.get(r.path), r, slack)
-        r.status, note = verdicts[key]
-        r.detail = f"{r.detail} [{note}]"
+            v = verdicts[key] = _workaround_verdict(led, led.by_id(r.bug, r.path), by_name.get(r.path), r, slack, version)
+            for d in v.exposed:
+                if (d.path, d.signature) not in seen:
+                    seen.add((d.path, d.signature))
+                    rows.append(_row("new", d, None, f"{r.source}, with {v.workaround} in force"))
+        r.status, r.detail = verdicts[key].status, f"{r.detail} [{verdicts[key].note}]"
 
 
-def _workaround_verdict(bug: ledger_mod.Bug, path: Path | None, row: Row, slack: float | None) -> tuple[str, str]:
+@dataclass
+class Verdict:
+    status: str
+    note: str
+    workaround: str = ""
+    exposed: list[Divergence] = field(default_factory=list)
+
+
+def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Bug, path: Path | None, row: Row,
+                        slack: float | None, version: str) -> Verdict:
     from harness.case.spec import Case
-    from harness.engine.check import check
+    from harness.engine.check import CaseCheck
     from harness.paths.workarounds import apply
 
-    if bug.workaround == ledger_mod.NO_WORKAROUND:
-        return "known_signature_only", "the ledger knows no workaround from outside: matched by signature only"
-    worked = apply(path, bug.workaround) if path is not None and row.case is not None else None
+    wa = bug.workaround
+    if wa == ledger_mod.NO_WORKAROUND:
+        return Verdict("known_signature_only", "the ledger knows no workaround from outside: matched by signature only")
+    worked = apply(path, wa) if path is not None and row.case is not None else None
     if worked is None:
-        return "known_signature_only", f"workaround {bug.workaround} is not applied on {row.path} here: by signature only"
-    shape = (row.divergence or {}).get("shape")
+        return Verdict("known_signature_only", f"workaround {wa} is not applied on {row.path} here: by signature only")
     case = Case.from_json(row.case)
     if worked.supports(case) is not None:
-        return "known_signature_only", f"the case is outside {row.path}'s contract with {bug.workaround}: by signature only"
-    left = [d for d in check(case, worked, slack=slack) if d.shape == shape]
-    if left:
-        return "resembles", f"resembles {bug.id}, but its workaround ({bug.workaround}) does not remove it"
-    return "known", f"confirmed: {bug.workaround} removes it"
+        return Verdict("known_signature_only", f"the case is outside {row.path}'s contract with {wa}: by signature only")
+    cc = CaseCheck(case, slack=slack)
+    plain, left = cc.run(path), cc.run(worked)
+    d0 = row.divergence or {}
+    place = (d0.get("kind"), d0.get("param"), d0.get("microbatch"))
+
+    def other_bug(d: Divergence) -> bool:  # recorded under another ledger bug of this path: not this one's
+        b = led.match(d.path, d.signature, version=version)
+        return b is not None and b.id != bug.id and b.relation(version) == "in"
+
+    here = [d for d in left if d.shape == d0.get("shape") or (d.kind, d.param, d.microbatch) == place and not other_bug(d)]
+    if here:
+        return Verdict("resembles", f"resembles {bug.id}, but its workaround ({wa}) leaves the case wrong there: "
+                       f"{here[0].detail[:160]}")
+    shown = {d.shape for d in plain}
+    exposed = [d for d in left if d.shape not in shown and not other_bug(d)]
+    for d in exposed:
+        d.case = row.case
+    return Verdict("known", f"confirmed: {wa} removes it", wa, exposed)
 
 
 def one_row_per_bug(rows: list[Row]) -> list[Row]:

@@ -82,6 +82,48 @@ def test_known_means_the_workaround_removes_it(tmp_path, workaround, status):
     assert report.failed is (status == "resembles")
 
 
+class _SecondBug:
+    """eager.accumulate with a second bug the view steal's workaround cannot
+    remove: ``where="same"`` zeroes every grad after backward 1 (where the
+    steal shows); ``where="hidden"`` writes into an input only while the
+    workaround is in force (the known bug hid it, as split.twin exposes)."""
+
+    def __init__(self, where: str) -> None:
+        from harness.paths.eager import EagerAccumulate
+
+        self.inner, self.where = EagerAccumulate(), where
+        self.name, self.contract, self.workarounds = self.inner.name, self.inner.contract, self.inner.workarounds
+
+    def availability(self):
+        return self.inner.availability()
+
+    def supports(self, case):
+        return None
+
+    def run(self, case):
+        from harness.build.workarounds import ACTIVE
+        from harness.observation import Mutation
+
+        obs = self.inner.run(case)
+        if self.where == "same":
+            obs.steps[1].grads = {n: g * 0 for n, g in obs.steps[1].grads.items()}
+        elif ACTIVE.get():
+            obs.mutations.append(Mutation(1, "input x0 of backward 0", 1.0))
+        return obs
+
+
+@pytest.mark.parametrize("where, statuses", [
+    ("same", {("resembles", "steal")}),  # still wrong where the steal was: not that bug
+    ("hidden", {("known", "steal"), ("new", None)}),  # the steal is known; what its workaround exposes is new
+])
+def test_a_second_bug_beside_a_known_one_is_never_known(tmp_path, where, statuses):
+    cases, led = _ledger_world(tmp_path, "eager/accumulategrad_stack_alias.json", {
+        "id": "steal", "path": "eager.accumulate", "torch": f">={V}", "summary": "view steal", "workaround": "clone-grads"})
+    report = gate.run_gate([_SecondBug(where)], corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
+    assert {(r.status, r.bug) for r in report.rows} == statuses, [r.detail for r in report.rows]
+    assert report.failed
+
+
 def test_a_signature_before_its_range_is_range_wrong_not_known(tmp_path):
     cases, led = _ledger_world(tmp_path, "eager/accumulategrad_stack_alias.json", {
         "id": "steal", "path": "eager.accumulate", "torch": ">=99", "summary": "view steal", "workaround": "clone-grads"})
