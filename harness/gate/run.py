@@ -26,10 +26,12 @@ import torch
 from harness.out import corpus
 from harness.gate import ledger as ledger_mod
 from harness.observation import Divergence
-from harness.engine.check import Replayed, replay_entries
+from harness.case.spec import Case
+from harness.engine.check import CaseCheck, Replayed, replay_entries
 from harness.engine.replay_pool import ReplayError, replay_on_workers
 from harness.engine.runner import Result, fuzz
 from harness.paths import Options, Path, close_paths, split_available
+from harness.paths.workarounds import apply
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 from harness.gate.status import FAILING, ORDER
@@ -196,10 +198,6 @@ class Verdict:
 
 def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Bug, path: Path | None, row: Row,
                         slack: float | None, version: str) -> Verdict:
-    from harness.case.spec import Case
-    from harness.engine.check import CaseCheck
-    from harness.paths.workarounds import apply
-
     wa = bug.workaround
     if wa == ledger_mod.NO_WORKAROUND:
         return Verdict("known_signature_only", "the ledger knows no workaround from outside: matched by signature only")
