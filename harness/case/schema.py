@@ -215,13 +215,24 @@ def name(v: Any, where: str) -> str:
     return v
 
 
+def _control(c: str) -> bool:
+    return ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in "\u2028\u2029"
+
+
 def line(v: Any, where: str, max_len: int = 1000) -> str:
     """One line of text (a title): no newlines or other control characters."""
     string(v, where, max_len=max_len)
-    bad = next((c for c in v if ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in "\u2028\u2029"), None)
+    bad = next((c for c in v if _control(c)), None)
     if bad is not None:
         raise SpecError(where, f"one line of text expected; it holds the control character {bad!r}")
     return v
+
+
+def to_line(text: str, max_len: int = 1000) -> str:
+    """Any text made into what ``line`` takes: whitespace runs become one space,
+    other control characters (an ANSI colour escape in an exception message)
+    are dropped, and it is cut to ``max_len``."""
+    return " ".join("".join(c for c in str(text) if c.isspace() or not _control(c)).split())[:max_len]
 
 
 def path_name(v: Any, where: str) -> str:

@@ -11,6 +11,7 @@ combination of the per-microbatch grads, which combination
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,12 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
                 if d is not None:
                     done.add(key)
                     found.append(d)
+    for d in found:
+        # A Failure's or Violation's k of -1 means "before any backward" or "the
+        # whole group" (a hang, a crash): no backward number. The corpus schema
+        # takes a microbatch of 0 or more, or null.
+        if d.microbatch is not None and d.microbatch < 0:
+            d.microbatch = None
     return found
 
 
@@ -204,6 +211,8 @@ class Explanation:
 def _ratio_class(ratio: float | None) -> str:
     if ratio is None:
         return "ratio=none"
+    if not math.isfinite(ratio):  # a NaN or infinite grad where eager's is finite: no multiple to round to
+        return f"ratio={ratio!r}"
     nearest = round(ratio * 2) / 2
     return f"ratio~{nearest:g}" if abs(ratio - nearest) < 0.02 else "ratio=irregular"
 

@@ -41,9 +41,9 @@ def pytest_command(run_dir: str, *, workers: str, paths: str | None, examples: i
            "-q", "-n", workers, *_plugin_args(),
            "--gradfuzz-paths", paths or "all", "--gradfuzz-seed", str(seed), "--gradfuzz-mode", mode,
            "--gradfuzz-run-dir", run_dir, "--gradfuzz-corpus", "",
-           "--gradfuzz-save", save or ""]
+           "--gradfuzz-save", os.path.abspath(save) if save else ""]
     if db is not None:
-        cmd += ["--gradfuzz-db", db]
+        cmd += ["--gradfuzz-db", _absolute_db(db)]
     if examples is not None:
         cmd += ["--gradfuzz-examples", str(examples)]
     if minutes is not None:
@@ -130,9 +130,18 @@ class Controller:
             return ""
 
 
+def _absolute_db(db: str) -> str:
+    """A directory database by its absolute path (``none``, ``redis://...`` and the default as given)."""
+    return db if not db or "://" in db or db.lower() == "none" else os.path.abspath(db)
+
+
 def new_run_dir() -> str:
+    """This session's folder for the workers' status files and the stop file.
+    Absolute, as are the findings folder and a directory database on the
+    workers' command line: what several processes share never depends on
+    the working directory each of them happens to have."""
     os.makedirs(RUNS_DIR, exist_ok=True)
-    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=RUNS_DIR)
+    return os.path.abspath(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=RUNS_DIR))
 
 
 def cleanup(run_dir: str, keep: bool) -> None:

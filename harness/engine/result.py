@@ -17,6 +17,9 @@ class Tally:
     # (before shrinking), from this path's cold start.
     first_hit_examples: int | None = None
     first_hit_seconds: float | None = None
+    # Cases replayed from the example database (earlier runs' failures): run
+    # apart from the seeded stream, so not part of ``examples``.
+    replayed: int = 0
 
 
 @dataclass

@@ -66,31 +66,44 @@ class Session:
     # -- findings -------------------------------------------------------------
 
     def on_finding(self, f: Finding) -> None:
+        """A confirmed find: saved at once. A find of the example database's
+        replay pass counts here only where the seeded stream does not make it
+        again (``TargetRun.replay_only``, at the end of the target), and the
+        stream's find of it again does not bump its file's count: the same
+        seed and budget count the same whatever the database holds."""
         first = f.divergences[0]
         sig = first.signature
-        self.counts[sig] = self.counts.get(sig, 0) + 1
-        self.details.setdefault(sig, {"path": f.path.name, "kind": first.kind, "detail": first.detail,
-                                      "flaky": f.flaky, "examples": f.examples, "seconds": round(f.seconds, 3)})
+        if not f.replayed:
+            self.counts[sig] = self.counts.get(sig, 0) + 1
+        if sig not in self.details or f.again and self.counts[sig] == 1:
+            # The stream's first find of it: the numbers a cold start gives
+            # (``replayed`` stays: the database had it before the stream).
+            replayed = f.replayed or sig in self.details
+            self.details[sig] = {"path": f.path.name, "kind": first.kind, "detail": first.detail,
+                                 "flaky": f.flaky, "examples": f.examples, "seconds": round(f.seconds, 3)}
+            if replayed:
+                self.details[sig]["replayed"] = True
         if self.label is not None:
             self.details[sig]["ledger"] = self.label(f.path.name, sig)
         saved = ""
         if self.save_dir:
             source = f"gradfuzz fuzz --paths {f.path.name} --seed {self.seed}"
             entry, script = finding_entry(f.path, f.case, f.divergences, source)
-            rec = findings.record(self.save_dir, sig, entry, script)
-            if rec.file not in self.result.saved:
+            rec = findings.record(self.save_dir, sig, entry, script, bump=not f.again)
+            if rec.file not in self.result.saved and not f.replayed:  # replayed: listed at the end if only replayed
                 self.result.saved.append(rec.file)
             self.details[sig]["file"] = rec.file
             self.details[sig]["count_in_corpus"] = rec.count
             saved = f" -> {rec.file} (found {rec.count}x)"
             if self.db_spec:
                 try:
-                    meta = dict(entry.meta, counts={findings.writer_id(): self.counts[sig]})
+                    meta = dict(entry.meta, counts={findings.writer_id(): max(1, self.counts.get(sig, 0))})
                     publish_finding(self.db_spec, sig, {"case": f.case.to_json(), "meta": meta}, script)
                 except Exception as e:  # the corpus file is saved; the shared log is a convenience
                     self.result.errors.append(f"publishing {sig} to {self.db_spec}: {e}")
         if self.on_event is not None:
             flaky = " (FLAKY: did not reproduce)" if f.flaky else ""
+            flaky += " (replayed from the example database)" if f.replayed else ""
             known = f" ({self.details[sig]['ledger']})" if "ledger" in self.details[sig] else ""
             self.on_event(f"[{f.path.name}] divergence {sig}{known}: {first.detail}{flaky}{saved}")
 
@@ -120,6 +133,12 @@ class Session:
             run.run()
         except Exception as e:  # a harness error (the oracle failed): report it, keep the session
             self.result.errors.append(f"{target.name} (shard {target.shard}): {type(e).__name__}: {e}")
+        for f in run.replay_only():
+            sig = f.divergences[0].signature
+            self.counts[sig] = self.counts.get(sig, 0) + 1
+            file = self.details.get(sig, {}).get("file")
+            if file and file not in self.result.saved:
+                self.result.saved.append(file)
         if run.interrupted:
             self.interrupted = True
         return run
@@ -158,7 +177,8 @@ class Session:
 
 def _tally_json(t: Tally) -> dict[str, Any]:
     return {"examples": t.examples, "run": t.run, "skipped": dict(t.skipped), "seconds": t.seconds,
-            "first_hit_examples": t.first_hit_examples, "first_hit_seconds": t.first_hit_seconds}
+            "first_hit_examples": t.first_hit_examples, "first_hit_seconds": t.first_hit_seconds,
+            "replayed": t.replayed}
 
 
 def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
@@ -175,6 +195,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
         for name, t in s.get("paths", {}).items():
             tally = result.paths.setdefault(name, Tally())
             tally.examples += t["examples"]
+            tally.replayed += t.get("replayed", 0)
             tally.run += t["run"]
             for reason, n in t["skipped"].items():
                 tally.skipped[reason] = tally.skipped.get(reason, 0) + n

@@ -14,9 +14,14 @@ shrunk case is re-run to confirm it (or flag it flaky), saved at once
 through ``harness.out.findings`` (de-duplicated by signature), its signatures
 become known, and the next round looks for something else.
 
-Saved examples in the database are replayed first by every round (Phase
-``reuse``); once a saved example's signature is known it passes on
-purpose, and ``MaskingDatabase`` keeps Hypothesis from deleting it.
+Saved examples in the database (earlier runs' failures) are replayed first,
+in a pass of their own before the seeded rounds: what they show is
+reported at once, but they are not examples of the budget, and the rounds
+then draw exactly as from a cold start. So the same seed and budget give
+the same examples and counts whatever the database holds (a second run in
+the same folder, or a campaign's shared database); the replay pass only
+adds. Once a saved example's signature is known it passes on purpose, and
+``MaskingDatabase`` keeps Hypothesis from deleting it.
 
 ``plain_test()`` is the same check as a plain Hypothesis test (no rounds,
 no known set): what the pytest plugin hands to drivers such as HypoFuzz.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import os
 import time
+import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +48,7 @@ from harness.case.spec import Case
 from harness.generate import cases
 
 SHARD_STRIDE = 1_000_003
+MAX_REPLAY_PASSES = 64  # distinct signatures the database's replay pass reports per target and run
 
 
 def _shrink_by_count_not_time() -> None:
@@ -58,6 +65,32 @@ def _shrink_by_count_not_time() -> None:
 
 
 _shrink_by_count_not_time()
+
+
+def _no_local_constants() -> None:
+    """Hypothesis mixes literals from the source of every *local* module the
+    process has imported (one outside site-packages and the stdlib) into its
+    draws, a few percent of them. Our cases would then depend on which
+    gradfuzz modules happen to be loaded when a target draws (what ran
+    before it in this process: a different ``-n``, xdist's scheduling, the
+    display thread's imports), on whether gradfuzz is an editable checkout
+    or installed into site-packages, and on every literal edited anywhere in
+    the harness; and on a cache under ``.hypothesis/constants`` that parallel
+    workers write unlocked. Same seed, same budget: the same cases, so draws
+    use Hypothesis's fixed global constants only."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - an older Hypothesis without local constants
+        return
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        none = providers.Constants()
+        providers._get_local_constants = lambda: none
+        cache = getattr(providers, "CONSTANTS_CACHE", None)
+        if cache is not None and hasattr(cache, "cache"):
+            cache.cache.clear()  # pools computed with local constants before this import
+
+
+_no_local_constants()
 
 
 class Stop:
@@ -192,6 +225,8 @@ class Finding:
     flaky: bool
     examples: int  # cases this target had drawn when it first failed (before shrinking)
     seconds: float
+    replayed: bool = False  # found by replaying the example database, not by the seeded stream
+    again: bool = False  # found by the seeded stream after this target's database replay found it
 
 
 @dataclass
@@ -209,6 +244,8 @@ class TargetRun:
     soon as a finding is confirmed (the caller saves it); ``heartbeat`` at
     most every ``beat`` seconds while running (status files, live display).
     """
+
+    replaying = False  # in the database's replay pass: nothing is drawn or counted as an example
 
     def __init__(self, target: Target, result: Result, *, examples: int | None = None,
                  deadline: float | None = None, database: ExampleDatabase | None = None,
@@ -242,6 +279,9 @@ class TargetRun:
 
     def _tally(self, path: Path, reason: str | None) -> None:
         t = self.tallies[path.name]
+        if self.replaying:
+            t.replayed += 1
+            return
         t.examples += 1
         if reason is None:
             t.run += 1
@@ -261,7 +301,7 @@ class TargetRun:
             self.heartbeat()
         if self.database is not None:
             self.database.masked = False
-        if rnd.focus is None:
+        if rnd.focus is None and not self.replaying:
             self.drawn += 1
             if self.record is not None:
                 self.record.append(case)
@@ -278,7 +318,7 @@ class TargetRun:
             path, divs = hit
             if rnd.focus is None:
                 t = self.tallies[path.name]
-                if t.first_hit_examples is None:
+                if t.first_hit_examples is None and not self.replaying:  # from this path's cold start
                     t.first_hit_examples = self.drawn
                     t.first_hit_seconds = time.monotonic() - self.started
                 rnd.focus = path
@@ -295,10 +335,60 @@ class TargetRun:
 
     # -- rounds ---------------------------------------------------------------
 
+    def _settings(self, max_examples: int, phases: tuple[Phase, ...]) -> Any:
+        return settings(max_examples=max_examples, database=self.database, deadline=None, verbosity=Verbosity.quiet,
+                        suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False)
+
+    def _replay_saved(self) -> bool:
+        """The database's saved examples for this target, before any round:
+        one pass per signature they show (each found is known to the next
+        pass), until a pass shows nothing new. Their finds are reported like
+        any other; they count as ``replayed``, not as examples, and what they
+        made known is forgotten afterwards, so the seeded rounds draw, shrink
+        and find exactly as from a cold start. False: told to stop."""
+        if self.database is None or self.detect_only:
+            return True
+        target = self.target
+        self.replaying = True
+        try:
+            for _ in range(MAX_REPLAY_PASSES):
+                if self.stop():
+                    self.interrupted = True
+                    return False
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    return False
+                rnd = _Round()
+
+                # No shrink phase: what the database keeps is what earlier runs shrank to.
+                @self._settings(self.chunk, (Phase.reuse,))
+                @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE)
+                @given(target.strategy())
+                def replay_saved(case: Case) -> None:
+                    self._body(case, rnd)
+
+                replay_saved._hypothesis_internal_database_key = target.database_key  # type: ignore[attr-defined]
+                try:
+                    replay_saved()
+                except _Stopped:
+                    return False
+                except (_Found, Flaky):
+                    pass
+                except unittest.SkipTest:  # nothing saved under this target's key
+                    break
+                if rnd.case is None:
+                    break
+                self._confirm_and_record(rnd)
+        finally:
+            self.replaying = False
+            self.known = set()
+        return True
+
     def run(self) -> list[Finding]:
         target = self.target
         round_no = 0
         try:
+            if not self._replay_saved():
+                return self.findings
             while not self.stop():
                 left = None if self.examples is None else self.examples - self.drawn
                 if left is not None and left <= 0:
@@ -307,11 +397,10 @@ class TargetRun:
                     break
                 budget = min(self.chunk, left) if left is not None else self.chunk
                 rnd = _Round()
-                phases = (Phase.reuse, Phase.generate, Phase.target, Phase.shrink) if self.database is not None \
-                    else (Phase.generate, Phase.target, Phase.shrink)
 
-                @settings(max_examples=budget, database=self.database, deadline=None, verbosity=Verbosity.quiet,
-                          suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False)
+                # No reuse phase: the database was replayed apart (``_replay_saved``);
+                # found failures are still saved to it for the next run.
+                @self._settings(budget, (Phase.generate, Phase.target, Phase.shrink))
                 @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE + round_no)
                 @given(target.strategy())
                 def fuzz_round(case: Case) -> None:
@@ -335,7 +424,15 @@ class TargetRun:
                     break  # the stream is exhausted (tiny strategies), or we were told to stop
         finally:
             self._update_seconds()
+            # The database's finds that the seeded stream did not make again: what the
+            # database adds to a cold start (the stream's own finds keep their place).
+            self.result.divergences.extend(d for f in self.replay_only() for d in f.divergences)
         return self.findings
+
+    def replay_only(self) -> list["Finding"]:
+        """Finds of the database's replay pass that the seeded stream did not make."""
+        again = {(f.path.name, f.divergences[0].signature) for f in self.findings if not f.replayed}
+        return [f for f in self.findings if f.replayed and (f.path.name, f.divergences[0].signature) not in again]
 
     def _confirm_and_record(self, rnd: _Round) -> None:
         assert rnd.case is not None and rnd.divs is not None and rnd.focus is not None
@@ -355,9 +452,12 @@ class TargetRun:
             self.result.errors.append(f"{path.name}: harness error, not a finding: a worker died once and the re-run "
                                       f"of the same case did not (killed from outside?): {divs[0].detail[:300]}")
             return
-        self.result.divergences.extend(divs)
+        if not self.replaying:  # the replay pass's finds join at the end, where the stream did not make them
+            self.result.divergences.extend(divs)
         examples, seconds = getattr(self, "_first", (self.drawn, time.monotonic() - self.started))
-        f = Finding(path, case, divs, flaky, examples, seconds)
+        again = not self.replaying and any(x.replayed and x.divergences[0].signature == divs[0].signature
+                                           for x in self.findings)
+        f = Finding(path, case, divs, flaky, examples, seconds, replayed=self.replaying, again=again)
         self.findings.append(f)
         if self.on_finding is not None:
             self.on_finding(f)

@@ -73,13 +73,29 @@ def _float_or_none(v: Any, where: str) -> Any:
     return v
 
 
+def _microbatch(v: Any, where: str) -> Any:
+    """The backward a divergence was seen after (0 or more), or null: seen
+    outside any backward (an error before the first, a hang or crash of a
+    whole process group)."""
+    if v is None:
+        return v
+    if type(v) is int and v < 0:
+        raise SpecError(where, f"{v} is not a backward number: a divergence seen outside any backward has "
+                               "microbatch null (gradfuzz before issue 28 wrote -1 there: set it to null, or delete "
+                               "the file and let the next run save the finding again)")
+    return sc.integer(v, where, 0, 2**20)
+
+
+MAX_DIVERGENCES = 64  # divergences a corpus file's meta records (the writers keep the first ones)
+
+
 def _divergences(v: Any, where: str) -> Any:
     text = lambda x, w: sc.string(x, w, max_len=sc.MAX_CORPUS_BYTES)  # noqa: E731
     opt = lambda f: lambda x, w: None if x is None else f(x, w)  # noqa: E731
-    checks = {"path": text, "kind": text, "param": opt(text), "microbatch": opt(lambda x, w: sc.integer(x, w, 0, 2**20)),
+    checks = {"path": text, "kind": text, "param": opt(text), "microbatch": _microbatch,
               "max_abs": _float_or_none, "max_rel": _float_or_none, "ratio": _float_or_none, "detail": text,
               "signature": lambda x, w: x if x == "" else sc.signature(x, w), "flaky": sc.boolean, "shape": text}
-    for i, d in enumerate(sc.array(v, where, 64)):
+    for i, d in enumerate(sc.array(v, where, MAX_DIVERGENCES)):
         sc.obj(d, f"{where}[{i}]", (), checks)
         for k, x in d.items():
             checks[k](x, f"{where}[{i}].{k}")
@@ -183,7 +199,7 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # repro scripts hold titles in any script
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

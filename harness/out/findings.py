@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -93,11 +94,14 @@ class Recorded:
 
 
 def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, script: str | None,
-           counts: dict[str, int] | None = None) -> Recorded:
+           counts: dict[str, int] | None = None, *, bump: bool = True) -> Recorded:
     """Save ``entry`` as ``<signature>.json`` (and its repro), or count one more find of it.
 
     ``counts`` (writer id -> finds) is given when merging a corpus that
     already counted its finds; by default this is one find by this process.
+    ``bump=False``: the same find seen again (a fuzz target's seeded stream
+    making a find its database replay already counted): the smaller case is
+    kept, the count stays.
     """
     pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
     target = sc.safe_target(directory, signature, ".json")  # inside ``directory``, never an importable name
@@ -106,17 +110,20 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
         meta = {k: v for k, v in entry.meta.items() if k not in ("count", "counts")}
         now = _now()
         if old is None:
-            c = dict(counts) if counts is not None else {writer_id(): 1}
+            c = _bounded(dict(counts) if counts is not None else {_key(writer_id()): 1})
             meta.update(signature=signature, count=sum(c.values()), counts=c,
                         first_seen=entry.meta.get("first_seen", now), last_seen=entry.meta.get("last_seen", now))
             corpus.save(directory, signature, corpus.Entry(entry.case, meta), script)
             return Recorded(str(target), True, meta["count"], False)
         c = dict(old.meta.get("counts") or {"(before counts)": int(old.meta.get("count", 1))})
         if counts is None:
-            c[writer_id()] = c.get(writer_id(), 0) + 1
+            me = _key(writer_id())
+            c[me] = c.get(me, 0) + (1 if bump or me not in c else 0)
         else:
             for w, n in counts.items():
+                w = _key(w)
                 c[w] = max(c.get(w, 0), int(n))
+        c = _bounded(c)
         keep_new = case_size(entry.case) < case_size(old.case)
         kept = meta if keep_new else {k: v for k, v in old.meta.items() if k not in ("count", "counts")}
         first_seen = min(filter(None, (old.meta.get("first_seen"), entry.meta.get("first_seen"), now)))
@@ -129,6 +136,34 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
         case = entry.case if keep_new else old.case
         corpus.save(directory, signature, corpus.Entry(case, kept), script if keep_new else None)
         return Recorded(str(target), False, kept["count"], keep_new)
+
+
+MAX_WRITERS = 4096  # the corpus schema's bound on meta.counts
+MAX_KEY = 256  # ... and on each writer's name
+EARLIER = "(earlier writers)"
+
+
+def _key(writer: str) -> str:
+    """A writer's name as ``meta.counts`` holds it: a merge names a source
+    by its folder, which can be longer than a key may be (the same long name
+    always gives the same short one, so merging twice still counts once)."""
+    if len(writer) <= MAX_KEY:
+        return writer
+    return f"{writer[:MAX_KEY - 18]}~{hashlib.sha1(writer.encode()).hexdigest()[:16]}"
+
+
+def _bounded(c: dict[str, int]) -> dict[str, int]:
+    """Counts within the schema's bounds: every run adds a writer (a process),
+    so a signature found by thousands of them folds the smallest counts into
+    one ``(earlier writers)`` entry; the total stays."""
+    short: dict[str, int] = {}
+    for w, n in c.items():
+        short[_key(w)] = max(short.get(_key(w), 0), n)
+    c = short
+    if len(c) <= MAX_WRITERS:
+        return c
+    kept = dict(sorted(((w, n) for w, n in c.items() if w != EARLIER), key=lambda wn: (-wn[1], wn[0]))[:MAX_WRITERS - 1])
+    return {**kept, EARLIER: sum(c.values()) - sum(kept.values())}
 
 
 def _read(target: pathlib.Path) -> corpus.Entry | None:
@@ -203,13 +238,34 @@ def finding_entry(path: Path, case: Case, divs: list[Divergence], source: str) -
 
     first = divs[0]
     meta = {
-        "title": " ".join(f"{path.name}: {first.detail.split(';')[0]}".split())[:1000],  # one line (corpus schema)
+        "title": sc.to_line(f"{path.name}: {first.detail.split(';')[0]}"),  # one line (corpus schema)
         "source": source,
         "found_with": {"torch": torch.__version__, "path": path.name},
         "signature": first.signature,
         "flaky": any(d.flaky for d in divs),
-        "divergences": [{k: v for k, v in d.to_json().items() if k != "case"} for d in divs],
+        "divergences": _recorded(divs),
     }
     entry = corpus.Entry(case, meta)
     text = repro.script(case, path.name, path.repro(case), title=meta["title"])
     return entry, text
+
+
+MAX_DETAIL = 4000  # characters of a divergence's text kept in the file (a hang report's stacks run longer)
+
+
+def _recorded(divs: list[Divergence]) -> list[dict[str, Any]]:
+    """Divergences as a finding's ``meta.divergences``: what the corpus schema
+    reads back, whatever the divergence held. At most the schema's count (the
+    first ones: the one the signature names comes first), and long texts cut
+    so that the file stays far inside the corpus file's size limit."""
+    out, size = [], 0
+    for d in divs[:corpus.MAX_DIVERGENCES]:
+        j = {k: v for k, v in d.to_json().items() if k != "case"}
+        for k, v in j.items():
+            if isinstance(v, str) and len(v) > MAX_DETAIL:
+                j[k] = v[:MAX_DETAIL] + f" [... {len(v) - MAX_DETAIL} more characters]"
+        size += len(json.dumps(j))
+        if out and size > sc.MAX_CORPUS_BYTES // 4:  # escaped non-ASCII text is up to 12 bytes a character
+            break
+        out.append(j)
+    return out

@@ -44,11 +44,9 @@ def test_two_fuzzers_share_one_redis_and_the_second_replays_the_first_failure_fi
                       "--progress", "none", cwd=b)
         assert r2.returncode == 1, r2.stdout + r2.stderr
         second = json.loads((b / "r.json").read_text())["findings"]
-        k = len(first)
         assert set(first) <= set(second)
-        replayed_first = min(second, key=lambda s: second[s]["examples"])
-        assert second[replayed_first]["examples"] == 1 and replayed_first in first
-        assert all(second[s]["examples"] <= k * (k + 1) // 2 for s in first), second
+        # The second machine replayed the first's failures from Redis before it drew a case of its own.
+        assert all(second[s].get("replayed") for s in first), second
         # The same shrunk case on both machines.
         for sig in first:
             assert (corpus.load(a / ".gradfuzz" / "found" / f"{sig}.json").case
@@ -101,6 +99,37 @@ def test_n2_runs_on_two_xdist_workers_with_plain_progress_lines(tmp_path):
     assert "gradfuzz [" in r.stderr and "workers" in r.stderr
     assert "divergence split.stock-" in r.stderr  # new signatures are announced as workers save them
     _corpus_is_consistent(tmp_path / "found")
+
+
+def _one_core() -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def test_more_workers_than_cores_on_the_process_group_paths_share_their_files(tmp_path):
+    """Issue 28: ``gate -n 16`` on 16 cores ended in a harness error in the
+    ddp/fsdp2 fuzz shard. Two xdist workers, each with its own two-rank
+    process group, on one core, two shards of one target writing into one
+    findings folder, one example database and one run folder: no harness
+    error, and every file gradfuzz wrote loads back (the findings through
+    the corpus schema, the status files through the controller)."""
+    # A wall-clock budget: a hanging case (fsdp2's clip over an empty shard) costs a timeout per run.
+    r = subprocess.run([sys.executable, "-m", "harness", "fuzz", "-n", "2", "--shards", "2", "--paths", "ddp,fsdp2",
+                        "--minutes", "0.2", "--seed", "0", "--timeout", "15", "--db", "db", "--save", "found",
+                        "--json", "r.json", "--progress", "none", "--keep-run-dir"],
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                       timeout=170, preexec_fn=_one_core)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["workers"] == 2 and not data.get("errors"), data.get("errors")
+    assert "error:" not in r.stdout, r.stdout
+    assert data["paths"]["ddp.stock"]["examples"] >= 2 and data["paths"]["fsdp2.stock"]["examples"] > 0
+    files = _corpus_is_consistent(tmp_path / "found") if (tmp_path / "found").exists() else []
+    assert sorted(files) == sorted(data["saved"])
+    for d in data["divergences"]:
+        assert d["microbatch"] is None or d["microbatch"] >= 0, d
+    (run_dir,) = (tmp_path / ".gradfuzz" / "runs").iterdir()
+    statuses = [json.loads(f.read_text()) for f in run_dir.glob("status-*.json")]
+    assert len(statuses) == 2 and all(s["done"] and not s["errors"] for s in statuses)
 
 
 def test_pytest_plugin_adds_fuzz_targets_replay_items_and_skips_unavailable_paths(tmp_path):
