@@ -113,11 +113,7 @@ def run_gate(
     entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
     if run_selfcheck:
         report.selfcheck = selfcheck(seed, progress, slack, workers=workers)
-        for c in report.selfcheck:
-            if c.state == "broken":
-                report.rows.append(Row("selfcheck", c.name, f"canary {c.name} is broken: {c.broken}", source="selfcheck"))
-            elif c.state == "missed":
-                report.rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
+        report.rows.extend(_selfcheck_rows(report.selfcheck))
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
     seen_as: dict[tuple[str, str], ledger_mod.Bug] = {}
@@ -141,27 +137,44 @@ def run_gate(
         report.rows.extend(Row("error", "fuzz", e[:2000], source="fuzz") for e in result.errors)
         for name, t in result.paths.items():
             report.examples[name] = report.examples.get(name, 0) + t.examples
-        seen = {(r.path, r.signature) for r in report.rows}
-        # Bugs whose own cases agreed in the replay just now: a coarse signature
-        # is no evidence that one of them came back (a regression needs more).
-        fixed_here = {r.bug for r in report.rows if r.status == "fixed"}
-        for d in result.divergences:
-            if (d.path, d.signature) in seen:
-                continue
-            seen.add((d.path, d.signature))
-            # A ledger bug matches by its recorded signatures, or by any signature
-            # its own cases showed in the replay just now, on this path or (by
-            # shape) on another path the bug's entry covers.
-            bug = led.match(d.path, d.signature, version=version)
-            if bug is not None and bug.id in fixed_here:
-                bug = None
-            bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
-            status = _classify(bug, version, True) if bug else "new"
-            report.rows.append(_row(status, d, bug, "fuzz"))
+        report.rows.extend(_fuzz_rows(result.divergences, report.rows, led, version, seen_as, shapes))
     confirm_known(report.rows, live, led, slack, version)
     report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
     return report
+
+
+def _selfcheck_rows(results: list[CanaryResult]) -> list[Row]:
+    rows = []
+    for c in results:
+        if c.state == "broken":
+            rows.append(Row("selfcheck", c.name, f"canary {c.name} is broken: {c.broken}", source="selfcheck"))
+        elif c.state == "missed":
+            rows.append(Row("selfcheck", c.name, f"canary {c.name} was not caught: {c.detail}", source="selfcheck"))
+    return rows
+
+
+def _fuzz_rows(divergences: list[Divergence], rows: list[Row], led: ledger_mod.Ledger, version: str,
+               seen_as: dict[tuple[str, str], ledger_mod.Bug], shapes: set[tuple[str, str]]) -> list[Row]:
+    """One row per fuzzed (path, signature) the replay did not already report.
+    A ledger bug matches by its recorded signatures, or by any signature its
+    own cases showed in the replay just now, on this path or (by shape) on
+    another path the bug's entry covers."""
+    seen = {(r.path, r.signature) for r in rows}
+    # Bugs whose own cases agreed in the replay just now: a coarse signature
+    # is no evidence that one of them came back (a regression needs more).
+    fixed_here = {r.bug for r in rows if r.status == "fixed"}
+    out = []
+    for d in divergences:
+        if (d.path, d.signature) in seen:
+            continue
+        seen.add((d.path, d.signature))
+        bug = led.match(d.path, d.signature, version=version)
+        if bug is not None and bug.id in fixed_here:
+            bug = None
+        bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
+        out.append(_row(_classify(bug, version, True) if bug else "new", d, bug, "fuzz"))
+    return out
 
 
 def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, slack: float | None,
