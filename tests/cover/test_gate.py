@@ -341,6 +341,20 @@ def test_shrinking_is_bounded_by_counts_not_by_wall_time():
     assert engine.MAX_SHRINKING_SECONDS >= 3600
 
 
+def test_draws_do_not_depend_on_the_literals_of_loaded_modules():
+    """The engine turns off Hypothesis's mixing of local modules' literals into
+    draws (which made the cases depend on what a process had imported). The
+    patch names private parts of Hypothesis and skips itself where they are
+    missing; this test is what notices when a Hypothesis release renames them."""
+    import harness.engine.target  # noqa: F401
+    from hypothesis.internal.conjecture import providers
+
+    assert hasattr(providers, "Constants") and hasattr(providers, "_get_local_constants"), \
+        "Hypothesis moved its local-constants pool: update harness.engine.target._no_local_constants"
+    local = providers._get_local_constants()
+    assert not any(len(getattr(local, f)) for f in ("integers", "floats", "bytes", "strings") if hasattr(local, f))
+
+
 def test_replay_on_two_processes_gives_the_one_process_rows(tmp_path):
     """gate -n N replays each group of paths in a child process: the rows,
     their order and the counts must be those of one process."""
