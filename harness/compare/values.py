@@ -82,27 +82,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
             tol: Tolerance | None = None) -> list[Divergence]:
     """``retained_grads``: whether the path promises intermediate ``.grad`` from ``retain_grad``."""
     tol = tol or Tolerance.for_case(case)
-    found: list[Divergence] = []
-    names = case_names(case)
-    if obs.failure is not None:
-        f = obs.failure
-        found.append(
-            Divergence(obs.path, "error", None, f.k if f.k >= 0 else None, None, None, None,
-                       f"raised {f.type}: {f.message} (the eager oracle ran this case fine)",
-                       **keys(obs.path, "error", f"{f.type}: {message_words(f.message, names)}"))
-        )
-    for m in obs.mutations:
-        what = f"changed {m.what}"
-        found.append(
-            Divergence(obs.path, "mutation", None, m.k, m.max_abs, None, None,
-                       f"{m.what} changed by up to {m.max_abs:g} during backward {m.k}, but nobody wrote to it",
-                       **keys(obs.path, "mutation", m.what.split(" ")[0]))
-        )
-    for v in obs.violations:
-        found.append(
-            Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
-                       **keys(obs.path, v.kind, v.key or message_words(v.what, names)))
-        )
+    found = _events(case, obs)
     found += _hook_counts(obs.path, oracle, obs, retained_grads)
     done: set[str] = set()
     inexact = first_inexact(case)
@@ -139,6 +119,31 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
         # takes a microbatch of 0 or more, or null.
         if d.microbatch is not None and d.microbatch < 0:
             d.microbatch = None
+    return found
+
+
+def _events(case: Case, obs: Observation) -> list[Divergence]:
+    """What the path reported itself: a raise, a tensor changed under the user, a broken invariant."""
+    names = case_names(case)
+    found: list[Divergence] = []
+    if obs.failure is not None:
+        f = obs.failure
+        found.append(
+            Divergence(obs.path, "error", None, f.k, None, None, None,
+                       f"raised {f.type}: {f.message} (the eager oracle ran this case fine)",
+                       **keys(obs.path, "error", f"{f.type}: {message_words(f.message, names)}"))
+        )
+    for m in obs.mutations:
+        found.append(
+            Divergence(obs.path, "mutation", None, m.k, m.max_abs, None, None,
+                       f"{m.what} changed by up to {m.max_abs:g} during backward {m.k}, but nobody wrote to it",
+                       **keys(obs.path, "mutation", m.what.split(" ")[0]))
+        )
+    for v in obs.violations:
+        found.append(
+            Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
+                       **keys(obs.path, v.kind, v.key or message_words(v.what, names)))
+        )
     return found
 
 
