@@ -33,7 +33,7 @@ def standalone() -> dict:
 
 def harness_path() -> list[str]:
     from harness.engine.runner import check
-    from harness.out import corpus
+    from harness.artifacts import corpus
     from harness.paths.compile import FLAVORS, CompilePath
 
     case = corpus.load(os.path.join(os.path.dirname(__file__), "..", "cases", "eager",

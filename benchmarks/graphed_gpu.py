@@ -287,7 +287,7 @@ def s_compile():
         if not path.availability().ok:
             RESULTS["compile"] = out
             return
-        from harness.out import corpus
+        from harness.artifacts import corpus
         seed_case = corpus.load(os.path.join(ROOT, "cases/graphed/make_graphed_callables_static_grad_alias.json")).case
         out["seed_case"] = [d.detail for d in check(seed_case, path)]
         save()
@@ -314,8 +314,8 @@ def s_compile():
 
 def s_compile_cases():
     """Pinned cases for the compile findings: harness check, and standalone scripts with and without held grads."""
-    from harness.out import corpus
-    from harness.out import repro
+    from harness.artifacts import corpus
+    from harness.artifacts import repro
     from harness.paths.graphed import compiled
     from harness.case.spec import Input, Node, Param, Schedule, Use
 

@@ -488,7 +488,7 @@ def _paths(row: Row, fork: str | None, inject: bool):
 def _temp_world(row: Row, directory: str) -> tuple[str, str]:
     """The row's case files under ``directory``, and a ledger holding the real
     entries of the row's bug that cover its paths (cases cut to those copied)."""
-    from harness.out.corpus import covers
+    from harness.artifacts.corpus import covers
 
     for c in row.cases:
         os.makedirs(os.path.join(directory, os.path.dirname(c)), exist_ok=True)
@@ -565,7 +565,7 @@ def _left_after(row: Row, r: Any, paths: list[Any]) -> str:
 def alone(row: Row) -> set[str]:
     """The shapes the injection gives on the oracle's own (correct) observation."""
     from harness.compare.values import compare
-    from harness.out import corpus
+    from harness.artifacts import corpus
     from harness.paths import resolve
     from oracles.eager import observe
 

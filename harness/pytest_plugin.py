@@ -121,7 +121,7 @@ def _ledger_file(config: pytest.Config) -> str:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("gradfuzz_paths") is None:
         return
-    from harness.out import corpus
+    from harness.artifacts import corpus
     from harness.engine.session import plan
 
     paths = _selected(config)
@@ -248,7 +248,7 @@ class ReplayItem(pytest.Item):
     def runtest(self) -> None:
         import torch
 
-        from harness.out import corpus
+        from harness.artifacts import corpus
         from harness.engine.runner import check
 
         entry = corpus.load(self.file)

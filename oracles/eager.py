@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.observation import Grads, Observation, Step, snap
 from harness.case.spec import Case
-from harness.build.schedule import ends_step, has_step, starts_step, zeroed
-from harness.build.train import Trainer
+from harness.materialize.schedule import ends_step, has_step, starts_step, zeroed
+from harness.materialize.train import Trainer
 
 
 class OracleError(RuntimeError):

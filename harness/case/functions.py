@@ -4,7 +4,7 @@ They exist because custom backward code is where grad layouts go wrong: a
 backward that returns a transposed (non-contiguous) grad or a view into a
 larger buffer is legal, and machinery downstream (AccumulateGrad's layout
 fix-up, DTensor placements, static graph buffers) must cope with it. This
-module imports only torch: ``harness.out.repro`` pastes its source into
+module imports only torch: ``harness.artifacts.repro`` pastes its source into
 standalone scripts.
 """
 

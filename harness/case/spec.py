@@ -120,7 +120,7 @@ class Schedule:
     param_hooks: tuple[str, ...] = ()
     # A training step after each step's last backward (optional, omitted from
     # JSON at their defaults): ``clip`` runs clip_grad_norm_ to ``max_norm``
-    # with that norm type ("1", "2", "inf"); ``optimizer`` (harness.build.train.OPTIMIZERS)
+    # with that norm type ("1", "2", "inf"); ``optimizer`` (harness.materialize.train.OPTIMIZERS)
     # then steps with ``lr``, in ``optimizer_impl`` "" (torch's choice),
     # "for_loop", "foreach" or "fused". Parameters are compared after it.
     clip: str = ""
@@ -147,7 +147,7 @@ class Case:
     exact: bool = True
     seed: int = 0
     version: int = SCHEMA_VERSION
-    # Pipeline stage cuts (harness.build.stages): each is a position in ``nodes``
+    # Pipeline stage cuts (harness.materialize.stages): each is a position in ``nodes``
     # where a new stage starts; () is one stage. Omitted from JSON when empty.
     stages: tuple[int, ...] = ()
     # A last pipeline stage's form: the outputs reach backward as one scalar

@@ -1,7 +1,7 @@
 """What a training step may be, as data: norm types, optimizers, implementations.
 
 The validator, the generator and the trainer all read these tables, so the
-case layer owns them; running a step (``harness.build.train``) needs torch's
+case layer owns them; running a step (``harness.materialize.train``) needs torch's
 optimizers, validating a JSON case must not.
 """
 

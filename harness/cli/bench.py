@@ -73,7 +73,7 @@ def floor_time(cases: list[Any]) -> float:
     """CPU seconds for a bare float32 forward + autograd.grad per backward of each case."""
     import torch
 
-    from harness.build.tensors import Built
+    from harness.materialize.tensors import Built
 
     total = 0.0
     for case in cases:
@@ -363,7 +363,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     data["targets"] = _targets(data)
     print(table(data))
     if args.json:
-        from harness.out.corpus import atomic_write
+        from harness.artifacts.corpus import atomic_write
 
         atomic_write(args.json, json.dumps(data, indent=1, default=str) + "\n")
     return 0

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
                     counts=counts, findings=extra.get("details", {}),
                     workers=extra.get("workers", 1),
                     seconds=round(extra.get("seconds", 0.0), 3), cpu_s=round(extra.get("cpu_s", 0.0), 3))
-        from harness.out.corpus import atomic_write
+        from harness.artifacts.corpus import atomic_write
 
         atomic_write(args.json, json.dumps(data, indent=1) + "\n")
     if interrupted:
@@ -235,7 +235,7 @@ def on_workers(options: Options, n: str, ledger: str | None = None) -> Any:
 
 
 def add_merge_parser(sub: Any) -> None:
-    from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
+    from harness.artifacts.findings import DEFAULT_DIR as DEFAULT_FOUND
 
     m = sub.add_parser("merge", help="merge the findings of several machines (corpus dirs, redis://) into one corpus")
     m.add_argument("sources", nargs="+", metavar="DIR|redis://HOST:PORT/N",
@@ -246,7 +246,7 @@ def add_merge_parser(sub: Any) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from harness.out import findings
+    from harness.artifacts import findings
     from harness.engine.database import DatabaseError
 
     try:

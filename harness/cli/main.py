@@ -15,9 +15,9 @@ import warnings
 # torch warns at import when NumPy is absent; gradfuzz does not need NumPy.
 warnings.filterwarnings("ignore", message=".*NumPy.*")
 
-from harness.out import corpus
-from harness.out import repro
-from harness.out.corpus import CorpusError
+from harness.artifacts import corpus
+from harness.artifacts import repro
+from harness.artifacts.corpus import CorpusError
 from harness.paths import Options, UsageError, resolve
 from harness.case.spec import SpecError
 
@@ -230,7 +230,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
 def cmd_selfcheck(args: argparse.Namespace) -> int:
     from harness.canaries import select
     from harness.gate.selfcheck import selfcheck, to_json
-    from harness.out.corpus import atomic_write
+    from harness.artifacts.corpus import atomic_write
 
     results = selfcheck(args.seed, progress=lambda s: print(s, file=sys.stderr), slack=args.tolerance_slack,
                         canaries=select(args.canaries), workers=_workers(args.numprocesses))
@@ -264,7 +264,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.gate import run as gate
     from harness.cli.progress import PhaseLines
     from harness.gate import report as gate_report
-    from harness.out.corpus import atomic_write
+    from harness.artifacts.corpus import atomic_write
 
     from harness.gate import ledger
 
@@ -375,7 +375,7 @@ def _add_ledger_arg(p: argparse.ArgumentParser, what: str = "") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.out.findings import DEFAULT_DIR as DEFAULT_FOUND
+    from harness.artifacts.findings import DEFAULT_DIR as DEFAULT_FOUND
 
     parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
     parser.add_argument("--version", action="version", version=_version())

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import IO, Any, Callable
 
-from harness.out.text import scrub, shorten, terminal_width
+from harness.artifacts.text import scrub, shorten, terminal_width
 
 View = dict[str, Any]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from harness.out.corpus import Entry, covers
+from harness.artifacts.corpus import Entry, covers
 
 # The words of the summary line, in the order shown; every status but these is silent.
 SHOWN = ("known", "new", "fixed", "regression", "not_reproduced")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.out.corpus import atomic_write
+from harness.artifacts.corpus import atomic_write
 from harness.engine.runner import Result
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.case.ops import OPS
 from harness.case.spec import Case
 

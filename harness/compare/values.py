@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.build.tensors import magnitude_bounds
+from harness.materialize.tensors import magnitude_bounds
 from harness.observation import Divergence, Observation, keys, message_words
 from harness.case.spec import Case
-from harness.build.schedule import first_inexact
+from harness.materialize.schedule import first_inexact
 
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
 # Values after a training step (clip_grad_norm_, an optimizer) and grads that
@@ -294,7 +294,7 @@ def _hooks_expected(case: Case, oracle: Observation, k: int) -> dict[str, torch.
     """What the schedule's parameter hooks should see in backward ``k``:
     ``register_hook`` the grad this backward brings, the post-accumulate hook
     the accumulated ``.grad``."""
-    from harness.build.lifetime import HOOK_SEEN
+    from harness.materialize.lifetime import HOOK_SEEN
 
     expected: dict[str, torch.Tensor | None] = {}
     for p in case.params:

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 from harness.case.spec import Case
 from harness.compare.values import Tolerance, compare
 from harness.observation import Divergence, Observation
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.paths import Path
 from oracles.eager import observe
 

@@ -13,7 +13,7 @@ Every fuzz target uses a stable key (``gradfuzz:<target>``), not a digest
 of our source, so an upgrade of gradfuzz does not orphan the database.
 
 With Redis, findings are also appended to the campaign's finding log
-(``harness.out.campaign``).
+(``harness.artifacts.campaign``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Iterable
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from harness.out.campaign import DatabaseError, redis_client
+from harness.artifacts.campaign import DatabaseError, redis_client
 
 __all__ = ["DEFAULT_DIR", "DatabaseError", "MaskingDatabase", "open_database"]
 

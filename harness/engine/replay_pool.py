@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from harness.engine.check import Replayed, replay_entries
 from harness.observation import Divergence
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.paths import Options, Path, close_paths, resolve
 from harness.workers.jobs import Ended, run_jobs
 

@@ -14,8 +14,8 @@ from typing import Callable, Iterable
 
 from harness.engine.check import check, replay_entries
 from harness.engine.result import Result, Tally
-from harness.out import corpus
-from harness.out.findings import save_finding
+from harness.artifacts import corpus
+from harness.artifacts.findings import save_finding
 from harness.paths import Path, close_paths, split_available
 
 __all__ = ["Result", "Tally", "check", "fuzz", "fuzz_path", "replay"]

@@ -3,7 +3,7 @@
 The same ``Session`` object serves an in-process run (``gradfuzz fuzz``
 without ``-n``) and each pytest-xdist worker (``-n N``, through
 ``harness.pytest_plugin``). It owns the ``Result`` the report is made
-from, saves every confirmed finding at once (``harness.out.findings``: one
+from, saves every confirmed finding at once (``harness.artifacts.findings``: one
 file per signature, counts bumped), and turns its state into a JSON
 snapshot: the live display reads snapshots, xdist workers write theirs to
 status files, and the controller rebuilds one ``Result`` from them, even
@@ -18,12 +18,12 @@ import sys
 import time
 from typing import Any, Callable
 
-from harness.out import findings
-from harness.out.campaign import publish_finding
+from harness.artifacts import findings
+from harness.artifacts.campaign import publish_finding
 from harness.observation import Divergence
 from harness.paths import Path
 from harness.engine.result import Result, Tally
-from harness.out.findings import finding_entry
+from harness.artifacts.findings import finding_entry
 from harness.paths import close_paths, split_available
 from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
 
@@ -217,7 +217,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
 
 
 def write_status(file: str, snapshot: dict[str, Any]) -> None:
-    from harness.out.corpus import atomic_write
+    from harness.artifacts.corpus import atomic_write
 
     atomic_write(file, json.dumps(snapshot))
 

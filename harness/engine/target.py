@@ -11,7 +11,7 @@ stops at the first new signature on some path; from then on the round
 *focuses* on that path (the others are not run), so Hypothesis shrinks
 against the path that showed the failure and cannot slip to another. The
 shrunk case is re-run to confirm it (or flag it flaky), saved at once
-through ``harness.out.findings`` (de-duplicated by signature), its signatures
+through ``harness.artifacts.findings`` (de-duplicated by signature), its signatures
 become known, and the next round looks for something else.
 
 Saved examples in the database (earlier runs' failures) are replayed first,

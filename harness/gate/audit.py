@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from harness.engine.check import replay_entries
 from harness.gate import ledger as ledger_mod
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.paths import Path
 
 

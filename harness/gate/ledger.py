@@ -16,10 +16,10 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from harness.build import workarounds
+from harness.materialize import workarounds
 from harness.case import schema as sc
 from harness.case.spec import SpecError
-from harness.out.corpus import CorpusError, covers
+from harness.artifacts.corpus import CorpusError, covers
 from harness.gate.status import STATUSES
 from harness.observation import SIGNATURE_SCHEME
 

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from harness.gate.status import FAILING, ORDER, STATUSES
-from harness.out.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten, terminal_width
+from harness.artifacts.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten, terminal_width
 
 STATUS_WORDS = {k: s.words for k, s in STATUSES.items()}
 MAX_ROWS = 40  # table rows a reviewer reads; the JSON record keeps every row
@@ -496,7 +496,7 @@ def _html_row(g: dict[str, Any], anchor: str | None, repros: Repros) -> str:
 
 def _html_section(g: dict[str, Any], anchor: str, paths: dict[str, Any]) -> list[str]:
     from harness.case.spec import Case
-    from harness.out import repro
+    from harness.artifacts import repro
 
     r = g["first"]
     name = r["path"]

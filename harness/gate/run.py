@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.gate import ledger as ledger_mod
 from harness.observation import Divergence
 from harness.case.spec import Case

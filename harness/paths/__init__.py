@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable
 
 from harness.objects import LoadError, load_object
-from harness.build.schedule import run_schedule
+from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError
 from harness.paths.eager import EagerAccumulate
 from harness.paths.split import STOCK, SplitPath

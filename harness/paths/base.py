@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
-from harness.build.schedule import Observe
+from harness.materialize.schedule import Observe
 from harness.case.spec import Case
 from harness.observation import Observation
 
@@ -113,7 +113,7 @@ class Options:
 class Repro:
     """What a standalone repro script needs of a path's machinery, as data.
 
-    ``template`` picks the script's shape (``harness.out.repro.script``):
+    ``template`` picks the script's shape (``harness.artifacts.repro.script``):
 
     - ``schedule``: the microbatch loop, with ``imports`` and ``backward`` (the
       body of ``backward(outs, cots, inputs, params)``), and ``forward``:

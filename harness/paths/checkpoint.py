@@ -52,13 +52,13 @@ from typing import Any, Callable
 import torch
 
 from harness.paths.workarounds import IN_PROCESS
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.observation import Grads, Observation
 from harness.case.ops import OPS
-from harness.build.schedule import run_schedule
+from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.case.spec import Case, Node, Use
-from harness.build.stages import bounds, requires_grad
+from harness.materialize.stages import bounds, requires_grad
 
 Key = tuple[str, "int | None"]
 # wrap(fn, args) -> fn's outputs, run through one checkpoint implementation

@@ -61,8 +61,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.build.schedule import run_schedule
-from harness.build.tensors import Built
+from harness.materialize.schedule import run_schedule
+from harness.materialize.tensors import Built
 from harness.case.ops import draws_random
 from harness.case.spec import Case, SpecError
 from harness.case.validate import infer_shapes

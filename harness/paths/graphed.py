@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.workers.isolation import IsolatedPath, progress
 from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
-from harness.build.schedule import run_schedule
+from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.case.spec import Case
 

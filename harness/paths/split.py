@@ -16,7 +16,7 @@ import torch
 from harness.paths.workarounds import IN_PROCESS
 from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
-from harness.build.schedule import run_schedule
+from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Repro
 from harness.case.spec import Case
 

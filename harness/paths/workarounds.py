@@ -1,7 +1,7 @@
 """Which path applies which outside workaround, so the gate can test "known" causally.
 
 A path offers a workaround either by listing its name in ``workarounds``
-(the in-process ones of ``harness.build.workarounds``: the path builds its
+(the in-process ones of ``harness.materialize.workarounds``: the path builds its
 parameters and trainer in this process, so the context variable reaches
 them) or by ``with_workaround(name)`` returning a path of its own (the
 split twin). Anything else cannot apply it, and its findings stay "known by
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.build.workarounds import in_force
+from harness.materialize.workarounds import in_force
 from harness.case.spec import Case
 from harness.observation import Observation
 

@@ -7,7 +7,7 @@ from packaging.version import Version
 
 from harness.paths import resolve
 from harness.paths.split import SplitPath
-from harness.out.source import forward_source
+from harness.artifacts.source import forward_source
 from harness.engine.runner import Result, fuzz_path
 from harness.case.spec import Case
 from harness.canaries.split import CANARIES
@@ -117,7 +117,7 @@ def test_graphed_grad_views_injection_is_seed_000_and_caught_within_its_budget_o
     same static buffers): the seed case gives 2*g2, the fixed wrapper on the
     same backend agrees, and the canary's case stream (same contract, seed
     and budget as selfcheck's) catches it from a cold start."""
-    from harness.out import corpus
+    from harness.artifacts import corpus
     from harness.engine.runner import check
     from harness.paths.graphed import GraphedPath
 

@@ -7,7 +7,7 @@ import ast
 import pytest
 
 from harness.observation import Observation
-from harness.out.repro import script
+from harness.artifacts.repro import script
 from harness.paths import Availability, Path, Repro, resolve
 from tests.helpers import nested
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.paths import resolve
 from harness.engine.runner import check
 

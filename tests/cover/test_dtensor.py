@@ -17,7 +17,7 @@ import pytest
 import torch
 from packaging.version import Version
 
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.observation import Observation
 from harness.paths import resolve
 from harness.canaries.dtensor import canaries
@@ -376,7 +376,7 @@ def test_rprop_runs_only_where_dtensor_can_shard_index_put():
 def test_a_dtensor_finding_gets_a_torchrun_script_that_shows_it(tmp_path, impl, verdict):
     """The script a DTensor finding saves runs under torchrun with torch alone
     (plus the grad-layout handling under test) and says what gradfuzz saw."""
-    from harness.out import repro
+    from harness.artifacts import repro
 
     entry = corpus.load(SEED)
     path = DTensorPath("dtensor.under_test", impl)

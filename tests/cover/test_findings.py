@@ -8,8 +8,8 @@ import os
 import pytest
 
 from harness.observation import Divergence
-from harness.out import corpus
-from harness.out import findings
+from harness.artifacts import corpus
+from harness.artifacts import findings
 from harness.engine.database import MaskingDatabase
 from harness.case.spec import Case
 from hypothesis.database import InMemoryExampleDatabase
@@ -146,7 +146,7 @@ def test_findings_folders_are_not_replayed_as_corpus(tmp_path):
     import shutil
 
     from harness.cli.main import build_parser
-    from harness.out import findings
+    from harness.artifacts import findings
 
     cases = tmp_path / "cases"
     shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "split"), cases / "split")

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from harness.out import corpus
+from harness.artifacts import corpus
 from harness.gate import run as gate
 from harness.gate import report as gate_report
 from harness.gate import ledger
@@ -101,7 +101,7 @@ class _SecondBug:
         return None
 
     def run(self, case):
-        from harness.build.workarounds import ACTIVE
+        from harness.materialize.workarounds import ACTIVE
         from harness.observation import Mutation
 
         obs = self.inner.run(case)

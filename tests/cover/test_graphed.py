@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
-from harness.out import corpus
-from harness.out import repro
+from harness.artifacts import corpus
+from harness.artifacts import repro
 from harness.paths import resolve
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Event, Input, Node, Param, Schedule, SpecError, Use

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from harness.case import schema
 from harness.case.spec import Case, SpecError
 from harness.gate import ledger
-from harness.out import corpus, findings, repro
-from harness.out.source import checked
+from harness.artifacts import corpus, findings, repro
+from harness.artifacts.source import checked
 from harness.paths.base import Repro
 from tests.redis_server import redis_server
 
@@ -312,7 +312,7 @@ def test_merge_files_a_hand_written_case_under_its_content_hash(tmp_path):
 
 def test_redis_items_are_checked(tmp_path):
     redis = pytest.importorskip("redis")
-    from harness.out import campaign as database
+    from harness.artifacts import campaign as database
 
     with redis_server(tmp_path) as url:
         client = redis.Redis.from_url(url)

@@ -94,7 +94,7 @@ def test_a_leaf_input_grad_never_filled_is_a_finding_on_eager_contracts():
         name = "eager.probe"
 
         def run(self, case):
-            from harness.build.schedule import run_schedule
+            from harness.materialize.schedule import run_schedule
 
             def backward(outs, cots, inputs, params):
                 got = torch.autograd.grad(outs, list(inputs.values()) + list(params.values()), cots)

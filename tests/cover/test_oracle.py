@@ -5,7 +5,7 @@ import dataclasses
 import torch
 from hypothesis import given, settings
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.generate import cases
 from oracles.eager import observe
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.build.tensors import Built
-from harness.build.units import CaseModule
+from harness.materialize.tensors import Built
+from harness.materialize.units import CaseModule
 from harness.canaries.parallel import canaries
 from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
 from harness.engine.check import check
@@ -108,7 +108,7 @@ def test_standalone_script_runs_under_torchrun(tmp_path, kind, parallel, diverge
     import subprocess
     import sys
 
-    from harness.out.repro import script
+    from harness.artifacts.repro import script
 
     case = replace(tied(parallel), stages=(), parallel=parallel)
     path = DataParallelPath(f"{kind}.stock", kind, "stock")

@@ -49,7 +49,7 @@ def test_mutation_of_a_held_grad_is_reported():
     grad being the .grad it accumulates into, is a mutation finding."""
     import torch
 
-    from harness.build.schedule import Observe, run_schedule
+    from harness.materialize.schedule import Observe, run_schedule
     from harness.paths.base import Contract
 
     class Scribbler:

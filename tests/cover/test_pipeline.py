@@ -18,16 +18,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from harness.out import corpus
-from harness.out import pipeline_repro
-from harness.build.tensors import Built
+from harness.artifacts import corpus
+from harness.artifacts import pipeline_repro
+from harness.materialize.tensors import Built
 from harness.paths import resolve
 from harness.paths.pipeline.path import FIXED, PipelinePath, observation, probe
 from harness.paths.pipeline.rank import discover
 from harness.workers.pool import Outcome
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
-from harness.build.stages import StageModule, Value, cut
+from harness.materialize.stages import StageModule, Value, cut
 from harness.generate import cases
 from harness.canaries.pipeline import CANARIES
 

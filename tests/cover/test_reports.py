@@ -10,7 +10,7 @@ from harness.cli.progress import PhaseLines, fit, plain_line
 from harness.gate import report as gate_report
 from harness.gate.run import GateReport, Row
 from harness.gate.status import STATUSES
-from harness.out.text import PROJECT, scrub, shorten
+from harness.artifacts.text import PROJECT, scrub, shorten
 
 CWD = os.getcwd()
 LONG = (f"w0 after backward 1 (seen in {CWD}/harness/engine/check.py and {PROJECT}/harness/paths/split.py): 9 of 9 "

@@ -25,7 +25,7 @@ from harness.engine import session as sessions
 from harness.engine.check import check
 from harness.engine.target import Finding
 from harness.observation import Divergence, Failure, Mutation, Observation, Violation
-from harness.out import campaign, corpus, findings
+from harness.artifacts import campaign, corpus, findings
 from harness.paths import Options, resolve
 from oracles.eager import observe
 from tests.helpers import nested

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from harness.out import corpus
+from harness.artifacts import corpus
 from tests.redis_server import redis_server
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -19,7 +19,7 @@ import pytest
 from harness import project
 from harness.cli import replay as verdict
 from harness.cli.main import build_parser, main
-from harness.out.corpus import Entry
+from harness.artifacts.corpus import Entry
 from tests.helpers import nested
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

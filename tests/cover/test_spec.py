@@ -3,7 +3,7 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from harness.build.tensors import EXACT_LIMIT, magnitude_bounds
+from harness.materialize.tensors import EXACT_LIMIT, magnitude_bounds
 from harness.case.spec import Case, SpecError
 from harness.generate import cases
 from tests.helpers import nested

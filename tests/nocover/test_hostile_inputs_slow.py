@@ -39,7 +39,7 @@ def test_report_loader_long(data):
 @LONG
 @given(st.binary(max_size=400) | st.binary(max_size=80).map(lambda b: json.dumps(BASE_ENTRY).encode()[:600] + b))
 def test_corpus_loader_bytes_long(tmp_path_factory, raw):
-    from harness.out import corpus
+    from harness.artifacts import corpus
 
     f = tmp_path_factory.mktemp("b") / "bytes.json"
     f.write_bytes(raw)

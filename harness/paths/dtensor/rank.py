@@ -35,11 +35,11 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from harness.objects import load_object
 from harness.workers.host import Rank
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.paths.dtensor.collectives import CollectiveCounter
 from harness.case.spec import Case
-from harness.build.schedule import ends_step, has_step, starts_step, zero_grad
-from harness.build.train import Trainer
+from harness.materialize.schedule import ends_step, has_step, starts_step, zero_grad
+from harness.materialize.train import Trainer
 
 STOCK = "stock"  # no grad-layout handling of our own: torch as installed
 

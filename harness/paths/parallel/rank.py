@@ -26,10 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.build.schedule import ends_step, ends_window, has_step, starts_step, zero_grad
-from harness.build.tensors import Built
-from harness.build.train import Trainer
-from harness.build.units import CaseModule
+from harness.materialize.schedule import ends_step, ends_window, has_step, starts_step, zero_grad
+from harness.materialize.tensors import Built
+from harness.materialize.train import Trainer
+from harness.materialize.units import CaseModule
 from harness.case.spec import Case
 from harness.objects import load_object
 from harness.paths.dtensor.collectives import CollectiveCounter

@@ -3,7 +3,7 @@
 The split functions are half of what a pipeline-parallel user runs; the
 stage and its schedule decide what is detached, which buffers are reused,
 which hooks fire and when input and weight grads are computed. So the case
-is cut into stages (``Case.stages``, ``harness.build.stages``), each an
+is cut into stages (``Case.stages``, ``harness.materialize.stages``), each an
 ``nn.Module`` owning copies of its parameters, and every schedule the
 installed torch exports runs it through ``schedule.step()``, one call per
 step of the case (``harness.paths.pipeline.rank`` has what a rank does).
@@ -182,7 +182,7 @@ class PipelinePath:
                                   f"stage: {'PipelineStage as installed' if self.impl == STOCK else self.impl}")
 
     def supports(self, case: Case) -> str | None:
-        from harness.build.stages import requires_grad
+        from harness.materialize.stages import requires_grad
 
         s = case.schedule
         if s.events or s.retain_outputs or s.param_hooks:
@@ -232,7 +232,7 @@ class PipelinePath:
 def observation(name: str, case: Case, outcome: Any) -> Observation:
     """Rank facts -> one Observation: a Step per backward (parameter grads at
     the last backward of each step only), copies summed, failures merged."""
-    from harness.build.tensors import Built
+    from harness.materialize.tensors import Built
 
     obs = Observation(path=name)
     obs.extra["seconds"] = outcome.seconds

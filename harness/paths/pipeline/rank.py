@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from harness.objects import load_object
-from harness.build.schedule import Held, first_line, starts_step, zero_grad
-from harness.build.tensors import Built
+from harness.materialize.schedule import Held, first_line, starts_step, zero_grad
+from harness.materialize.tensors import Built
 from harness.observation import snap
 from harness.case.spec import Case
-from harness.build.stages import StageModule, cut
+from harness.materialize.stages import StageModule, cut
 
 STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches

@@ -9,9 +9,9 @@ script shows exactly the calls the harness made.
 
 from __future__ import annotations
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.case.spec import Case
-from harness.out.source import checked, forward_source, function_helpers, literal
+from harness.artifacts.source import checked, forward_source, function_helpers, literal
 from harness.paths.base import Repro
 
 
@@ -27,15 +27,15 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
     case = checked(case)
     title, path_name = str(title), str(path_name)
     if machinery.template == "pipeline":
-        from harness.out import pipeline_repro
+        from harness.artifacts import pipeline_repro
 
         return pipeline_repro.script(case, machinery, title or path_name)
     if machinery.template == "dataparallel":
-        from harness.out import parallel_repro
+        from harness.artifacts import parallel_repro
 
         return parallel_repro.script(case, machinery, title or path_name)
     if machinery.template == "torchrun":
-        from harness.out import dtensor_repro
+        from harness.artifacts import dtensor_repro
 
         return dtensor_repro.script(case, machinery, title or path_name)
     b = Built(case)

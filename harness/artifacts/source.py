@@ -1,7 +1,7 @@
 """A case spelled out as plain torch source, for the standalone repro scripts.
 
-Every script template (``harness.out.repro``, ``harness.out.pipeline_repro``,
-``harness.out.dtensor_repro``) writes the module, its data and its custom
+Every script template (``harness.artifacts.repro``, ``harness.artifacts.pipeline_repro``,
+``harness.artifacts.dtensor_repro``) writes the module, its data and its custom
 autograd Functions the same way, from typed values only: names are the
 validated identifiers of the case, numbers are literals, text goes through
 ``repr``.

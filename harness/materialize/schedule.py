@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from harness.build import workarounds
-from harness.build.lifetime import Lifetime
-from harness.build.tensors import Built
-from harness.build.train import Trainer
+from harness.materialize import workarounds
+from harness.materialize.lifetime import Lifetime
+from harness.materialize.tensors import Built
+from harness.materialize.train import Trainer
 from harness.case.spec import Case
 from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation, snap
 

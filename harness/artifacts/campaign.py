@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.case import schema as sc
 from harness.case.spec import SpecError
-from harness.out import corpus
+from harness.artifacts import corpus
 
 FINDINGS_KEY = "gradfuzz:findings"
 MAX_ITEMS = 100_000  # finds one merge reads from a campaign's log

@@ -15,9 +15,9 @@ keep the ``none`` template: their script says to replay the corpus file.
 
 from __future__ import annotations
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.case.spec import Case
-from harness.out.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
+from harness.artifacts.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 from harness.paths.parallel.path import SCRIPTED
 

@@ -218,7 +218,7 @@ def save(directory: str | os.PathLike, name: str, entry: Entry, repro: str | Non
     The files stay inside ``directory``, and a repro script is never written
     under a name Python could import (``torch.py`` beside other scripts would
     run whenever one of them does): findings are named by signature, which
-    has dashes (``harness.out.findings.record`` insists on one)."""
+    has dashes (``harness.artifacts.findings.record`` insists on one)."""
     pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
     target = sc.safe_target(directory, name, ".json", signature=False)
     if repro is not None and name.isidentifier():

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from harness.build.stages import bounds
-from harness.build.tensors import Built
+from harness.materialize.stages import bounds
+from harness.materialize.tensors import Built
 
 
 def _owners(built: Built, units: bool) -> dict[str, int]:

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 from harness.case import schema as sc
 from harness.case.spec import Case
 from harness.observation import Divergence
-from harness.out import corpus, repro
+from harness.artifacts import corpus, repro
 from harness.paths.base import Path, Repro
 
 LOCK_NAME = ".gradfuzz.lock"
@@ -182,7 +182,7 @@ def merge(sources: list[str], into: str) -> dict[str, Any]:
     generated here from the checked case, never copied: a script from
     another machine or from Redis is text from a stranger. Returns a summary.
     """
-    from harness.out import campaign
+    from harness.artifacts import campaign
 
     items: list[tuple[str, str, corpus.Entry]] = []
     for src in sources:
@@ -227,7 +227,7 @@ class _ScriptMaker:
 
 
 def save_finding(save_dir: str, path: Path, case: Case, divs: list[Divergence], source: str) -> str:
-    """Save one finding, de-duplicated by signature (``harness.out.findings``)."""
+    """Save one finding, de-duplicated by signature (``harness.artifacts.findings``)."""
     entry, text = finding_entry(path, case, divs, source)
     return record(save_dir, divs[0].signature, entry, text).file
 

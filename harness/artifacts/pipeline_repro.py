@@ -14,12 +14,12 @@ from __future__ import annotations
 import keyword
 
 from harness.objects import Ref
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.case.ops import OPS
-from harness.out.source import checked, factor_literal, forward_source, function_helpers, literal
+from harness.artifacts.source import checked, factor_literal, forward_source, function_helpers, literal
 from harness.paths.base import Repro
 from harness.case.spec import Case, Use
-from harness.build.stages import StageSpec, cut
+from harness.materialize.stages import StageSpec, cut
 
 
 def _attr(name: str) -> str:

@@ -13,10 +13,10 @@ differ.
 
 from __future__ import annotations
 
-from harness.build.tensors import Built
+from harness.materialize.tensors import Built
 from harness.case.spec import Case
 from harness.objects import Ref
-from harness.out.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
+from harness.artifacts.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 
 

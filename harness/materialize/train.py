@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.build import workarounds
+from harness.materialize import workarounds
 from harness.case.spec import Case
 from harness.case.training import OPTIMIZERS
 
