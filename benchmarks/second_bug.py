@@ -28,7 +28,7 @@ How the second bugs are injected (nothing under harness/ is edited):
   one extra bug (the first microbatch's weight grad buffer "released" with
   ``zero_()``: hidden by ``split-adopts-aliased-grad`` on stock, shown once
   the known bug is worked around), and the shipped canary
-  ``harness.canaries.split:double_count_nested`` (the founding double count
+  ``harness.paths.split.canaries:double_count_nested`` (the founding double count
   put back on 2.13, beside the ledger's ``split-nested-double-count``).
 
 Per row, four gate runs (no fuzzing: the corpus phase is where a filed case
@@ -62,7 +62,7 @@ rows at its injection site: what a fuzzing budget turns up when a new bug
 wears a known bug's signature everywhere.
 
     python benchmarks/second_bug.py                     # both parts (about 2 minutes on 2 cores)
-    python benchmarks/second_bug.py --out benchmarks/results-s9/second_bug.txt
+    python benchmarks/second_bug.py --out /tmp/second_bug.txt  # its session-9 result is a row of docs/benchmarks.md
     python benchmarks/second_bug.py --only masking --fuzz 0
     python benchmarks/second_bug.py twin --seeds 0,1,2  # the original split.twin demonstration
 """
@@ -372,7 +372,7 @@ class Row:
     def describe(self) -> str:
         if self.fork is not None:
             return {MODULE: "fork: zero_() of the first microbatch's dw buffer (--split-impl)",
-                    "harness.canaries.split:double_count_nested": "fork: nested weight counted per intermediate "
+                    "harness.paths.split.canaries:double_count_nested": "fork: nested weight counted per intermediate "
                     "(--split-impl canary)"}.get(self.fork, f"fork {self.fork}")
         return self.injection.describe()  # type: ignore[union-attr]
 
@@ -396,7 +396,7 @@ def rows() -> list[Row]:
         Row("causal", "split-adopts-aliased-grad", split, ("split/grad_output_adopted_as_grad.json",),
             Mutate("grad output 0 of backward 0", 1)),
         Row("causal", "split-nested-double-count", split, ("split/nested_weight_double_count.json",),
-            fork="harness.canaries.split:double_count_nested", note="entry range <2.13: fixed on this torch"),
+            fork="harness.paths.split.canaries:double_count_nested", note="entry range <2.13: fixed on this torch"),
         Row("causal", "optim-sgd-nesterov-foreach-writes-grad", ("eager.accumulate",), (SGD,),
             Skew("after step", SGD_W0, 0, 1.9)),
         Row("causal", "optim-sgd-nesterov-foreach-writes-grad", ("split.stock",), (SGD,),
@@ -749,7 +749,7 @@ def detect(twin: bool, seed: int, examples: int) -> tuple[int | None, int, str]:
     from harness.engine.check import check
     from harness.engine.result import Result
     from harness.engine.target import Target, TargetRun
-    from harness.paths.split import STOCK, SplitPath
+    from harness.paths.split.path import STOCK, SplitPath
 
     name = "split.twin" if twin else "split.stock"
     fork = SplitPath(name, MODULE, stock_contract=True, twin=twin)

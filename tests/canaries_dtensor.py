@@ -13,8 +13,8 @@ import signal
 import torch
 import torch.distributed as dist
 
-from harness.canaries.dtensor import *  # noqa: F401,F403
-from harness.canaries.dtensor import CANARIES_DTENSOR, partial_to_replicate  # noqa: F401
+from harness.paths.dtensor.canaries import *  # noqa: F401,F403
+from harness.paths.dtensor.canaries import CANARIES_DTENSOR, partial_to_replicate  # noqa: F401
 
 
 def _transposed(g: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ the static tensors returned at capture. On top of it:
 - ``fixed``: ``oracles.graphed_fixed`` itself on the CPU backend, so its
   ownership logic is tested by the same checks.
 - ``weakref_canary()`` (GPU, seed 003): the self-check's canary
-  ``graphed_weak_input_surface`` (harness/canaries/graphed.py), the fixed
+  ``graphed_weak_input_surface`` (harness/paths/graphed/canaries.py), the fixed
   wrapper holding its input surface by raw pointer after capture; the
   caching allocator reuses the memory and replays read and write someone
   else's tensors.
@@ -36,7 +36,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from harness.workers.isolation import IsolatedPath
-from harness.paths.graphed import GraphedPath
+from harness.paths.graphed.path import GraphedPath
 from oracles import graphed_fixed
 
 
@@ -161,7 +161,7 @@ def standin(name: str, impl: str, owned_outputs: bool = False, device: str = "cp
 
 def weakref_canary() -> IsolatedPath:
     """The seed-003 canary on the GPU, in a worker (it may crash)."""
-    from harness.canaries.graphed import canaries
+    from harness.paths.graphed.canaries import canaries
 
     return next(c for c in canaries() if c.name == "graphed_weak_input_surface").make()
 

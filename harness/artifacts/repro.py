@@ -11,33 +11,31 @@ from __future__ import annotations
 
 from harness.materialize.tensors import Built
 from harness.case.spec import Case
-from harness.artifacts.source import checked, forward_source, function_helpers, literal
+from harness.materialize.source import checked, forward_source, function_helpers, literal
+from harness.paths import families
 from harness.paths.base import Repro
+from harness.paths.family import ScriptWriter
+
+
+def _writers() -> dict[str, ScriptWriter]:
+    return {t: w for f in families() for t, w in f.scripts.items()}
 
 
 def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str:
     """The full text of a standalone repro for ``case`` on ``path_name``.
 
     ``machinery`` is the path's ``repro(case)``: its template picks the
-    script's shape (``harness.paths.base.Repro``). The ``schedule`` template
-    is written here; pipeline stages and DTensor ranks have theirs. Every
+    script's shape (``harness.paths.base.Repro``). The ``schedule`` and
+    ``none`` templates are written here; a family's own (pipeline stages,
+    torchrun ranks) come from its ``Family.scripts``. Every
     value of the case is checked first and text (title, path name) goes in
     through ``repr`` only: corpus files and Redis items come from strangers.
     """
     case = checked(case)
     title, path_name = str(title), str(path_name)
-    if machinery.template == "pipeline":
-        from harness.artifacts import pipeline_repro
-
-        return pipeline_repro.script(case, machinery, title or path_name)
-    if machinery.template == "dataparallel":
-        from harness.artifacts import parallel_repro
-
-        return parallel_repro.script(case, machinery, title or path_name)
-    if machinery.template == "torchrun":
-        from harness.artifacts import dtensor_repro
-
-        return dtensor_repro.script(case, machinery, title or path_name)
+    writer = _writers().get(machinery.template)
+    if writer is not None:
+        return writer(case, machinery, title or path_name)
     b = Built(case)
     sched = case.schedule
     helpers = function_helpers(case)

@@ -160,7 +160,7 @@ def bench_family(name: str, paths: list[Any], *, examples: int, warmup: int, see
 
 
 def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool | None) -> list[dict[str, Any]]:
-    from harness.canaries import all_canaries
+    from harness.canaries import all_canaries, resolve_base
     from harness.engine.runner import Result, close_paths
     from harness.engine.target import Target, TargetRun
 
@@ -168,7 +168,7 @@ def bench_canaries(names: list[str] | None, seeds: int, budget: int, exact: bool
     for c in all_canaries():
         if names and c.name not in names:
             continue
-        base, skipped = c.resolve_base()
+        base, skipped = resolve_base(c)
         row: dict[str, Any] = {"canary": c.name, "base": base.name if base else None}
         if skipped:
             row["skipped"] = skipped

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from harness.canaries import Canary, all_canaries
+from harness.canaries import Canary, all_canaries, resolve_base
 from harness.engine.runner import Result, fuzz_path
 from harness.workers.jobs import Ended, run_jobs
 
@@ -48,7 +48,7 @@ def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryRe
         if c.fallback is not None:
             return run_canary(c.fallback, seed, slack)
         return CanaryResult(c.name, False, None, 0.0, "", skipped=f"unavailable here: {available.reason}")
-    base, skipped = c.resolve_base()
+    base, skipped = resolve_base(c)
     if skipped:
         if c.fallback is not None:
             return run_canary(c.fallback, seed, slack)

@@ -1,26 +1,43 @@
-"""The path registry: names to paths, with families and third-party paths.
+"""The path registry: families in, paths out.
 
-``split`` names the family (``split.stock``, ``split.twin`` and ``split.fixed``); a full
-name picks one. Third parties add paths through the ``gradfuzz.paths``
-entry-point group or ``--path MODULE:ATTR``; the object found is a path, or
-a callable taking the options and returning a path or a list of them.
+Every family, built-in or not, comes in as an entry point of the
+``gradfuzz.paths`` group: the built-in ones are listed in ``BUILTIN`` (one
+line each, in the entry-point form) and read exactly as installed ones are,
+so the core names no family. An entry point names a ``Family``, a path, a
+list of paths, or a callable taking the options and returning either.
+``--path MODULE:ATTR`` and ``register_path`` add more. A family that does
+not import here is listed as unavailable with the reason, never dropped.
+
+``split`` names the family (``split.stock``, ``split.twin`` and
+``split.fixed``); a full name picks one.
 """
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable, Iterable
 
 from harness.objects import LoadError, load_object
 from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError
-from harness.paths.eager import EagerAccumulate
-from harness.paths.split import STOCK, SplitPath
+from harness.paths.family import Canary, Family, UserImpl
 
-__all__ = ["Availability", "Contract", "Options", "Path", "Repro", "UsageError", "all_paths", "check_options", "close_paths",
-           "register_path", "resolve", "run_schedule", "split_available"]
+__all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl",
+           "all_paths", "check_options", "close_paths", "families", "register_path", "resolve", "run_schedule",
+           "split_available"]
 
+# The built-in families, registered the way a third party registers one.
+BUILTIN = (
+    "eager = harness.paths.eager:FAMILY",
+    "split = harness.paths.split:FAMILY",
+    "dtensor = harness.paths.dtensor:FAMILY",
+    "graphed = harness.paths.graphed:FAMILY",
+    "pipeline = harness.paths.pipeline:FAMILY",
+    "compile = harness.paths.compile:FAMILY",
+    "checkpoint = harness.paths.checkpoint:FAMILY",
+    "parallel = harness.paths.parallel:FAMILY",
+)
+GROUP = "gradfuzz.paths"
 
 Factory = Callable[[Options], "Path | list[Path]"]
 _registered: list[Factory] = []
@@ -31,44 +48,61 @@ def register_path(factory: "Factory | Path") -> None:
     _registered.append(factory if callable(factory) and not isinstance(factory, Path) else (lambda _o, p=factory: p))
 
 
-def _builtin(options: Options) -> list[Path]:
-    paths: list[Path] = [
-        EagerAccumulate(),
-        SplitPath("split.stock", options.split_impl or STOCK, stock_contract=True),
-        SplitPath("split.twin", options.split_impl or STOCK, stock_contract=True, twin=True),
-        SplitPath("split.fixed", "oracles.split_fixed", stock_contract=False),
-    ]
-    for factory in _optional_builtins():
-        made = factory(options)
-        paths.extend(made if isinstance(made, list) else [made])
-    return paths
+class Unloadable:
+    """A family that did not import here: listed, with the reason, never run."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        self.contract = Contract()
+
+    def availability(self) -> Availability:
+        return Availability(False, self.reason)
+
+    def supports(self, case: Any) -> str | None:
+        return self.reason
+
+    def run(self, case: Any) -> Any:
+        raise RuntimeError(f"{self.name} is unavailable: {self.reason}")
+
+    def repro(self, case: Any) -> Repro:
+        return Repro(template="none", why=f"{self.name} is unavailable: {self.reason}")
 
 
-def _optional_builtins() -> list[Factory]:
-    """Path modules added by later work; each is one module under harness.paths."""
-    found = []
-    for mod in ("harness.paths.dtensor.path", "harness.paths.graphed", "harness.paths.pipeline.path", "harness.paths.compile",
-                "harness.paths.checkpoint", "harness.paths.parallel.path"):
-        try:
-            found.append(importlib.import_module(mod).paths)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-    return found
+def _entry_points() -> list[EntryPoint]:
+    builtin = [EntryPoint(*(x.strip() for x in line.split("=")), group=GROUP) for line in BUILTIN]
+    names = {ep.name for ep in builtin}
+    return builtin + [ep for ep in entry_points(group=GROUP) if ep.name not in names]
+
+
+def _as_family(ep: EntryPoint) -> Family:
+    """The family an entry point names; one that does not import becomes a
+    family of one unavailable path named after the entry point."""
+    source = f"entry point {ep.name} = {ep.value}"
+    try:
+        obj = ep.load()
+    except Exception as e:  # an ImportError, or a module that raises on import
+        why = f"{source} does not import: {type(e).__name__}: {e}"
+        return Family(ep.name, paths=lambda _o: [Unloadable(ep.name, why)])
+    if isinstance(obj, Family):
+        return obj
+    return Family(ep.name, paths=lambda o: _expand(obj, o, source))
+
+
+def families() -> list[Family]:
+    """Every registered family, built-in ones first, in registration order."""
+    return [_as_family(ep) for ep in _entry_points()]
+
+
+def _family_paths(family: Family, options: Options) -> list[Path]:
+    try:
+        made = family.paths(options)
+    except ImportError as e:  # the machinery is missing from this torch
+        return [Unloadable(family.name, f"{family.name} does not import: {type(e).__name__}: {e}")]
+    return _expand(made, options, f"family {family.name}")
 
 
 # --- the user's own setup: every flag that names code or hardware, checked here ---
 
-# The flags that point a built-in path at the user's own implementation:
-# (Options field, flag, the loader that imports and checks it, what it must name).
-USER_IMPLS: tuple[tuple[str, str, str, str], ...] = (
-    ("split_impl", "--split-impl", "harness.paths.split:load_impl",
-     "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),
-    ("graphed_impl", "--graphed-impl", "harness.paths.graphed:load_impl",
-     "MODULE:ATTR, a make_graphed_callables-like callable"),
-    ("dtensor_impl", "--dtensor-impl", "harness.paths.dtensor.rank:load_impl",
-     "MODULE[:ATTR] with install(params, mesh)"),
-)
 PATH_FORM = "a gradfuzz path, or a callable taking the options and returning one or a list of them, as MODULE:ATTR"
 
 
@@ -89,11 +123,12 @@ def check_options(options: Options) -> None:
     what went wrong and the fix. A path the user pointed at their own code
     must not turn "unavailable" when that code does not import: the gate
     would PASS with nothing of theirs tested."""
-    for name, flag, loader, wants in USER_IMPLS:
-        spec = getattr(options, name)
+    for impl in (u for f in families() for u in f.user_impls):
+        name, flag, wants = impl.option, impl.flag, impl.wants
+        spec = getattr(options, name, None)
         if spec is None:
             continue
-        load = load_object(loader, "loader")
+        load = load_object(impl.loader, "loader")
         try:
             load(spec)
         except LoadError as e:
@@ -146,9 +181,7 @@ def _expand(obj: Any, options: Options, source: str) -> list[Path]:
 
 def all_paths(options: Options = Options()) -> list[Path]:
     check_options(options)
-    paths = _builtin(options)
-    for ep in entry_points(group="gradfuzz.paths"):
-        paths.extend(_expand(ep.load(), options, f"entry point {ep.name} = {ep.value}"))
+    paths = [p for f in families() for p in _family_paths(f, options)]
     for factory in _registered:
         paths.extend(_expand(factory, options, "register_path"))
     for spec in options.extra:

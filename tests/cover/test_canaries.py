@@ -6,11 +6,11 @@ import torch
 from packaging.version import Version
 
 from harness.paths import resolve
-from harness.paths.split import SplitPath
-from harness.artifacts.source import forward_source
+from harness.paths.split.path import SplitPath
+from harness.materialize.source import forward_source
 from harness.engine.runner import Result, fuzz_path
 from harness.case.spec import Case
-from harness.canaries.split import CANARIES
+from harness.paths.split.canaries import CANARIES
 
 STOCK_HAS_CLAMP = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 
@@ -34,7 +34,7 @@ def test_canary_is_caught_from_cold_start(name, capsys):
 
 
 def _crashy():
-    from harness.canaries import Canary
+    from harness.paths.family import Canary
 
     return Canary("crashes_in_its_own_code",
                   lambda: SplitPath("canary.crashes_in_its_own_code", "tests.standins:crashes_in_its_own_code",
@@ -106,7 +106,7 @@ def test_graphed_canaries_are_listed_and_skipped_without_cuda_never_caught(tmp_p
 
 def views_on_cpu(module, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
     """The grad-views canary's own wrapper on the CPU replay stand-in (tests/standins.py)."""
-    from harness.canaries.graphed import static_grad_views
+    from harness.paths.graphed.canaries import static_grad_views
     from tests.standins import CpuReplay
 
     return static_grad_views(module, sample_args, num_warmup_iters, allow_unused_input, pool, backend=CpuReplay())
@@ -119,7 +119,7 @@ def test_graphed_grad_views_injection_is_seed_000_and_caught_within_its_budget_o
     and budget as selfcheck's) catches it from a cold start."""
     from harness.artifacts import corpus
     from harness.engine.runner import check
-    from harness.paths.graphed import GraphedPath
+    from harness.paths.graphed.path import GraphedPath
 
     canary = _graphed_canaries()["graphed_static_grad_views"]
     views = GraphedPath("canary.views.cpu", "tests.cover.test_canaries:views_on_cpu", device="cpu", owned_outputs=True,
@@ -148,7 +148,7 @@ def test_graphed_weak_surface_canary_leaves_its_input_surface_to_the_allocator()
 
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    from harness.canaries.graphed import WeakInputSurface
+    from harness.paths.graphed.canaries import WeakInputSurface
     from oracles import graphed_fixed
 
     class CaptureOnce(graphed_fixed.CudaGraphs):  # the CUDA backend's bookkeeping, no device

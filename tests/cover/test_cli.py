@@ -55,7 +55,7 @@ def test_replay_of_a_malformed_case_exits_2_naming_file_and_field(tmp_path, make
 def test_fuzz_finds_saves_and_the_repro_script_shows_it(tmp_path):
     out = tmp_path / "found"
     report = tmp_path / "r.json"
-    r = gradfuzz("fuzz", "--paths", "split.stock", "--split-impl", "harness.canaries.split:drops_accumulated",
+    r = gradfuzz("fuzz", "--paths", "split.stock", "--split-impl", "harness.paths.split.canaries:drops_accumulated",
                  "--examples", "60", "--seed", "1", "--save", str(out), "--json", str(report), "--mode", "exact")
     assert r.returncode == 1, r.stdout + r.stderr
     data = json.loads(report.read_text())
@@ -69,7 +69,7 @@ def test_fuzz_finds_saves_and_the_repro_script_shows_it(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and "expected" in run.stdout and "DIVERGES" in run.stdout
     # repro re-runs the saved case on the path it was found on
-    again = gradfuzz("repro", str(sorted(out.glob("*.json"))[0]), "--split-impl", "harness.canaries.split:drops_accumulated")
+    again = gradfuzz("repro", str(sorted(out.glob("*.json"))[0]), "--split-impl", "harness.paths.split.canaries:drops_accumulated")
     assert again.returncode == 1 and "DIVERGES" in again.stdout
 
 

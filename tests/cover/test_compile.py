@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from harness.canaries.compile import canary_path
+from harness.paths.compile.canaries import canary_path
 from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.engine.runner import Result, check, fuzz_path
-from harness.paths.compile import FLAVORS, CompilePath, Flavors, IsolatedCompilePath, SharedWorker, Stats, other_size, structure_key
+from harness.paths.compile.path import FLAVORS, CompilePath, Flavors, IsolatedCompilePath, SharedWorker, Stats, other_size, structure_key
 from tests.helpers import nested
 
 

@@ -124,9 +124,9 @@ def _known_paths() -> frozenset[str]:
 
 @lru_cache(maxsize=None)
 def _known_canaries() -> frozenset[str]:
-    from harness.canaries import FAMILIES
+    from harness.canaries import all_canaries
 
-    return frozenset(c.name for f in FAMILIES for c in importlib.import_module(f).canaries())
+    return frozenset(c.name for c in all_canaries())
 
 
 def test_shown_commands_name_what_exists():

@@ -20,7 +20,7 @@ from packaging.version import Version
 from harness.artifacts import corpus
 from harness.observation import Observation
 from harness.paths import resolve
-from harness.canaries.dtensor import canaries
+from harness.paths.dtensor.canaries import canaries
 from harness.paths.dtensor.path import DTensorPath, _assemble
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
@@ -264,7 +264,7 @@ def test_torchrun_rank0_drives_and_the_other_rank_follows(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     r = subprocess.run(
         [torchrun, "--nproc-per-node", "2", "-m", "harness", "fuzz", "--paths", "dtensor.stock",
-         "--dtensor-impl", "harness.canaries.dtensor:partial_to_replicate", "--examples", "300", "--seed", "0",
+         "--dtensor-impl", "harness.paths.dtensor.canaries:partial_to_replicate", "--examples", "300", "--seed", "0",
          "--save", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
@@ -303,7 +303,7 @@ def test_forkserver_pool_as_used_with_nccl():
     from harness.workers import pool
     workers = pool.WorkerPool(2, "gloo", start_method="forkserver")
     pool.groups[(2, "forkserver-test")] = workers
-    path = DTensorPath("dtensor.forkserver", "harness.canaries.dtensor:partial_to_replicate", backend="forkserver-test")
+    path = DTensorPath("dtensor.forkserver", "harness.paths.dtensor.canaries:partial_to_replicate", backend="forkserver-test")
     try:
         divs = check(corpus.load(SEED).case, path)
         assert {d.kind for d in divs} == {"placement", "collective"}
@@ -371,7 +371,7 @@ def test_rprop_runs_only_where_dtensor_can_shard_index_put():
         assert "index_put_" in why
 
 
-@pytest.mark.parametrize("impl, verdict", [("harness.canaries.dtensor:partial_to_replicate", "DIVERGES"),
+@pytest.mark.parametrize("impl, verdict", [("harness.paths.dtensor.canaries:partial_to_replicate", "DIVERGES"),
                                            ("oracles.dtensor_fixed", "agrees")])
 def test_a_dtensor_finding_gets_a_torchrun_script_that_shows_it(tmp_path, impl, verdict):
     """The script a DTensor finding saves runs under torchrun with torch alone

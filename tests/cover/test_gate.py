@@ -42,9 +42,9 @@ def _world(tmp_path, torch_range: str | None):
 
 
 @pytest.mark.parametrize("impl, torch_range, status, fails", [
-    ("harness.canaries.split:double_count_nested", f">={V}", "known_signature_only", False),
-    ("harness.canaries.split:double_count_nested", "<2.0", "regression", True),
-    ("harness.canaries.split:double_count_nested", None, "new", True),
+    ("harness.paths.split.canaries:double_count_nested", f">={V}", "known_signature_only", False),
+    ("harness.paths.split.canaries:double_count_nested", "<2.0", "regression", True),
+    ("harness.paths.split.canaries:double_count_nested", None, "new", True),
     ("oracles.split_fixed", "<2.0", "fixed", False),
     ("oracles.split_fixed", f">={V}", "not_reproduced", False),
 ])
@@ -89,7 +89,7 @@ class _SecondBug:
     workaround is in force (the known bug hid it, as split.twin exposes)."""
 
     def __init__(self, where: str) -> None:
-        from harness.paths.eager import EagerAccumulate
+        from harness.paths.eager.path import EagerAccumulate
 
         self.inner, self.where = EagerAccumulate(), where
         self.name, self.contract, self.workarounds = self.inner.name, self.inner.contract, self.inner.workarounds
@@ -147,7 +147,7 @@ def test_a_ledger_of_another_signature_scheme_is_refused_and_rescheme_moves_it(t
 
 def test_reports_render_from_the_json(tmp_path):
     cases, led = _world(tmp_path, None)
-    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested")) + resolve("split.fixed")
+    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested")) + resolve("split.fixed")
     rep = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False).to_json()
     suite = ET.fromstring(gate_report.junit(rep))
     assert suite.get("failures") == "1" and len(suite.findall("testcase")) >= 2
@@ -218,31 +218,31 @@ def test_before_the_clamp_a_canary_whose_bug_is_stocks_own_runs_its_fallback_ove
     injection removes nothing), so it must not run against another base; the
     pipeline family falls back to the same bug injected into the fixed stage,
     judged against the fixed path. Canaries whose bug stock lacks keep stock."""
-    from harness.canaries import all_canaries
+    from harness.canaries import all_canaries, resolve_base
 
     by_name = {c.name: c for c in all_canaries()}
     assert by_name["double_count_nested"].needs_clamp and not by_name["loses_tied_site"].needs_clamp
     for c in by_name.values():
         assert c.proves_nothing_here() == ""  # torch 2.13+ here
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    assert "own before torch 2.13" in by_name["double_count_nested"].resolve_base()[1]
-    assert by_name["loses_tied_site"].resolve_base()[0].name == "split.stock"
+    assert "own before torch 2.13" in resolve_base(by_name["double_count_nested"])[1]
+    assert resolve_base(by_name["loses_tied_site"])[0].name == "split.stock"
     chain, c = [], by_name["pipeline_pre_clamp"]
     while c is not None:
         chain.append(c)
         c = c.fallback
-    assert chain[0].resolve_base()[1] and chain[1].base.endswith(".fixed") and chain[1].resolve_base()[1] == ""
+    assert resolve_base(chain[0])[1] and chain[1].base.endswith(".fixed") and resolve_base(chain[1])[1] == ""
 
 
 def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_path):
     """Ledger entries for a family (every zero-bubble schedule) replay their
     cases only where the layout fits; a fuzz finding of the same shape on a
     sibling path is that bug, not a new one. Outside the entry's paths it is not."""
-    from harness.paths.split import SplitPath
+    from harness.paths.split.path import SplitPath
     from harness.engine.runner import check
 
-    a = SplitPath("split.stock", "harness.canaries.split:double_count_nested", stock_contract=True)
-    b = SplitPath("canary.sibling", "harness.canaries.split:double_count_nested", stock_contract=True)
+    a = SplitPath("split.stock", "harness.paths.split.canaries:double_count_nested", stock_contract=True)
+    b = SplitPath("canary.sibling", "harness.paths.split.canaries:double_count_nested", stock_contract=True)
     (da,), (db,) = check(nested(), a)[:1], check(nested(), b)[:1]
     assert da.signature != db.signature and da.shape == db.shape
     led = ledger.Ledger([ledger.Bug("fam", "split.stock, canary.sib*", f">={V}", "double count")], str(tmp_path))
@@ -255,7 +255,7 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
 def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names_it(tmp_path):
     from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
+    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
     sigs = {d.signature for d in check(nested(), paths[0])}
     cases = tmp_path / "cases"
     corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
@@ -274,7 +274,7 @@ def test_a_case_of_a_later_bug_showing_an_older_bugs_signature_is_that_older_bug
     affects this torch and records the signature, not NEW under the later one."""
     from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
+    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
     sigs = sorted({d.signature for d in check(nested(), paths[0])})
     cases = tmp_path / "cases"
     corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
@@ -296,7 +296,7 @@ def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(
     is new (it still fails the gate), not the old bug come back."""
     from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
+    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
     plain = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
                  nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
     assert not check(plain, paths[0])

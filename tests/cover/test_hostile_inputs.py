@@ -24,7 +24,7 @@ from harness.case import schema
 from harness.case.spec import Case, SpecError
 from harness.gate import ledger
 from harness.artifacts import corpus, findings, repro
-from harness.artifacts.source import checked
+from harness.materialize.source import checked
 from harness.paths.base import Repro
 from tests.redis_server import redis_server
 

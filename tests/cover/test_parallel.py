@@ -9,7 +9,7 @@ import torch
 
 from harness.materialize.tensors import Built
 from harness.materialize.units import CaseModule
-from harness.canaries.parallel import canaries
+from harness.paths.parallel.canaries import canaries
 from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
 from harness.engine.check import check
 from harness.paths import Options, resolve

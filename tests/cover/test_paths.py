@@ -13,7 +13,7 @@ def test_family_names_expand_and_unknown_names_are_usage_errors():
 
 
 def test_split_impl_option_points_split_stock_at_a_fork():
-    (path,) = resolve("split.stock", Options(split_impl="harness.canaries.split:double_count_nested"))
+    (path,) = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
     assert path.availability().ok
     assert check(nested(), path), "the fork double counts x @ w @ w"
     # The user's own flag that cannot be honoured is a setup error, never an "unavailable" path the gate passes.

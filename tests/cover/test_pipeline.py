@@ -29,7 +29,7 @@ from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
 from harness.materialize.stages import StageModule, Value, cut
 from harness.generate import cases
-from harness.canaries.pipeline import CANARIES
+from harness.paths.pipeline.canaries import CANARIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PIPELINE_CASES = os.path.join(ROOT, "cases", "pipeline")

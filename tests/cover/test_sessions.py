@@ -12,7 +12,7 @@ from harness.artifacts import corpus
 from tests.redis_server import redis_server
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-CANARY = ["--paths", "split.stock", "--split-impl", "harness.canaries.split:drops_accumulated", "--mode", "exact"]
+CANARY = ["--paths", "split.stock", "--split-impl", "harness.paths.split.canaries:drops_accumulated", "--mode", "exact"]
 
 
 def gradfuzz(*args, cwd, timeout=180):

@@ -10,9 +10,9 @@ import statistics
 import pytest
 
 from harness.paths import resolve
-from harness.paths.split import SplitPath
+from harness.paths.split.path import SplitPath
 from harness.engine.runner import Result, fuzz, fuzz_path
-from harness.canaries.split import CANARIES
+from harness.paths.split.canaries import CANARIES
 
 pytestmark = pytest.mark.slow
 

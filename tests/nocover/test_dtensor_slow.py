@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from harness.paths import Options, resolve
-from harness.canaries.dtensor import canaries
+from harness.paths.dtensor.canaries import canaries
 from harness.paths.dtensor.path import DTensorPath
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case
@@ -72,7 +72,7 @@ def test_world_size_4():
     fixed.close()
     assert not result.divergences, result.divergences[0].detail
     (canary,) = canaries()
-    path = DTensorPath("canary.ws4", "harness.canaries.dtensor:partial_to_replicate", world_size=4)
+    path = DTensorPath("canary.ws4", "harness.paths.dtensor.canaries:partial_to_replicate", world_size=4)
     result = Result()
     fuzz_path(path, examples=300, deadline=None, seed=0, result=result, save_dir=None)
     path.close()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from harness.paths.pipeline.path import FIXED, PipelinePath, probe
-from harness.canaries.pipeline import CANARIES
+from harness.paths.pipeline.canaries import CANARIES
 from harness.engine.runner import Result, fuzz_path
 
 pytestmark = pytest.mark.slow

@@ -1,1 +1,13 @@
-"""Data-parallel paths: DDP and FSDP2 on the worker pool's process group."""
+"""``ddp.*`` and ``fsdp2.*``: data parallelism on the worker pool's process
+group: the paths (``path``), what each rank runs (``rank``), the canaries
+and the torchrun repro script (``script``)."""
+
+from harness.paths.family import Family, lazy
+
+FAMILY = Family(
+    "parallel",
+    paths=lazy("harness.paths.parallel.path:paths"),
+    canaries=lazy("harness.paths.parallel.canaries:canaries"),
+    scripts={"dataparallel": lazy("harness.paths.parallel.script:script")},
+    docs="docs/paths.md#data-parallel-ddp-and-fsdp2",
+)

@@ -34,7 +34,7 @@ from harness.paths.pooled import PooledPath
 from harness.paths.dtensor.path import observation as assemble
 
 STOCK = "stock"
-# The switches a standalone script (harness.artifacts.parallel_repro) spells out.
+# The switches a standalone script (harness.paths.parallel.script) spells out.
 SCRIPTED = frozenset({"no_sync", "bucket_view", "static_graph", "find_unused", "small_buckets", "hook_allreduce",
                       "hook_builtin", "keep_unsharded", "reshard_int", "no_reshard_after_backward"})
 FIXED = {"ddp": "oracles.ddp_fixed", "fsdp2": "oracles.fsdp2_fixed"}

@@ -1,2 +1,13 @@
 """``pipeline.<schedule>.*``: stages through ``PipelineStage`` and torch's
-schedules: the path (``path``) and what each rank runs (``rank``)."""
+schedules: the path (``path``), what each rank runs (``rank``), the
+canaries and the repro script (``script``)."""
+
+from harness.paths.family import Family, lazy
+
+FAMILY = Family(
+    "pipeline",
+    paths=lazy("harness.paths.pipeline.path:paths"),
+    canaries=lazy("harness.paths.pipeline.canaries:canaries"),
+    scripts={"pipeline": lazy("harness.paths.pipeline.script:script")},
+    docs="docs/paths.md#pipeline",
+)

@@ -1,0 +1,13 @@
+"""The checkpoint family's canary: the fixed recomputation with its RNG
+restore switched off, so dropout inside a region redraws its mask in the
+recomputed forward; judged against ``checkpoint.fixed``."""
+
+from __future__ import annotations
+
+from harness.paths.family import Canary
+from harness.paths.checkpoint.path import CheckpointPath, forgets_rng
+
+
+def canaries() -> list[Canary]:
+    return [Canary("checkpoint_forgets_rng",
+                   lambda: CheckpointPath("canary.checkpoint_forgets_rng", forgets_rng), "checkpoint.fixed")]

@@ -1,0 +1,11 @@
+"""``compile.*``: ``torch.compile`` on the CPU: the paths (``path``) and
+their canaries."""
+
+from harness.paths.family import Family, lazy
+
+FAMILY = Family(
+    "compile",
+    paths=lazy("harness.paths.compile.path:paths"),
+    canaries=lazy("harness.paths.compile.canaries:canaries"),
+    docs="docs/paths.md#compile",
+)

@@ -1,0 +1,674 @@
+"""``compile.*``: ``torch.compile`` on the CPU, held to the eager oracle.
+
+The backward of a compiled module is a different program from eager's:
+
+- ``compile.aot_eager``: ``backend="aot_eager"``, AOTAutograd's joint
+  forward/backward trace, partition and alias handling, run without code
+  generation (a finding here is not Inductor's);
+- ``compile.inductor``: the default backend (Inductor's C++ code generation on
+  CPU; it needs a C++ compiler, ``g++``, on PATH);
+- ``compile.autograd``: compiled autograd, switched on the way torch
+  documents it (``torch._dynamo.config.compiled_autograd = True``; the
+  backward is called inside a compiled function, so the engine's whole
+  backward including hooks and AccumulateGrad is captured and compiled), with
+  a compiled forward; ``compile.autograd.eager_forward`` keeps the forward
+  eager and compiles only the backward;
+- ``compile.dynamic.symbolic``: ``dynamic=True``; before the case's own
+  microbatches the compiled function runs one forward and backward at another
+  batch size (leading dim of every input + 1, on copies of the parameters),
+  so the grads checked come from an artifact compiled for other shapes;
+  ``compile.dynamic.recompile``: the same with ``dynamic=False``, so the
+  case's own size goes through a guard failure and a recompilation.
+
+Everything else comes from the shared schedule loop: accumulation into
+``.grad`` (None, zeros or prefilled), tensor hooks on intermediates, parameter
+hooks, ``retain_grad``, tied and transposed uses, view outputs, custom
+autograd Functions, clip and optimizer steps.
+
+Compilation costs seconds, data costs nothing: compiled artifacts are cached
+by the case's *structure* (its graph without seed and schedule: params and
+inputs with their shapes, nodes, outputs, hooks, retain_grad, dtype; the
+dynamic paths leave the shapes out), so Hypothesis's data variations of one
+structure reuse one artifact. Each structure gets its own code object
+(dynamo keeps compiled code and its recompile limit per code object), the
+cache holds ``CACHE_SIZE`` structures and evicts the oldest with
+``reset_code``, and every ``RESET_EVERY`` new structures the whole dynamo
+state is reset (``torch._dynamo.reset()``, compiled autograd's cache too),
+so a long session's memory stays bounded. Each observation carries
+``extra["compile"]``: whether the structure was a cache hit, how many
+graphs were compiled, the seconds spent in calls that compiled and in calls
+that did not, and the process's resident memory.
+
+The paths run in a child process (``IsolatedPath``): a compiler that
+segfaults is a ``crash`` finding, one that hangs past the timeout a
+``timeout`` finding; a compiler error on a valid case is an ``error``
+finding (the loop reports what raised where eager did not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import logging
+import os
+import time
+import types
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from harness.materialize.schedule import run_schedule
+from harness.materialize.tensors import Built
+from harness.case.ops import draws_random
+from harness.case.spec import Case, SpecError
+from harness.case.validate import infer_shapes
+from harness.observation import Grads, Observation
+from harness.paths.base import Availability, Contract, Options, Repro
+from harness.workers.isolation import IsolatedPath, progress
+
+CACHE_SIZE = 16  # structures whose compiled code stays alive
+RESET_EVERY = 64  # new structures between full dynamo resets
+COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
+
+
+# The compile paths promise everything eager does (retained grads too), and
+# want parameter hooks (drawn with the lifetime schedules) and training steps
+# (clip and optimizer, drawn with the DTensor flag; the placements it also
+# draws are ignored here), and the model parts (dropout included: see
+# ``CompilePath.config`` and ``structure_key``).
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True, model_parts=True)
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One way of compiling: what ``torch.compile`` gets and where it is used."""
+
+    name: str
+    backend: str = "inductor"
+    dynamic: bool | None = False
+    compiled_autograd: bool = False
+    compile_forward: bool = True
+    other_size_first: bool = False  # warm up at another batch size (the dynamic paths)
+    device: str = "cpu"
+
+    def describe(self) -> str:
+        what = f'torch.compile(backend="{self.backend}", dynamic={self.dynamic})'
+        if self.compiled_autograd:
+            what += " with compiled autograd" + ("" if self.compile_forward else " (eager forward)")
+        if self.other_size_first:
+            what += ", first run at another batch size"
+        return f"{what} on {self.device}"
+
+
+FLAVORS = {
+    "compile.aot_eager": Flavor("compile.aot_eager", backend="aot_eager"),
+    "compile.inductor": Flavor("compile.inductor", backend="inductor"),
+    "compile.autograd": Flavor("compile.autograd", backend="aot_eager", compiled_autograd=True),
+    "compile.autograd.eager_forward": Flavor("compile.autograd.eager_forward", backend="aot_eager",
+                                             compiled_autograd=True, compile_forward=False),
+    "compile.dynamic.symbolic": Flavor("compile.dynamic.symbolic", backend="inductor", dynamic=True, other_size_first=True),
+    "compile.dynamic.recompile": Flavor("compile.dynamic.recompile", backend="inductor", dynamic=False, other_size_first=True),
+    "compile.inductor.cuda": Flavor("compile.inductor.cuda", backend="inductor", device="cuda"),
+}
+
+
+def structure_key(case: Case, shapes: bool = True) -> str:
+    """The case without its data: equal keys compile to the same code.
+
+    Seed, mode and schedule only change numbers and the loop around the
+    module; ``shapes=False`` also drops every param and input shape (the
+    dynamic paths reuse one artifact across sizes)."""
+    params = [(p.name, p.shape if shapes else None, p.requires_grad) for p in case.params]
+    inputs = [(x.name, x.shape if shapes else None, x.requires_grad) for x in case.inputs]
+    data = case.to_json()
+    key = [params, inputs, data["nodes"], data["outputs"], data.get("hooks", []),
+           data.get("retain_grad", []), case.dtype]
+    if draws_random(case):
+        # The compiled forward is the first case's Built, whose seed_rng seeds
+        # the global RNG from *that* case's seed (dynamo bakes the constant in):
+        # a later seed of the structure would run the first seed's masks.
+        key.append(("rng seed", case.seed))
+    return json.dumps(key, sort_keys=True)
+
+
+def other_size(case: Case) -> Case | None:
+    """The case with the leading dim of every 2-d+ input one larger, if the
+    case's shape rules allow it (None otherwise: no warm-up at another size)."""
+    inputs = tuple(dataclasses.replace(x, shape=(x.shape[0] + 1,) + x.shape[1:]) if len(x.shape) >= 2 else x
+                   for x in case.inputs)
+    if inputs == case.inputs:
+        return None
+    variant = dataclasses.replace(case, inputs=inputs)
+    try:
+        infer_shapes(variant)
+    except (SpecError, ValueError, KeyError, IndexError):
+        return None
+    return variant
+
+
+def _fresh_function(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own, so dynamo's per-code cache (and
+    its recompile limit) is this structure's alone and can be dropped alone."""
+    code = fn.__code__.replace(co_name=label)
+    fresh = types.FunctionType(code, fn.__globals__, label, fn.__defaults__, fn.__closure__)
+    fresh.__kwdefaults__ = fn.__kwdefaults__
+    return fresh
+
+
+def _backward_body(outs: list[torch.Tensor], cots: list[torch.Tensor]) -> None:
+    torch.autograd.backward(outs, cots)
+
+
+@dataclass
+class _Artifact:
+    """One structure's compiled forward (and, for compiled autograd, the
+    compiled function the backward is called in)."""
+
+    key: str
+    built: Built
+    forward: Callable[..., Any]
+    backward: Callable[..., Any] | None
+    codes: list[types.CodeType]
+    graphs: int = 0  # graphs compiled for it (recompilations included)
+
+
+@dataclass
+class Stats:
+    """Per-path totals over a session (``obs.extra["compile"]`` per case)."""
+
+    cases: int = 0
+    structures: int = 0  # cache misses: a structure compiled afresh
+    hits: int = 0  # cases whose structure was already compiled
+    graphs: int = 0  # backend invocations (forward graphs, recompilations, compiled-autograd graphs)
+    compile_s: float = 0.0  # wall time of forward/backward calls during which something compiled
+    run_s: float = 0.0  # wall time of forward/backward calls that compiled nothing
+    evictions: int = 0
+    resets: int = 0
+    not_compiled: int = 0  # structures where dynamo compiled no graph at all (skipped frame)
+    limit_fallbacks: int = 0  # frames run eagerly because a recompile limit was hit (should stay 0)
+    rss_mb: float = 0.0
+
+    def add(self, extra: dict[str, Any]) -> None:
+        self.cases += 1
+        self.hits += int(extra.get("hit", False))
+        self.structures += int(not extra.get("hit", False))
+        self.graphs += extra.get("graphs", 0)
+        self.compile_s += extra.get("compile_s", 0.0)
+        self.run_s += extra.get("run_s", 0.0)
+        self.evictions += extra.get("evictions", 0)
+        self.resets += extra.get("resets", 0)
+        self.not_compiled += int(extra.get("not_compiled", False))
+        self.limit_fallbacks += extra.get("limit_fallbacks", 0)
+        self.rss_mb = max(self.rss_mb, extra.get("rss_mb", 0.0))
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.cases if self.cases else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "hit_rate": round(self.hit_rate, 4)}
+
+
+def _near_recompile_limit() -> bool:
+    """Is some code dynamo compiled close to its recompile limit?
+
+    Code shared by every structure (the op table's lambdas, which dynamo
+    compiles as frames of their own after a graph break) collects one cache
+    entry per structure; at the limit dynamo silently runs it eagerly, and
+    the path would test eager autograd. A full reset before that keeps every
+    case compiled."""
+    from torch._dynamo.convert_frame import input_codes
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    limit = max(int(getattr(torch._dynamo.config, "recompile_limit", 8)) - 2, 1)
+    for ref in list(input_codes.seen):
+        code = ref()
+        if code is not None and len(_debug_get_cache_entry_list(code)) >= limit:
+            return True
+    return False
+
+
+class CompileFailed(RuntimeError):
+    """A backend raised while compiling: the finding names the backend's own exception."""
+
+
+def _compile_failure(e: Exception) -> Exception:
+    """``BackendCompilerFailed`` says only "backend='x' raised:" on its first
+    line, so every compiler error would share one signature; name the
+    exception the backend raised and its first line instead."""
+    inner = getattr(e, "inner_exception", None)
+    if inner is None or type(e).__name__ != "BackendCompilerFailed":
+        return e
+    text = next((ln.strip() for ln in str(inner).splitlines() if ln.strip()), "")
+    return CompileFailed(f"the backend failed to compile: {type(inner).__name__}: {text}")
+
+
+class _LimitWatch(logging.Handler):
+    """Counts dynamo's 'hit config.recompile_limit' warnings: a frame that
+    fell back to eager (the case then did not test compiled code there)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.hits = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "recompile_limit" in record.getMessage():
+            self.hits += 1
+
+
+_watch = _LimitWatch()
+logging.getLogger("torch._dynamo.convert_frame").addHandler(_watch)
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class StructureCache:
+    """Compiled artifacts by structure key, bounded, with periodic full resets."""
+
+    def __init__(self, size: int = CACHE_SIZE, reset_every: int = RESET_EVERY) -> None:
+        self.size = size
+        self.reset_every = reset_every
+        self.entries: OrderedDict[str, _Artifact] = OrderedDict()
+        self.made = 0
+        self.evictions = 0
+        self.resets = 0
+
+    def get(self, key: str) -> _Artifact | None:
+        a = self.entries.get(key)
+        if a is not None:
+            self.entries.move_to_end(key)
+        return a
+
+    def put(self, a: _Artifact) -> None:
+        self.made += 1
+        if self.reset_every and self.made % self.reset_every == 0:
+            self.reset()
+        while len(self.entries) >= self.size:
+            _, old = self.entries.popitem(last=False)
+            self.drop(old)
+        self.entries[a.key] = a
+
+    def drop(self, a: _Artifact) -> None:
+        from torch._C._dynamo.eval_frame import reset_code
+
+        for code in a.codes:
+            reset_code(code)
+        self.entries.pop(a.key, None)
+        self.evictions += 1
+
+    def reset(self) -> None:
+        """Forget everything: dynamo's caches, guards and compiled autograd's graphs."""
+        self.entries.clear()
+        torch._dynamo.reset()
+        try:
+            torch._dynamo.compiled_autograd.reset()
+        except AttributeError:
+            pass
+        gc.collect()
+        self.resets += 1
+
+
+class CompilePath:
+    """One ``Flavor`` of ``torch.compile`` behind the path protocol (in-process;
+    ``paths()`` wraps it in a child process)."""
+
+    def __init__(self, flavor: Flavor, backend: Callable[..., Any] | None = None, name: str | None = None) -> None:
+        self.flavor = flavor
+        self.name = name or flavor.name
+        self.contract = CONTRACT
+        self._backend_override = backend  # a callable backend (the canary) instead of flavor.backend
+        self.cache = StructureCache()
+        self.stats = Stats()
+        self._graphs = 0  # backend invocations so far (the counting wrapper below)
+        self._backend: Callable[..., Any] | None = None
+
+    # --- protocol ---------------------------------------------------------
+
+    def availability(self) -> Availability:
+        if not hasattr(torch, "compile"):
+            return Availability(False, f"torch {torch.__version__} has no torch.compile")
+        if self.flavor.device != "cpu":
+            if not torch.cuda.is_available():
+                return Availability(False, f"needs CUDA: torch {torch.__version__} sees no CUDA device")
+            from torch.utils._triton import has_triton
+
+            if not has_triton():
+                return Availability(False, "Inductor on CUDA needs Triton, which is not installed")
+            return Availability(True, self.flavor.describe())
+        if self.flavor.backend == "inductor" and self._backend_override is None:
+            from shutil import which
+
+            cxx = os.environ.get("CXX") or "g++"
+            if which(cxx) is None:
+                return Availability(False, f"Inductor on CPU needs a C++ compiler: {cxx!r} is not on PATH "
+                                           "(Debian: apt-get install g++; or set CXX)")
+        return Availability(True, self.flavor.describe())
+
+    def supports(self, case: Case) -> str | None:
+        return None
+
+    def run(self, case: Case) -> Observation:
+        r = _Run(self, case)
+        obs = run_schedule(case, self.name, r.backward, forward=r.forward, device=self.flavor.device,
+                           observe=CONTRACT.observe())
+        obs.extra["compile"] = r.extra()
+        self.stats.add(obs.extra["compile"])
+        if obs.extra["compile"]["limit_fallbacks"]:
+            self.cache.reset()  # some shared frame runs eagerly from now on: start afresh
+        return obs
+
+    def close(self) -> None:
+        self.cache.reset()
+
+    def repro(self, case: Case) -> Repro:
+        """The machinery for ``harness.repro``: the case's forward through
+        ``torch.compile`` as this flavour calls it (the canary's backend has
+        no standalone form: its scripts use ``aot_eager``)."""
+        f = self.flavor
+        backend = f.backend if self._backend_override is None else "aot_eager"
+        make = f"torch.compile({{fn}}, backend={backend!r}, dynamic={f.dynamic})"
+        lines = [f"DEVICE = {f.device!r}", ""]
+        if backend == "inductor":
+            lines += ["# Inductor draws torch.rand from its own generator unless told to fall back to eager's",
+                      "import torch._inductor.config", "", "torch._inductor.config.fallback_random = True", ""]
+        if f.compiled_autograd:
+            lines += ["# compiled autograd, switched on as documented: backward called inside a compiled function",
+                      "torch._dynamo.config.compiled_autograd = True", "",
+                      "", "def _backward_body(outs, cots):", "    torch.autograd.backward(outs, cots)", "", "",
+                      f"_compiled_backward = {make.format(fn='_backward_body')}"]
+        lines.append(f"_compiled = {make.format(fn='forward')}" if f.compile_forward else "_compiled = forward")
+        lines.append("_warmed = []")
+        lines += ["", "", "def machinery_forward(v):",
+                  f'    """The forward under test: {f.describe()}."""']
+        if f.other_size_first:
+            lines += [
+                "    if not _warmed:  # one forward and backward at batch size + 1 on copies: the artifact is compiled for it",
+                "        _warmed.append(True)",
+                "        w = {n: torch.nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad) if n in PARAMS",
+                "             else (torch.cat([t.detach(), t.detach()[:1]]) if t.dim() >= 2 else t.detach().clone()).requires_grad_(t.requires_grad)",
+                "             for n, t in v.items()}",
+                "        try:",
+                "            outs = [o for o in _compiled(w) if o.requires_grad]",
+                "        except RuntimeError:  # the other size does not fit this module's shapes",
+                "            outs = []",
+                "        if outs:",
+                "            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])",
+            ]
+        lines.append("    return list(_compiled(v))")
+        call = "_compiled_backward(" if f.compiled_autograd else "torch.autograd.backward("
+        body = (
+            "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
+            "    if live:\n"
+            f"        {call}[o for o, _ in live], [c for _, c in live])\n"
+        )
+        return Repro(backward=body, forward="\n".join(lines) + "\n")
+
+    # --- compilation ------------------------------------------------------
+
+    def backend(self) -> Callable[..., Any]:
+        """The backend, wrapped to count graphs (each call compiles one)."""
+        if self._backend is None:
+            inner = self._backend_override or torch._dynamo.lookup_backend(self.flavor.backend)
+
+            def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+                self._graphs += 1
+                return inner(gm, example_inputs)
+
+            # dynamo names the backend in its errors by this name
+            counting.__name__ = getattr(inner, "__name__", None) or str(self.flavor.backend)
+            self._backend = counting
+        return self._backend
+
+    def config(self) -> contextlib.ExitStack:
+        """The settings every call of this flavour's compiled code runs under
+        (graphs compile lazily, inside those calls): compiled autograd on or
+        off, and for Inductor ``fallback_random``. Inductor otherwise lowers
+        ``torch.rand`` to its own generator, which draws other numbers than
+        eager's from the same seed (documented: the flag exists to make them
+        match), so every dropout case would differ in its mask, not in its
+        autograd; with it, the mask comes from eager's ``aten.rand`` and the
+        rest of the graph is still Inductor's code."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch._dynamo.config.patch(compiled_autograd=self.flavor.compiled_autograd))
+        if self.flavor.backend == "inductor" and self._backend_override is None:
+            from torch._inductor import config as inductor_config
+
+            stack.enter_context(inductor_config.patch(fallback_random=True))
+        return stack
+
+    def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        # compiled autograd is bound when torch.compile() is called, not when the result runs
+        with torch._dynamo.config.patch(compiled_autograd=self.flavor.compiled_autograd):
+            return torch.compile(fn, backend=self.backend(), dynamic=self.flavor.dynamic)
+
+    def artifact(self, case: Case) -> tuple[_Artifact, bool]:
+        key = structure_key(case, shapes=not self.flavor.other_size_first)
+        if _near_recompile_limit():
+            self.cache.reset()
+        a = self.cache.get(key)
+        if a is not None:
+            return a, True
+        built = Built(case)  # structure only: its forward reads nodes, outputs, hooks, retain_grad
+        label = f"gradfuzz_structure_{self.cache.made}"
+        # Built.forward with a code object of this structure's own too: after a graph
+        # break dynamo compiles the rest of it as a frame of its own (and its resume
+        # functions), and those caches must not fill up across structures.
+        own_forward = _fresh_function(Built.forward, label + "_body")
+
+        def case_forward(values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+            return own_forward(built, values)
+
+        codes = [own_forward.__code__]
+        fwd: Callable[..., Any] = case_forward
+        if self.flavor.compile_forward:
+            f = _fresh_function(case_forward, label)
+            codes.append(f.__code__)
+            fwd = self.compile(f)
+        bwd = None
+        if self.flavor.compiled_autograd:
+            b = _fresh_function(_backward_body, label + "_backward")
+            codes.append(b.__code__)
+            bwd = self.compile(b)
+        a = _Artifact(key, built, fwd, bwd, codes)
+        self.cache.put(a)
+        return a, False
+
+
+class _Run:
+    """One case on one compile path: the forward and backward seams of run_schedule."""
+
+    def __init__(self, path: CompilePath, case: Case) -> None:
+        self.path = path
+        self.case = case
+        self.evictions0, self.resets0 = path.cache.evictions, path.cache.resets
+        self.artifact, self.hit = path.artifact(case)
+        self.graphs0 = path._graphs
+        self.limit0 = _watch.hits
+        self.compile_s = 0.0
+        self.run_s = 0.0
+        self.k = 0
+        self.warmed = False
+        self.warm_size: tuple[int, ...] | None = None
+
+    def _timed(self, fn: Callable[[], Any]) -> Any:
+        before = self.path._graphs
+        t = time.perf_counter()
+        try:
+            return fn()
+        except Exception as e:
+            named = _compile_failure(e)
+            if named is e:
+                raise
+            raise named from e
+        finally:
+            dt = time.perf_counter() - t
+            if self.path._graphs != before:
+                self.compile_s += dt
+                self.artifact.graphs += self.path._graphs - before
+            else:
+                self.run_s += dt
+
+    def _config(self) -> contextlib.ExitStack:
+        return self.path.config()
+
+    def forward(self, built: Built, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        progress(self.k)
+        if self.path.flavor.other_size_first and not self.warmed:
+            self.warmed = True
+            self._warm_up(built)
+        with self._config():
+            outs = self._timed(lambda: self.artifact.forward(values))
+        built.retained = dict(self.artifact.built.retained)  # retain_grad happened on the structure's Built
+        return list(outs)
+
+    def backward(self, outs, cots, inputs, params) -> Grads:
+        live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+        if live:
+            os_, cs = [o for o, _ in live], [c for _, c in live]
+            bwd = self.artifact.backward
+            with self._config():
+                if bwd is not None:
+                    self._timed(lambda: bwd(os_, cs))
+                else:
+                    self._timed(lambda: torch.autograd.backward(os_, cs))
+        self.k += 1
+        return {n: t.grad for n, t in inputs.items()}
+
+    def _warm_up(self, built: Built) -> None:
+        """One forward and backward at another batch size on copies of the
+        parameters: the artifact the case then runs was compiled for other shapes."""
+        variant = other_size(self.case)
+        if variant is None:
+            return
+        vb = Built(variant)
+        self.warm_size = tuple(variant.inputs[0].shape) if variant.inputs else None
+        dev = self.path.flavor.device
+        params = {n: torch.nn.Parameter(t.to(dev, built.dtype), requires_grad=p.requires_grad)
+                  for (n, t), p in zip(vb.params().items(), variant.params)}
+        inputs = {x.name: t.to(dev, built.dtype).requires_grad_(x.requires_grad)
+                  for (n, t), x in zip(vb.inputs(0).items(), variant.inputs)}
+        with self._config():
+            outs = self._timed(lambda: self.artifact.forward({**params, **inputs}))
+            live = [(o, torch.ones_like(o)) for o in outs if o.requires_grad]
+            if live:
+                os_, cs = [o for o, _ in live], [c for _, c in live]
+                bwd = self.artifact.backward
+                self._timed(lambda: bwd(os_, cs) if bwd is not None else torch.autograd.backward(os_, cs))
+
+    def extra(self) -> dict[str, Any]:
+        graphs = self.path._graphs - self.graphs0
+        return {
+            "hit": self.hit,
+            "graphs": graphs,
+            "compile_s": round(self.compile_s, 6),
+            "run_s": round(self.run_s, 6),
+            "evictions": self.path.cache.evictions - self.evictions0,
+            "resets": self.path.cache.resets - self.resets0,
+            "not_compiled": not self.hit and graphs == 0,
+            "limit_fallbacks": _watch.hits - self.limit0,
+            "warm_size": self.warm_size,
+            "rss_mb": round(_rss_mb(), 1),
+        }
+
+
+class Flavors:
+    """The child's side of the shared compile worker: every flavour, each
+    built on first use, each with its own structure cache."""
+
+    name = "compile.worker"
+    contract = CONTRACT
+
+    def __init__(self) -> None:
+        self.paths: dict[str, CompilePath] = {}
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def supports(self, case: Case) -> str | None:
+        return None
+
+    def path(self, name: str) -> CompilePath:
+        if name not in self.paths:
+            self.paths[name] = make(name)
+        return self.paths[name]
+
+    def run_on(self, name: str, case: Case) -> Observation:
+        return self.path(name).run(case)
+
+    def run(self, case: Case) -> Observation:
+        raise TypeError("the compile worker runs a case on a named flavour (run_on)")
+
+
+class SharedWorker(IsolatedPath):
+    """One child process for every compile flavour: a child costs seconds to
+    start (torch, dynamo), and the flavours take turns anyway. A crash or a
+    timeout restarts it, and every flavour's cache with it."""
+
+    def __init__(self, timeout: float = COMPILE_TIMEOUT,
+                 recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile.path:Flavors", {})) -> None:
+        super().__init__(recipe, timeout=timeout)
+        self._flavor = ""
+
+    def _message(self, case: Case) -> tuple:
+        return ("run", case.dumps(), self._flavor)
+
+    def run_on(self, name: str, case: Case) -> Observation:
+        self._flavor = name
+        obs = self.run(case)
+        obs.path = name  # a crash or timeout observation is made here, under the worker's name
+        return obs
+
+
+class IsolatedCompilePath:
+    """A compile flavour run in the shared worker process, with the child's
+    per-case compile figures summed here (``stats``)."""
+
+    def __init__(self, name: str, worker: SharedWorker) -> None:
+        self.local = make(name)
+        self.name = name
+        self.contract = self.local.contract
+        self.worker = worker
+        self.stats = Stats()
+
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
+
+    def availability(self) -> Availability:
+        return self.local.availability()
+
+    def supports(self, case: Case) -> str | None:
+        return self.local.supports(case)
+
+    def repro(self, case: Case) -> Repro:
+        return self.local.repro(case)
+
+    def run(self, case: Case) -> Observation:
+        obs = self.worker.run_on(self.name, case)
+        if "compile" in obs.extra:
+            self.stats.add(obs.extra["compile"])
+        return obs
+
+    def close(self) -> None:
+        self.worker.close()  # the next run of any flavour starts a fresh one
+
+
+def make(name: str) -> CompilePath:
+    """The recipe the child builds: ``harness.paths.compile.path:make``."""
+    return CompilePath(FLAVORS[name])
+
+
+def paths(options: Options) -> list:
+    """The registry's factory: every compile flavour, one worker process for all."""
+    worker = SharedWorker(timeout=max(float(options.timeout), COMPILE_TIMEOUT))
+    return [IsolatedCompilePath(n, worker) for n in FLAVORS]

@@ -1,0 +1,5 @@
+"""``eager.*``: plain ``.backward()`` held to the oracle (``path``)."""
+
+from harness.paths.family import Family, lazy
+
+FAMILY = Family("eager", paths=lazy("harness.paths.eager.path:paths"), docs="docs/paths.md")

@@ -1,0 +1,102 @@
+"""A path family: the unit people extend gradfuzz by, and the unit its code is organised by.
+
+A family is one folder (``harness/paths/<family>/`` for the built-in ones,
+any package for a third party) whose ``__init__`` holds one ``Family``
+value. The core asks families for their paths, canaries, standalone-script
+templates and user flags; it never names one. Every field but ``name`` and
+``paths`` is optional, so a family starts as small as one path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from packaging.version import Version
+
+if TYPE_CHECKING:
+    from harness.case.spec import Case
+    from harness.paths.base import Options, Path, Repro
+
+# template name -> writer(case, machinery, title) -> the script's text
+ScriptWriter = Callable[["Case", "Repro", str], str]
+
+
+@dataclass(frozen=True)
+class UserImpl:
+    """A flag that points one of the family's paths at the user's own code
+    (``--split-impl``): checked before any path is built, so a typo is an
+    error (exit 2) and never a path silently turned unavailable."""
+
+    option: str  # the ``Options`` field
+    flag: str
+    loader: str  # MODULE:ATTR of a callable that imports and checks the value (raises LoadError)
+    wants: str  # what the flag must name, for the message
+
+
+@dataclass(frozen=True)
+class Canary:
+    """A broken path, the path it is judged against, and a detection budget."""
+
+    name: str
+    make: Callable[[], Any]
+    base: str | None
+    budget: int = 300
+    # The injected bug is the installed stock's own before torch 2.13 (the
+    # founding nested double count): there, removing the injection removes
+    # nothing, so the canary proves nothing and its ``fallback`` runs instead.
+    needs_clamp: bool = False
+    # The finding kinds the injected bug produces. A canary is caught only by
+    # a finding of these kinds on a case where its base agrees (the injection
+    # removed, the finding goes away); anything else it shows (an exception
+    # from its own code on this torch, say) means the canary is broken.
+    expects: tuple[str, ...] = ("value",)
+    # Run instead when this canary cannot run here (a layout this torch lacks).
+    fallback: "Canary | None" = None
+    shrink: bool = True  # False: stop at the first failing example (paths where each shrink step compiles)
+
+    def proves_nothing_here(self) -> str:
+        """Why this canary cannot be causal on the installed torch ("" if it can)."""
+        if self.needs_clamp and Version(torch.__version__.split("+")[0]) < Version("2.13"):
+            return (f"its injected bug is {self.base}'s own before torch 2.13 (the nested double count): "
+                    "with the injection removed the bug stays, so a finding could not be told from it")
+        return ""
+
+
+def _none() -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything of one family the core may ask for.
+
+    ``paths(options)`` builds its paths; ``canaries()`` its deliberately
+    broken ones, which ``selfcheck`` (and so every gate) must catch;
+    ``scripts`` maps each ``Repro.template`` the family's paths return to the
+    writer of that standalone script; ``user_impls`` are its flags that name
+    user code; ``docs`` is its page, for ``gradfuzz paths``.
+    """
+
+    name: str
+    paths: Callable[["Options"], "list[Path]"]
+    canaries: Callable[[], list[Canary]] = _none
+    scripts: dict[str, ScriptWriter] = field(default_factory=dict)
+    user_impls: tuple[UserImpl, ...] = ()
+    docs: str = ""
+
+
+def lazy(ref: str) -> Callable[..., Any]:
+    """``MODULE:ATTR`` as a callable that imports it when first called, so
+    that listing a family costs nothing and a family whose machinery this
+    torch lacks fails where it is used, reported as unavailable."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        import importlib
+
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    call.__qualname__ = ref
+    return call

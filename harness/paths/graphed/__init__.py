@@ -1,0 +1,13 @@
+"""``graphed.*``: the case's module through a CUDA-graph wrapper: the
+paths (``path``) and their canaries."""
+
+from harness.paths.family import Family, UserImpl, lazy
+
+FAMILY = Family(
+    "graphed",
+    paths=lazy("harness.paths.graphed.path:paths"),
+    canaries=lazy("harness.paths.graphed.canaries:canaries"),
+    user_impls=(UserImpl("graphed_impl", "--graphed-impl", "harness.paths.graphed.path:load_impl",
+                         "MODULE:ATTR, a make_graphed_callables-like callable"),),
+    docs="docs/paths.md#graphed",
+)

@@ -1,0 +1,283 @@
+"""Standalone repro scripts for pipeline findings.
+
+The script imports only torch (and, for ``.fixed``, the stage class under
+test), spells every stage out as an ``nn.Module`` class, builds the
+``PipelineStage`` objects and the schedule as a user would, runs the
+case's steps through ``schedule.step()`` (on as many ranks as the path
+used: processes it forks itself, gloo on CPU) and prints, after each step,
+the expected and actual grad of every parameter (the sum of its copies
+when stages share it) and of every input.
+"""
+
+from __future__ import annotations
+
+import keyword
+
+from harness.objects import Ref
+from harness.materialize.tensors import Built
+from harness.case.ops import OPS
+from harness.materialize.source import checked, factor_literal, forward_source, function_helpers, literal
+from harness.paths.base import Repro
+from harness.case.spec import Case, Use
+from harness.materialize.stages import StageSpec, cut
+
+
+def _attr(name: str) -> str:
+    reserved = set(dir(__import__("torch").nn.Module)) | set(keyword.kwlist)
+    return f"p_{name}" if name in reserved else name
+
+
+def stage_source(case: Case, spec: StageSpec) -> str:
+    """One stage as a plain nn.Module class."""
+    args = [f"a{i}" for i in range(len(spec.inputs))]
+    received = {(v.ref, v.index): a for v, a in zip(spec.inputs, args)}
+    local = {n.name for n in spec.nodes}
+    hooks = {h.node: h for h in case.hooks}
+
+    def ref(u: Use) -> str:
+        if u.ref in spec.params:
+            s = f"self.{_attr(u.ref)}"
+        elif u.ref in local:
+            s = u.ref if u.index is None else f"{u.ref}[{u.index}]"
+        else:
+            s = received[(u.ref, u.index)]
+        return f"{s}.mT" if u.transpose else s
+
+    lines = [f"class Stage{spec.index}(torch.nn.Module):",
+             f'    """Stage {spec.index}: receives {", ".join(v.label for v in spec.inputs) or "nothing"}."""',
+             "",
+             "    def __init__(self):",
+             "        super().__init__()"]
+    for n in spec.params:
+        lines.append(f"        self.{_attr(n)} = torch.nn.Parameter(torch.tensor(PARAMS[{n!r}], dtype=DTYPE), "
+                     f"requires_grad={n!r} not in FROZEN)")
+    lines += ["", f"    def forward(self{''.join(', ' + a for a in args)}):"]
+    for n in spec.nodes:
+        lines.append(f"        {n.name} = {OPS[n.op].source([ref(u) for u in n.args], dict(n.attrs))}")
+        h = hooks.get(n.name)
+        if h is not None:
+            body = f"lambda g: g * {factor_literal(h.factor)}" if h.kind == "scale" else "lambda g: None"
+            lines += [f"        if {n.name}.requires_grad:",
+                      f"            {n.name}.register_hook({body})  # a {h.kind} hook"]
+    outs = [ref(u) for u in spec.outputs]
+    lines.append(f"        return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
+    return "\n".join(lines)
+
+
+def script(case: Case, machinery: Repro, title: str) -> str:
+    schedule, impl, world_size = machinery.schedule, machinery.stage_impl, machinery.world_size
+    placement = list(machinery.placement)
+    case = checked(case)
+    b = Built(case)
+    sched = case.schedule
+    specs = cut(case)
+    helpers = function_helpers(case)
+    if impl == "stock":
+        stage_import = "from torch.distributed.pipelining import PipelineStage as Stage  # torch as installed"
+    else:
+        stage_import = Ref.parse(impl, default_attr="PipelineStage").import_line("Stage") + "  # the stage class under test"
+    data = [
+        f"TITLE = {str(title)!r}",
+        f"DTYPE = torch.{case.dtype}",
+        "PARAMS = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.params().items()) + "}",
+        "FROZEN = " + repr({p.name for p in case.params if not p.requires_grad} or set()),
+        f"GRAD_INIT = {sched.grad_init!r}  # state of every .grad before the first step (a tied copy: None/zeros)",
+        "PREFILL = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.prefill().items()) + "}",
+        f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
+        "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
+        "INPUTS = [  # one dict per microbatch, over all steps",
+        *["    {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.inputs(k).items()) + "},"
+          for k in range(sched.backwards)],
+        "]",
+        "GRAD_OUTPUTS = [  # the grad of each model output, one list per microbatch",
+        *["    [" + ", ".join(literal(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
+        "]",
+        f"WORLD_SIZE = {world_size}",
+        f"PLACEMENT = {placement}  # the rank of each stage, as {schedule} places them",
+        f"STAGE_PARAMS = {[list(s.params) for s in specs]}",
+    ]
+    header = f'''#!/usr/bin/env python
+"""gradfuzz repro: see TITLE below.
+
+Expected: eager autograd in float64 over the whole model (torch.autograd.grad
+per microbatch, summed out of place). Actual: torch.distributed.pipelining
+Schedule{schedule} over {len(specs)} PipelineStage(s) on {world_size} rank(s) (gloo, CPU), in
+{case.dtype}, loss = sum(output * grad_output) per microbatch, scale_grads=False.
+Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
+{sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}. A parameter used by
+several stages has a copy in each; its grad is the sum of the copies'.
+Run with plain python; exit status 1 when they differ.
+"""
+import multiprocessing
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import Schedule{schedule} as Schedule
+{stage_import}
+'''
+    stage_classes = "\n\n\n".join(stage_source(case, s) for s in specs)
+    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", stage_classes, "", "",
+                      f"STAGES = [{', '.join(f'Stage{s.index}' for s in specs)}]", "", "",
+                      _RUNNER, ""])
+
+
+_RUNNER = '''def expected():
+    """Per step: each parameter's accumulated grad; per microbatch: each input's grad."""
+    params = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(n not in FROZEN) for n, t in PARAMS.items()}
+    names = [n for n in params if n not in FROZEN]
+    acc = {n: None if GRAD_INIT == "none" or n in FROZEN else
+           torch.zeros_like(params[n]) if GRAD_INIT == "zero" else torch.tensor(PREFILL[n], dtype=torch.float64)
+           for n in params}
+    steps, input_grads = [], []
+    for s in range(STEPS):
+        if s and ZERO_GRAD != "keep":
+            acc = {n: None if ZERO_GRAD == "set_to_none" or g is None else torch.zeros_like(g) for n, g in acc.items()}
+        for k in range(s * MICROBATCHES, (s + 1) * MICROBATCHES):
+            inputs = {n: torch.tensor(t, dtype=torch.float64).requires_grad_(INPUT_GRAD[n]) for n, t in INPUTS[k].items()}
+            cots = [torch.tensor(c, dtype=torch.float64) for c in GRAD_OUTPUTS[k]]
+            live = [(o, c) for o, c in zip(forward({**params, **inputs}), cots) if o.requires_grad]
+            wrt = names + [n for n in inputs if INPUT_GRAD[n]]
+            got = dict(zip(wrt, torch.autograd.grad([o for o, _ in live], [params[n] if n in params else inputs[n] for n in wrt],
+                                                    [c for _, c in live], allow_unused=True))) if live and wrt else {}
+            for n in names:
+                if got.get(n) is not None:
+                    acc[n] = got[n] if acc[n] is None else acc[n] + got[n]
+            input_grads.append({n: got.get(n) for n in inputs})
+        steps.append({n: None if g is None else g.clone() for n, g in acc.items()})
+    return steps, input_grads
+
+
+def loss_fn(output, target):
+    outs = output if isinstance(output, (tuple, list)) else (output,)
+    row = target.reshape(-1)
+    cots, at = [], 1
+    for c in GRAD_OUTPUTS[int(row[0])]:
+        size = torch.tensor(c).numel()
+        cots.append(row[at:at + size].reshape(torch.tensor(c).shape))
+        at += size
+    terms = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
+    return sum(terms[1:], terms[0])
+
+
+def actual(rank, store_path, results):
+    """One rank: its stages, the schedule, STEPS calls of step()."""
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD_SIZE), rank=rank, world_size=WORLD_SIZE)
+    found = {"rank": rank, "steps": [], "input_grads": [], "error": None}
+    try:
+        mine = [i for i, r in enumerate(PLACEMENT) if r == rank]
+        modules = {i: STAGES[i]() for i in mine}
+        first_copy = {}
+        for i, names in enumerate(STAGE_PARAMS):
+            for n in names:
+                first_copy.setdefault(n, i)
+        for i, m in modules.items():
+            for n, p in zip(STAGE_PARAMS[i], m.parameters()):
+                if p.requires_grad and GRAD_INIT != "none":
+                    p.grad = torch.tensor(PREFILL[n], dtype=DTYPE) if GRAD_INIT == "prefilled" and first_copy[n] == i \\
+                        else torch.zeros_like(p)
+        stages = [Stage(modules[i], i, len(STAGES), torch.device("cpu")) for i in mine]
+        if issubclass(Schedule, torch.distributed.pipelining.schedules.PipelineScheduleSingle):  # one stage per rank
+            schedule = Schedule(stages[0], MICROBATCHES, loss_fn=loss_fn, scale_grads=False)
+        else:
+            schedule = Schedule(stages, MICROBATCHES, loss_fn=loss_fn, scale_grads=False)
+        for s in range(STEPS):
+            ks = range(s * MICROBATCHES, (s + 1) * MICROBATCHES)
+            if s:
+                for m in modules.values():
+                    for p in m.parameters():
+                        if ZERO_GRAD == "set_to_none":
+                            p.grad = None
+                        elif ZERO_GRAD == "zeros" and p.grad is not None:
+                            p.grad.zero_()
+            args, kwargs = [], {}
+            if 0 in mine:
+                for n in INPUT_GRAD:
+                    args.append(torch.cat([torch.tensor(INPUTS[k][n], dtype=DTYPE) for k in ks]).requires_grad_(INPUT_GRAD[n]))
+            if len(STAGES) - 1 in mine:
+                kwargs["target"] = torch.tensor([[float(k)] + [x for c in GRAD_OUTPUTS[k] for x in torch.tensor(c).reshape(-1).tolist()]
+                                                 for k in ks], dtype=DTYPE)
+            schedule.step(*args, return_outputs=False, **kwargs)
+            found["steps"].append({(i, n): None if p.grad is None else p.grad.detach().double().clone()
+                                   for i, m in modules.items() for n, p in zip(STAGE_PARAMS[i], m.parameters())})
+            if 0 in mine:
+                found["input_grads"] += [{n: None if t.grad is None else t.grad.detach().double().chunk(MICROBATCHES)[j]
+                                          for n, t in zip(INPUT_GRAD, args)} for j in range(MICROBATCHES)]
+    except Exception as e:
+        import traceback
+        traceback.print_exc()
+        found["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}" + \\
+            (f" (caused by {type(e.__cause__).__name__}: {str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else "")
+    results.put(found)
+    dist.destroy_process_group()
+
+
+def run_ranks():
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    if WORLD_SIZE == 1:
+        import queue
+        results = queue.Queue()
+        actual(0, store, results)
+        return [results.get()]
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=actual, args=(r, store, results)) for r in range(WORLD_SIZE)]
+    for p in procs:
+        p.start()
+    got = []
+    for _ in procs:
+        try:
+            got.append(results.get(timeout=60))
+        except Exception:
+            break
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    if len(got) < WORLD_SIZE:
+        got.append({"rank": None, "steps": [], "input_grads": [], "error": "a rank hung or died (timeout)"})
+    return got
+
+
+def main():
+    want, want_inputs = expected()
+    got = run_ranks()
+    bad = 0
+    for g in got:
+        if g["error"]:
+            bad += 1
+            print(f"rank {g['rank']}: the schedule raised {g['error']}; eager autograd ran this fine")
+    done = min(len(g["steps"]) for g in got)
+    for s in range(done):
+        total = {n: None for n in PARAMS}
+        for g in got:
+            for (i, n), t in g["steps"][s].items():
+                if t is not None:
+                    total[n] = t if total[n] is None else total[n] + t
+        for n in PARAMS:
+            e, a = want[s][n], total[n]
+            same = (e is None and (a is None or not a.any())) or (e is not None and a is not None and torch.allclose(a, e, rtol=1e-5, atol=1e-5))
+            print(f"step {s}: {n}.grad {'agrees' if same else 'DIFFERS'}")
+            if not same:
+                bad += 1
+                print(f"  expected {None if e is None else e.tolist()}")
+                print(f"  actual   {None if a is None else a.tolist()}")
+                if e is not None and a is not None and float((e * e).sum()) > 0:
+                    print(f"  ratio actual/expected {float((a * e).sum() / (e * e).sum()):.4g}")
+    first = next((g for g in got if g["input_grads"]), None)
+    if first is not None:
+        for k, grads in enumerate(first["input_grads"]):
+            for n, a in grads.items():
+                e = want_inputs[k][n]
+                if (e is None) != (a is None) or (e is not None and not torch.allclose(a, e, rtol=1e-5, atol=1e-5)):
+                    bad += 1
+                    print(f"microbatch {k}: grad of input {n} differs: expected {None if e is None else e.tolist()}, "
+                          f"actual {None if a is None else a.tolist()}")
+    print(f"torch {torch.__version__}: {'DIVERGES' if bad else 'agrees'} ({bad} problem(s))")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())'''
