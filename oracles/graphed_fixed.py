@@ -26,7 +26,7 @@ logic in this file runs in CI without a GPU.
 
 Each guarantee sits behind one method (``_returned`` for the grads,
 ``_surface_after_capture`` for the input surface), so the self-check's
-graphed canaries (harness/canaries/graphed.py) can undo exactly one.
+graphed canaries (harness/paths/graphed/canaries.py) can undo exactly one.
 """
 
 from __future__ import annotations
