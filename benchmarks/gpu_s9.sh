@@ -3,7 +3,7 @@
 #   call1: the ledger's graphed entries recorded under signature scheme 2 (ledger --write on the graphed
 #          paths; the ledger comes back as $OUT/ledger.json), then the two graphed canaries from a cold start
 #          (benchmarks/gpu_s9_graphed_canaries.sh's self-check).
-#   call2: the gate from a copy of the checkout at /tmp/ckA, run from its root (run twice: results-s9/gpu/call2-* before the triage, call3-* after).
+#   call2: the gate from a copy of the checkout at /tmp/ckA, run from its root (run twice: before the triage and after; docs/benchmarks.md has both).
 #   call3: the same gate (same ledger, seed and budget) from a copy at another path, /var/tmp/elsewhere/ckB,
 #          run from / (the ledger and corpus come from the installed project, not the working directory).
 # Usage (device): bash benchmarks/gpu_s9.sh call1|call2|call3   [EXAMPLES=3]
