@@ -16,11 +16,27 @@ inputs without grad, view outputs, hooks and ``retain_grad``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from hypothesis import strategies as st
 
 from harness.case.ops import LAYOUTS
 from harness.case.spec import PARAM_HOOKS, Case, Event, Hook, Input, Node, Param, Schedule, Use
+
+@dataclass(frozen=True)
+class Draw:
+    """A family's own knobs, drawn after the core case (stage cuts, regions,
+    wrapper switches): each of ``steps``, called as ``step(case, *args)``, is
+    a strategy of the case with some set, drawn in turn. ``blocks`` are extra
+    block kinds the family wants in the core case (they come only to its
+    paths, so other paths' case distributions, and their saved examples, stay
+    as they were). Two contracts with equal draws share one case stream."""
+
+    name: str
+    steps: tuple[Callable[..., Any], ...] = field(compare=False, repr=False)
+    args: tuple = ()
+    blocks: tuple[str, ...] = ()
+
 
 # --mode: which data a session draws (None: both, case by case).
 MODES: dict[str, bool | None] = {"exact": True, "tolerance": False, "both": None}
@@ -43,9 +59,8 @@ BLOCKS = (
     "retain",  # retain_grad on h
     "passthrough",  # a grad handed on untouched: PassThrough(h), or h + b with b shaped like h
 )
-# Drawn only for paths that ask (``cases(checkpoint=True)``), so the other
-# paths' case distribution (and their saved examples) stay as they were.
-CHECKPOINT_BLOCKS = (
+# Blocks a family may ask for (``Draw.blocks``); the founding draws never build them.
+OPTIONAL_BLOCKS = (
     "dropout",  # dropout from the global RNG: recomputation must restore it
     "inplace",  # relu_ or mul_ by a gain, in place on a fresh copy
 )
@@ -370,9 +385,9 @@ class _Drawn:
     """The strategies ``cases`` draws from, made once per size limit (same
     draws, same shrinking, as building them inline)."""
 
-    _made: dict[tuple[int, int, bool, bool, bool, bool], "_Drawn"] = {}
+    _made: dict[tuple[int, int, bool, tuple[str, ...], bool, bool], "_Drawn"] = {}
 
-    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False,
+    def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, extra: tuple[str, ...] = (),
                  model: bool = False, random_ops: bool = True) -> None:
         self.exact = st.booleans().map(lambda b: not b)
         self.dim = st.sampled_from((3, 2, 4))
@@ -382,7 +397,7 @@ class _Drawn:
         self.x_grad = st.sampled_from((True, False))
         # Gap cases pull harder towards pass-through grads (3 in 18 blocks).
         blocks = BLOCKS + ("passthrough",) * 2 if gaps else BLOCKS
-        blocks += CHECKPOINT_BLOCKS if checkpoint else ()
+        blocks += extra
         blocks += tuple(m for m in MODEL_BLOCKS if m not in blocks) if model else ()
         if not random_ops:  # paths that cannot reproduce a seeded mask: not drawn only to be refused
             blocks = tuple(b for b in blocks if b != "dropout")
@@ -396,9 +411,9 @@ class _Drawn:
         self.seed = st.integers(0, 2**16)
 
     @classmethod
-    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, checkpoint: bool = False,
+    def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, extra: tuple[str, ...] = (),
             model: bool = False, random_ops: bool = True) -> "_Drawn":
-        key = (max_blocks, max_microbatches, gaps, checkpoint, model, random_ops)
+        key = (max_blocks, max_microbatches, gaps, extra, model, random_ops)
         if key not in cls._made:
             cls._made[key] = cls(*key)
         return cls._made[key]
@@ -406,17 +421,16 @@ class _Drawn:
 
 @st.composite
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
-          lifetime: bool = False, dtensor: bool = False,
-          pipeline: tuple[tuple[int, int], ...] = (), gaps: bool = False,
-          checkpoint: bool = False, parallel: bool = False, model: bool = False, input_grad: bool = False,
-          random_ops: bool = True) -> Case:
+          lifetime: bool = False, gaps: bool = False, model: bool = False, input_grad: bool = False,
+          random_ops: bool = True, draws: tuple[Draw, ...] = ()) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
-    outputs, parameter hooks); it draws after everything else, so cases
-    drawn without it are unchanged."""
+    outputs, parameter hooks); ``draws`` are the families' own knobs, drawn
+    last and in order, so cases drawn without them are unchanged."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
-    s = _Drawn.get(max_blocks, max_microbatches, gaps, checkpoint, model, random_ops)
+    extra = tuple(dict.fromkeys(b for d in draws for b in d.blocks))
+    s = _Drawn.get(max_blocks, max_microbatches, gaps, extra, model, random_ops)
     if exact is None:
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)
@@ -435,58 +449,12 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
         schedule = draw(lifetime_schedules(schedule))
     case = interpret(blocks, dim=dim, batch=batch, x_grad=x_grad, exact=exact,
                      out_kind=out_kind, schedule=schedule, seed=seed)
-    if dtensor:  # drawn last, so cases drawn without it are unchanged
-        case = draw(dtensor_placements(case))
-        case = draw(training_steps(case))
-    if pipeline:  # drawn last too: stage cuts, microbatches and frozen parameters for a pipeline layout
-        case = draw(pipeline_stages(case, pipeline))
     if gaps:
         case = draw(gap_cases(case))
-    if checkpoint:  # region boundaries for the checkpoint paths, last as well
-        case = draw(checkpoint_regions(case))
-    if parallel:  # data-parallel switches (and FSDP2 unit cuts), last too
-        case = draw(data_parallel(case))
+    for d in draws:
+        for step in d.steps:
+            case = draw(step(case, *d.args))
     return case
-
-
-@st.composite
-def data_parallel(draw, case: Case) -> Case:
-    """DDP / FSDP2 switches for one case (``Case.parallel``), each a draw that
-    shrinks to "off"; with ``units`` the node list is cut into FSDP2 units
-    (``Case.stages``), so a weight used in two units lives in the root, tied
-    across them. Then, as for DTensor, maybe a training step."""
-    from harness.case.vocab import PARALLEL_OPTIONS
-
-    on = draw(st.lists(st.booleans(), min_size=len(PARALLEL_OPTIONS), max_size=len(PARALLEL_OPTIONS)))
-    opts = [o for o, b in zip(PARALLEL_OPTIONS, on) if b]
-    stages: tuple[int, ...] = ()
-    free = list(range(1, len(case.nodes)))
-    if "units" in opts and not free:
-        opts.remove("units")
-    if "units" in opts:
-        picks = draw(st.lists(st.integers(0, 255), min_size=1, max_size=min(3, len(free))))
-        stages = tuple(sorted({free.pop(r % len(free)) for r in picks if free}))
-        if not stages:
-            opts.remove("units")
-    if "checkpoint" in opts and "units" not in opts:
-        opts.remove("checkpoint")  # recomputation is per block
-    case = replace(case, parallel=tuple(opts), stages=stages)
-    return draw(training_steps(case))
-
-
-@st.composite
-def checkpoint_regions(draw, case: Case) -> Case:
-    """Cut ``case`` into segments for the checkpoint paths (``Case.stages``:
-    the even segments are recomputed, the odd ones run plainly, so one cut
-    puts a tied weight inside and outside a region). Shrinks to no cut (the
-    whole module one region). About one parameter in five is frozen, so some
-    regions take no input that requires grad."""
-    free = list(range(1, len(case.nodes)))
-    picks = draw(st.lists(st.integers(0, 255), max_size=min(3, len(free))))
-    cuts = {free.pop(r % len(free)) for r in picks if free}
-    frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
-    params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
-    return replace(case, params=params, stages=tuple(sorted(cuts)))
 
 
 @st.composite
@@ -517,26 +485,6 @@ def gap_cases(draw, case: Case) -> Case:
     loss = draw(st.integers(0, 3)) == 3
     return replace(case, params=tuple(params), inputs=tuple(inputs), nodes=tuple(nodes),
                    outputs=tuple(outputs), loss=loss)
-
-
-@st.composite
-def pipeline_stages(draw, case: Case, layouts: tuple[tuple[int, int], ...]) -> Case:
-    """Cut ``case`` into stages for one of ``layouts`` ((stages, microbatches)
-    pairs a schedule takes). Cuts are drawn as picks among the free node
-    positions, so they shrink towards the earliest positions and fewer
-    stages (merging); a case with too few nodes keeps fewer stages (outside
-    the layout: skipped). About one parameter in five is frozen."""
-    # Only layouts this case has nodes enough to cut into: a case drawn for a
-    # layout it cannot fill is outside the contract and thrown away.
-    fits = [x for x in sorted(layouts) if x[0] <= len(case.nodes)] or sorted(layouts)
-    stages, microbatches = draw(st.sampled_from(fits))
-    picks = draw(st.lists(st.integers(0, 255), min_size=stages - 1, max_size=stages - 1))
-    free = list(range(1, len(case.nodes)))
-    cuts = [free.pop(r % len(free)) for r in picks[:len(free)]]
-    frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
-    params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
-    return replace(case, params=params, stages=tuple(sorted(cuts)),
-                   schedule=replace(case.schedule, microbatches=microbatches))
 
 
 @st.composite
@@ -656,3 +604,7 @@ def interpret(
         exact=exact,
         seed=seed,
     )
+
+
+# Parameter placements on a mesh, then maybe a training step: the DTensor and compile paths.
+PLACEMENTS = Draw("placements", (dtensor_placements, training_steps))

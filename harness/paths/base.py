@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
+from harness.generate import Draw
 from harness.materialize.schedule import Observe
 from harness.case.spec import Case
 from harness.observation import Observation
@@ -40,23 +41,15 @@ class Contract:
     # parameter hooks) when fuzzing this path: paths that keep buffers
     # across backwards (graph wrappers) want them.
     lifetime_schedules: bool = False
-    # Draw parameter placements (``Param.placement``): DTensor paths.
-    dtensor_placements: bool = False
-    # Draw stage cuts and microbatch counts from these (stages, microbatches)
-    # pairs, frozen parameters too: pipeline schedules. Empty: no stages.
-    pipeline_layouts: tuple[tuple[int, int], ...] = ()
+    # The family's own draws (``harness.generate.Draw``: stage cuts, regions,
+    # wrapper switches, parameter placements), drawn after the core case in
+    # this order. Empty: the core case only.
+    draws: tuple[Draw, ...] = ()
     # Draw the cases real training has and the founding generator never
     # built (``harness.generate.gap_cases``): frozen and unused parameters,
     # inputs and outputs that need no grad in any position, microbatch size
     # 1, a last stage handing a scalar loss.
     gap_cases: bool = False
-    # Draw checkpoint region cuts (``Case.stages``), dropout and in-place
-    # ops, frozen parameters: activation checkpointing paths.
-    checkpoint_regions: bool = False
-    # Draw data-parallel switches (``Case.parallel``: no_sync windows, DDP
-    # buckets and comm hooks, FSDP2 resharding and units) and training
-    # steps: the ddp and fsdp2 paths.
-    data_parallel: bool = False
     # Draw the model parts (``generate.MODEL_BLOCKS``: tied embedding and
     # head, norms, attention, gated MLPs, index ops, cross-entropy losses).
     model_parts: bool = False
@@ -80,13 +73,10 @@ class Contract:
     def strategy_flags(self) -> tuple[tuple[str, object], ...]:
         """The generator keywords this contract asks for; paths with equal
         flags draw from one case distribution and are fuzzed together."""
-        flags: tuple[tuple[str, object], ...] = (("lifetime", self.lifetime_schedules),
-                                                  ("dtensor", self.dtensor_placements))
+        flags: tuple[tuple[str, object], ...] = (("lifetime", self.lifetime_schedules),)
         flags += (("gaps", True),) if self.gap_cases else ()
-        flags += (("checkpoint", True),) if self.checkpoint_regions else ()
-        flags += (("parallel", True),) if self.data_parallel else ()
         flags += (("model", True),) if self.model_parts else ()
-        return flags + ((("pipeline", self.pipeline_layouts),) if self.pipeline_layouts else ())
+        return flags + ((("draws", self.draws),) if self.draws else ())
 
     def observe(self) -> "Observe":
         return Observe(self.leaf_input_grads, self.grad_layout, self.graph_freed, self.graph_freed_while_held)

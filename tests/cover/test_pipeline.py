@@ -19,7 +19,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from harness.artifacts import corpus
-from harness.artifacts import pipeline_repro
+from harness.paths.pipeline import script as pipeline_repro
+from harness.paths.pipeline.strategy import stage_cuts
 from harness.materialize.tensors import Built
 from harness.paths import resolve
 from harness.paths.pipeline.path import FIXED, PipelinePath, observation, probe
@@ -96,7 +97,7 @@ def test_multi_output_values_cross_one_result_at_a_time():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(cases(pipeline=((1, 2), (2, 2), (3, 3), (4, 1))))
+@given(cases(draws=(stage_cuts(((1, 2), (2, 2), (3, 3), (4, 1))),)))
 def test_stages_compose_to_the_whole_module(case):
     """Running the stage modules one after another is the case's forward."""
     built = Built(case)
@@ -211,7 +212,7 @@ def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contr
     reason = looped.supports(chain((2,)))
     assert reason is not None and "stages 0 and 1 on rank 0" in reason and "no pair to itself" in reason
     assert "pipeline.InterleavedZeroBubble.ranks2.*" in reason and error in reason
-    assert {n for n, _ in looped.contract.pipeline_layouts} == {1}  # fuzzing draws one stage only
+    assert {n for n, _ in looped.layouts} == {1}  # fuzzing draws one stage only
     assert looped.availability().ok
     one = chain(())
     assert looped.supports(one) is None
@@ -220,7 +221,7 @@ def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contr
     # ZBV takes only two stages on one rank: nothing left, the path says why.
     zbv = PipelinePath("ZBVZeroBubble", FIXED)
     assert not zbv.availability().ok and "no pair to itself" in zbv.availability().reason
-    assert zbv.contract.pipeline_layouts == () and "stages 0 and 1 on rank 0" in zbv.supports(chain((2,)))
+    assert zbv.layouts == () and "stages 0 and 1 on rank 0" in zbv.supports(chain((2,)))
     # Two ranks: the V placement holds stages 1 and 2 on rank 1; looped placements hold no neighbours.
     v = PipelinePath("ZBVZeroBubble", FIXED, world_size=2).supports(chain((1, 2, 3), microbatches=4))
     assert v is not None and "stages 1 and 2 on rank 1" in v and "ranks2.*" not in v

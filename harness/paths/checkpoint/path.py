@@ -1,7 +1,7 @@
 """``checkpoint.*``: activation checkpointing, regions recomputed in backward.
 
 Regions come from the case's cut points (``Case.stages``, the pipeline
-paths' field, drawn here by ``strategies.checkpoint_regions``): the cuts split
+paths' field, drawn by ``strategy.checkpoint_regions``): the cuts split
 the node list into segments, the even segments (0, 2, ...) are checkpointed
 regions and the odd ones run plainly. No cut makes the whole module one
 region; one cut puts the first half in a region and the second half outside
@@ -56,7 +56,9 @@ from harness.materialize.tensors import Built
 from harness.observation import Grads, Observation
 from harness.case.ops import OPS
 from harness.materialize.schedule import run_schedule
+from harness.generate import Draw
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.checkpoint.strategy import REGIONS
 from harness.case.spec import Case, Node, Use
 from harness.materialize.stages import bounds, requires_grad
 
@@ -70,7 +72,7 @@ class CheckpointContract(Contract):
     """Fuzzing draws region cuts (``Case.stages``), dropout and in-place ops,
     frozen parameters and parameter hooks for these paths."""
 
-    checkpoint_regions: bool = True
+    draws: tuple[Draw, ...] = (REGIONS,)
     lifetime_schedules: bool = True
     model_parts: bool = True
 

@@ -67,6 +67,7 @@ from harness.case.ops import draws_random
 from harness.case.spec import Case, SpecError
 from harness.case.validate import infer_shapes
 from harness.observation import Grads, Observation
+from harness.generate import PLACEMENTS
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.workers.isolation import IsolatedPath, progress
 
@@ -80,7 +81,7 @@ COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
 # draws are ignored here), and the model parts (dropout included: see
 # ``CompilePath.config`` and ``structure_key``).
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, dtensor_placements=True, model_parts=True)
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(PLACEMENTS,), model_parts=True)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from harness.observation import Failure, Grads, Observation, Step, Violation
+from harness.generate import PLACEMENTS
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.pooled import PooledPath
 from harness.case.spec import Case
@@ -64,7 +65,7 @@ def _has_strategy(op: Any) -> bool:
 
 
 class DTensorPath(PooledPath):
-    contract = Contract(retained_grads=True, dtensor_placements=True, model_parts=True)
+    contract = Contract(retained_grads=True, draws=(PLACEMENTS,), model_parts=True)
 
     def __init__(self, name: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

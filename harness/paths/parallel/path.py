@@ -30,6 +30,7 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
 from harness.paths.dtensor.path import observation as assemble
 
@@ -53,7 +54,7 @@ def _unreached(case: Case) -> list[str]:
 
 
 class DataParallelPath(PooledPath):
-    contract = Contract(retained_grads=True, data_parallel=True, gap_cases=True, model_parts=True)
+    contract = Contract(retained_grads=True, draws=(SWITCHES,), gap_cases=True, model_parts=True)
 
     def __init__(self, name: str, kind: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

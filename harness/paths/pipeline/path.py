@@ -19,7 +19,7 @@ the split functions' or the stage's, and on both the schedule's.
 Which layouts a schedule takes (how many stages, how many microbatches,
 which rank holds which stage) is found by constructing it on the ranks
 (``pipeline_rank.probe``), not from a table; fuzzing draws only those
-(``Contract.pipeline_layouts``), and a case outside them is skipped.
+(``PipelinePath.layouts``, drawn by ``strategy.stage_cuts``), and a case outside them is skipped.
 One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``,
 per stage class, on a group of one rank with the backend the cases of that
 world size run on), finds a runtime that sends between a rank's own stages
@@ -47,6 +47,7 @@ import torch
 
 from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.pipeline.strategy import stage_cuts
 from harness.case.spec import Case
 
 FIXED = "oracles.pipeline_fixed:FixedPipelineStage"
@@ -110,13 +111,19 @@ class PipelinePath:
         self.timeout = timeout
 
     @property
-    def contract(self) -> Contract:  # type: ignore[override]
+    def layouts(self) -> tuple[tuple[int, int], ...]:
+        """The (stages, microbatches) pairs this path takes and fuzzing draws."""
         try:
             unrunnable = self._unrunnable()
-            layouts = tuple(x for x in self._layouts() if x not in unrunnable)
+            return tuple(x for x in self._layouts() if x not in unrunnable)
         except Exception:
-            layouts = ()
-        return Contract(retained_grads=False, pipeline_layouts=layouts, model_parts=True, random_ops=False)
+            return ()
+
+    @property
+    def contract(self) -> Contract:  # type: ignore[override]
+        layouts = self.layouts
+        return Contract(retained_grads=False, draws=(stage_cuts(layouts),) if layouts else (), model_parts=True,
+                        random_ops=False)
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
         """The (stages, microbatches) the schedule's constructor takes here."""
@@ -196,7 +203,7 @@ class PipelinePath:
         if draws_random(case):
             return ("dropout: the schedule runs the microbatches' forwards in its own order on its own RNG stream, "
                     "so masks cannot match the case's (no RNG replay across stages in torch.distributed.pipelining)")
-        layouts = self.contract.pipeline_layouts
+        layouts = self.layouts
         have = (len(case.stages) + 1, s.microbatches)
         if have not in layouts:
             return self._unrunnable().get(have) or (f"{self.schedule} on {self.world_size} rank(s) takes (stages, "
