@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import warnings
+from typing import Any
 
 # torch warns at import when NumPy is absent; gradfuzz does not need NumPy.
 warnings.filterwarnings("ignore", message=".*NumPy.*")
@@ -374,13 +375,8 @@ def _add_ledger_arg(p: argparse.ArgumentParser, what: str = "") -> None:
                    f"cases/ledger.json of the installed gradfuzz project, {project.LEDGER}; none there: exit 2)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from harness.artifacts.findings import DEFAULT_DIR as DEFAULT_FOUND
-
-    parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_fuzz_parsers(sub: Any, found_dir: str) -> None:
+    """``fuzz`` and the commands that extend a fuzz session (``bench``, ``merge``)."""
     f = sub.add_parser("fuzz", help="generate cases and compare every path with eager autograd", epilog=EXIT_FUZZ)
     _add_path_args(f)
     f.add_argument("--json", metavar="FILE", help="write the full result as JSON")
@@ -388,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--minutes", type=float, help="total time budget, split over the paths")
     f.add_argument("--seed", type=int, help="the seed of the case stream (default: a fresh one, printed at the start; "
                    "the gate and selfcheck default to 0)")
-    f.add_argument("--save", metavar="DIR", default=DEFAULT_FOUND,
-                   help=f"where shrunk failures go, outside the replayed corpus (default {DEFAULT_FOUND})")
+    f.add_argument("--save", metavar="DIR", default=found_dir,
+                   help=f"where shrunk failures go, outside the replayed corpus (default {found_dir})")
     f.add_argument("--mode", choices=("both", "exact", "tolerance"), default="both",
                    help="exact: small-integer data, any difference is a bug; tolerance: float data, nonlinear ops")
     _add_ledger_arg(f, "labels each finding known (with its bug) or not in ledger")
@@ -400,6 +396,44 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fuzz)
     bench.add_parser(sub)
     fuzz_command.add_merge_parser(sub)
+
+
+def _add_gate_parser(sub: Any, found_dir: str) -> None:
+    g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger",
+                       epilog=EXIT_GATE)
+    _add_path_args(g)
+    g.add_argument("--json", metavar="FILE", help="the full gate record as JSON (every other report renders from it)")
+    budget = g.add_mutually_exclusive_group()
+    budget.add_argument("--examples", type=int, help="examples per group of paths after the replay: the same verdict on any "
+                        "machine, whatever its load (the form for CI)")
+    budget.add_argument("--minutes", type=float, help="wall-clock fuzzing budget after the replay (local use; default 2 "
+                        "when --examples is not given)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--corpus", nargs="*", help="corpus directories (default: cases/ of the installed gradfuzz project; "
+                   "--corpus alone: none)")
+    _add_ledger_arg(g)
+    g.add_argument("--save", metavar="DIR", default=found_dir,
+                   help=f"where new findings go, outside the replayed corpus (default {found_dir})")
+    g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
+    g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
+    g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
+    g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
+    g.add_argument("-n", "--numprocesses", metavar="N|auto",
+                   help="fuzz on N processes ('auto': one per core); each group of paths still draws the same cases, "
+                        "so the verdict does not depend on N, only the wall time does")
+    g.add_argument("--no-selfcheck", action="store_true", help="skip the canaries (not recommended)")
+    g.add_argument("-v", "--verbose", action="store_true", help="one line per corpus case and path replayed")
+    g.add_argument("--tolerance-slack", type=float, help=argparse.SUPPRESS)
+    g.set_defaults(func=cmd_gate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness.artifacts.findings import DEFAULT_DIR as DEFAULT_FOUND
+
+    parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_fuzz_parsers(sub, DEFAULT_FOUND)
 
     r = sub.add_parser("replay", help="replay corpus cases on every available path", epilog=EXIT_REPLAY)
     _add_path_args(r)
@@ -414,32 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", action="store_true", help="also print the standalone repro script")
     p.set_defaults(func=cmd_repro)
 
-    g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger",
-                       epilog=EXIT_GATE)
-    _add_path_args(g)
-    g.add_argument("--json", metavar="FILE", help="the full gate record as JSON (every other report renders from it)")
-    budget = g.add_mutually_exclusive_group()
-    budget.add_argument("--examples", type=int, help="examples per group of paths after the replay: the same verdict on any "
-                        "machine, whatever its load (the form for CI)")
-    budget.add_argument("--minutes", type=float, help="wall-clock fuzzing budget after the replay (local use; default 2 "
-                        "when --examples is not given)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--corpus", nargs="*", help="corpus directories (default: cases/ of the installed gradfuzz project; "
-                   "--corpus alone: none)")
-    _add_ledger_arg(g)
-    g.add_argument("--save", metavar="DIR", default=DEFAULT_FOUND,
-                   help=f"where new findings go, outside the replayed corpus (default {DEFAULT_FOUND})")
-    g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
-    g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
-    g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
-    g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
-    g.add_argument("-n", "--numprocesses", metavar="N|auto",
-                   help="fuzz on N processes ('auto': one per core); each group of paths still draws the same cases, "
-                        "so the verdict does not depend on N, only the wall time does")
-    g.add_argument("--no-selfcheck", action="store_true", help="skip the canaries (not recommended)")
-    g.add_argument("-v", "--verbose", action="store_true", help="one line per corpus case and path replayed")
-    g.add_argument("--tolerance-slack", type=float, help=argparse.SUPPRESS)
-    g.set_defaults(func=cmd_gate)
+    _add_gate_parser(sub, DEFAULT_FOUND)
 
     sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
     sc.add_argument("--seed", type=int, default=0)

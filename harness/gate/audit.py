@@ -59,10 +59,6 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
     """Replay every entry's cases (``only``: these entry ids) on the live ``paths`` it covers."""
     led = ledger_mod.load(ledger_file)
     out = Audit()
-    recorded: dict[str, set[str]] = {}
-    for b in led.bugs:
-        for s in b.signatures:
-            recorded.setdefault(s, set()).add(b.id)
     seen_by: dict[str, dict[str, tuple[str, str]]] = {}  # signature -> entry id -> (path, detail)
     checked: dict[str, ledger_mod.Bug] = {}
     for b in led.bugs:
@@ -95,6 +91,18 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
                 x.id == b.id and x is not b and x.relation(version) == "in" for x in checked.values()):
             out.problems.append(Problem("silent", b.id, b.path, detail=f"torch {version} is in {b.torch}, "
                                         f"yet none of {len(b.cases)} case(s) diverges on {len(covered)} covered path(s)"))
+    _file_signatures(out, led, seen_by, checked, version)
+    return out
+
+
+def _file_signatures(out: Audit, led: ledger_mod.Ledger, seen_by: dict[str, dict[str, tuple[str, str]]],
+                     checked: dict[str, ledger_mod.Bug], version: str) -> None:
+    """Each signature the replay showed, against the entries that record it:
+    recorded where its cases show it, misfiled, unrecorded, or shared."""
+    recorded: dict[str, set[str]] = {}
+    for b in led.bugs:
+        for s in b.signatures:
+            recorded.setdefault(s, set()).add(b.id)
     for sig, by in sorted(seen_by.items()):
         owners = recorded.get(sig, set())
         path, detail = next(iter(by.values()))
@@ -115,7 +123,6 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
         elif len(by) > 1:
             out.shared.append(Problem("shared", ", ".join(sorted(by)), path, sig,
                                       f"shown by the cases of {len(by)} entries, recorded by none: {detail[:120]}"))
-    return out
 
 
 def rescheme(ledger_file: str) -> bool:

@@ -302,7 +302,6 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
             else:  # decided once every ledger case has shown its signatures
                 unmatched.append((d, entry.file))
         progress(f"[case] {p.name} {entry.file}: {len(divs)} divergence(s)")
-    live_names = {p.name for p in live}
     by_id = {b.id: b for b in led.bugs}
     seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
     shapes = {(i, d.shape) for i, divs in reproduced.items() for d in divs if d.shape}
@@ -312,6 +311,15 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
             reproduced[b.id].append(d)
         else:  # the ledger is the gate's authority; a case's own meta.expect is not
             report.rows.append(_row("new", d, None, f"corpus {file}"))
+    report.rows.extend(_bug_rows(led, {p.name for p in live}, reproduced, ran, version))
+    return seen_as, shapes
+
+
+def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str, list[Divergence]], ran: set[str],
+              version: str) -> list[Row]:
+    """What the replay says of each ledger bug whose cases ran here: its
+    divergences, one row each, or a row saying it is fixed or not reproduced."""
+    rows = []
     for b in led.bugs:
         if not any(b.covers(n) for n in live_names):
             continue
@@ -321,13 +329,13 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         status = _classify(b, version, bool(divs))
         if divs:
             for d in divs:  # one row per path stays (one_row_per_bug)
-                report.rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
+                rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
         else:
             word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
                     f"ledger says torch {b.torch} is affected, but its cases agree here"}[status]
-            report.rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
-                                   f"corpus {', '.join(b.cases)}", upstream=b.upstream))
-    return seen_as, shapes
+            rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
+                            f"corpus {', '.join(b.cases)}", upstream=b.upstream))
+    return rows
 
 
 def _owner_of(led: ledger_mod.Ledger, owners: list[ledger_mod.Bug], d: Divergence, version: str) -> ledger_mod.Bug:

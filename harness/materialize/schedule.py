@@ -248,20 +248,8 @@ def run_schedule(
             if starts_step(case, k):
                 zero_grad(params.values(), sched.zero_grad)
                 held.refresh()
-            inputs = {
-                x.name: built.inputs(k)[x.name].to(device, built.dtype).requires_grad_(x.requires_grad)
-                for x in case.inputs
-            }
-            cots = [c.to(device, built.dtype) for c in built.cotangents(k)]
-            for n, t in inputs.items():
-                held.hold(f"input {n} of backward {k}", t)
-            for i, c in enumerate(cots):
-                held.hold(f"grad output {i} of backward {k}", c)
-            if watch is not None:
-                with watch.hooks():
-                    outs = forward(built, {**params, **inputs})
-            else:
-                outs = forward(built, {**params, **inputs})
+            inputs, cots = _held_inputs(built, k, device, held)
+            outs = _forward(forward, built, {**params, **inputs}, watch)
             out_snaps = [snap(o) for o in outs]
             lifetime.after_forward(k, outs)
             lifetime.begin(k)
@@ -269,63 +257,21 @@ def run_schedule(
             input_grads = backward(outs, cots, inputs, params)
             if device != "cpu":
                 torch.cuda.synchronize()
-            for m in held.check(k):
-                if m.what not in reported:
-                    reported.add(m.what)
-                    obs.mutations.append(m)
+            _report_mutations(obs, held.check(k), reported)
             seen = lifetime.end(k, obs)
             grads = {n: snap(p.grad) for n, p in params.items()}
-            given = {n: snap(g) for n, g in input_grads.items()}
-            if observe.leaf_input_grads:
-                given.update({f"{n}.grad": snap(x.grad) for n, x in inputs.items() if x.requires_grad})
-            for n, p in params.items():
-                if not p.requires_grad and p.grad is not None and f"frozen {n}" not in reported:
-                    reported.add(f"frozen {n}")
-                    obs.violations.append(Violation(
-                        "frozen", k, n, f"frozen parameter {n} (requires_grad=False) has a .grad after backward {k} "
-                        f"(max {float(p.grad.detach().abs().max()) if p.grad.numel() else 0:g}); eager autograd "
-                        f"never writes one: a frozen weight's .grad must stay None", key="frozen parameter got a grad"))
-            if observe.grad_layout:
-                for v in _layout_violations(params, k):
-                    if f"layout {v.what}" not in reported:
-                        reported.add(f"layout {v.what}")
-                        obs.violations.append(v)
-            obs.steps.append(
-                Step(
-                    k=k,
-                    grads=grads,
-                    input_grads=given,
-                    outputs=out_snaps,
-                    retained={n: snap(t.grad) for n, t in built.retained.items()},
-                    seen=seen,
-                    fired=dict(built.fired),
-                )
-            )
+            given = _given(input_grads, inputs, observe)
+            _grad_violations(obs, params, k, reported, observe)
+            obs.steps.append(Step(k=k, grads=grads, input_grads=given, outputs=out_snaps,
+                                  retained={n: snap(t.grad) for n, t in built.retained.items()},
+                                  seen=seen, fired=dict(built.fired)))
             if trainer is not None and ends_step(case, k):
                 obs.steps[-1].after_step = trainer.step(snap)
                 held.refresh()  # the step wrote parameters and grads: the user's own writes
-            for n, p in params.items():
-                held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
-            for n, g in input_grads.items():
-                held.hold(f"grad of input {n} from backward {k}", g)
+            _hold_grads(held, params, input_grads, k)
             if watch is not None:
-                # The loop lets go of the outputs; the user's own holds
-                # (retain_outputs, retain_grad) remain, as they do in training
-                # code that keeps its losses for logging: a graph they reach
-                # must still have been freed by the backward.
-                outs = out_snaps = []
-                alive = watch.alive()
-                held_by_user = case.schedule.retain_outputs or bool(case.retain_grad)
-                if held_by_user and not observe.graph_freed_while_held:
-                    alive = 0
-                if alive and "graph" not in reported:
-                    reported.add("graph")
-                    obs.violations.append(Violation(
-                        "graph", k, "autograd graph",
-                        f"{alive} tensor(s) saved for backward by forward {k} are still held by its graph after "
-                        f"backward {k} returned; nothing asked to retain the graph, so "
-                        f"every microbatch's activations leak (pass retain_graph=True only to a backward that is "
-                        f"followed by another one over the same graph)", key="graph alive after backward"))
+                outs = out_snaps = []  # the loop lets go of the outputs (the user's own holds remain)
+                _graph_violation(obs, watch, case, k, reported, observe)
             lifetime.between(k)
     except Exception as e:  # a path that raises is a finding, not a crash
         obs.failure = Failure(k, type(e).__name__, first_line(e))
@@ -333,6 +279,90 @@ def run_schedule(
         if lifetime is not None:
             lifetime.close()
     return obs
+
+
+def _held_inputs(built: Built, k: int, device: str, held: Held) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Backward ``k``'s inputs and grad outputs: the user holds them, so they must not change."""
+    inputs = {
+        x.name: built.inputs(k)[x.name].to(device, built.dtype).requires_grad_(x.requires_grad)
+        for x in built.case.inputs
+    }
+    cots = [c.to(device, built.dtype) for c in built.cotangents(k)]
+    for n, t in inputs.items():
+        held.hold(f"input {n} of backward {k}", t)
+    for i, c in enumerate(cots):
+        held.hold(f"grad output {i} of backward {k}", c)
+    return inputs, cots
+
+
+def _forward(forward: Forward, built: Built, values: dict[str, torch.Tensor],
+             watch: _SavedWatch | None) -> list[torch.Tensor]:
+    """Under the watch's saved-tensor hooks when the graph must be seen freed."""
+    if watch is None:
+        return forward(built, values)
+    with watch.hooks():
+        return forward(built, values)
+
+
+def _given(input_grads: Grads, inputs: dict[str, torch.Tensor], observe: Observe) -> Grads:
+    given = {n: snap(g) for n, g in input_grads.items()}
+    if observe.leaf_input_grads:
+        given.update({f"{n}.grad": snap(x.grad) for n, x in inputs.items() if x.requires_grad})
+    return given
+
+
+def _report_mutations(obs: Observation, mutations: list[Mutation], reported: set[str]) -> None:
+    for m in mutations:
+        if m.what not in reported:
+            reported.add(m.what)
+            obs.mutations.append(m)
+
+
+def _hold_grads(held: Held, params: dict[str, torch.nn.Parameter], input_grads: Grads, k: int) -> None:
+    """What backward ``k`` gave the user is theirs now: it must not change under them."""
+    for n, p in params.items():
+        held.hold(f"{n}.grad after backward {k}", p.grad, owner=lambda p=p: p.grad)
+    for n, g in input_grads.items():
+        held.hold(f"grad of input {n} from backward {k}", g)
+
+
+def _grad_violations(obs: Observation, params: dict[str, torch.nn.Parameter], k: int, reported: set[str],
+                     observe: Observe) -> None:
+    """A ``.grad`` eager never gives (on a frozen parameter, or laid out unlike its
+    parameter) breaks code downstream; each is reported once per run, not per backward."""
+    for n, p in params.items():
+        if not p.requires_grad and p.grad is not None and f"frozen {n}" not in reported:
+            reported.add(f"frozen {n}")
+            obs.violations.append(Violation(
+                "frozen", k, n, f"frozen parameter {n} (requires_grad=False) has a .grad after backward {k} "
+                f"(max {float(p.grad.detach().abs().max()) if p.grad.numel() else 0:g}); eager autograd "
+                f"never writes one: a frozen weight's .grad must stay None", key="frozen parameter got a grad"))
+    if observe.grad_layout:
+        for v in _layout_violations(params, k):
+            if f"layout {v.what}" not in reported:
+                reported.add(f"layout {v.what}")
+                obs.violations.append(v)
+
+
+def _graph_violation(obs: Observation, watch: _SavedWatch, case: Case, k: int, reported: set[str],
+                     observe: Observe) -> None:
+    """Forward ``k``'s graph outlived its backward: every microbatch's activations leak.
+
+    The user's own holds (retain_outputs, retain_grad) remain, as they do in
+    training code that keeps its losses for logging: a graph they reach must
+    still have been freed by the backward."""
+    alive = watch.alive()
+    held_by_user = case.schedule.retain_outputs or bool(case.retain_grad)
+    if held_by_user and not observe.graph_freed_while_held:
+        alive = 0
+    if alive and "graph" not in reported:
+        reported.add("graph")
+        obs.violations.append(Violation(
+            "graph", k, "autograd graph",
+            f"{alive} tensor(s) saved for backward by forward {k} are still held by its graph after "
+            f"backward {k} returned; nothing asked to retain the graph, so "
+            f"every microbatch's activations leak (pass retain_graph=True only to a backward that is "
+            f"followed by another one over the same graph)", key="graph alive after backward"))
 
 
 def first_line(e: BaseException) -> str:
