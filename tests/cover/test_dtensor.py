@@ -21,7 +21,8 @@ from harness.artifacts import corpus
 from harness.observation import Observation
 from harness.paths import resolve
 from harness.paths.dtensor.canaries import canaries
-from harness.paths.dtensor.path import DTensorPath, _assemble
+from harness.paths.assemble import _assemble
+from harness.paths.dtensor.path import DTensorPath
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 

@@ -321,14 +321,13 @@ def _eager_differs(case: Case) -> str | None:
     reports it. Such cases are outside every checkpoint path's contract.
     Checked once per case (every checkpoint path asks)."""
     if case not in _eager_seen:
-        from harness.paths.eager.path import EagerAccumulate
         from oracles.eager import observe
 
         if len(_eager_seen) > 16:
             _eager_seen.clear()
         _eager_seen[case] = None
         try:
-            want, got = observe(case), EagerAccumulate().run(case)
+            want, got = observe(case), _plain(case)
         except Exception:  # the oracle's own failure is reported by the runner, not here
             return None
         bad = got.failure is not None or bool(got.mutations) or len(got.steps) != len(want.steps)
@@ -342,6 +341,11 @@ def _eager_differs(case: Case) -> str | None:
             _eager_seen[case] = ("plain .backward() already disagrees with the oracle on this case (AccumulateGrad "
                                  "adopting a view as .grad, or a training step writing .grad); eager.accumulate reports it")
     return _eager_seen[case]
+
+
+def _plain(case: Case) -> Observation:
+    """The case through plain ``.backward()``, observed as eager.accumulate observes it."""
+    return run_schedule(case, "eager.accumulate", _backward, observe=Contract(graph_freed=True).observe())
 
 
 def _close(e: torch.Tensor | None, a: torch.Tensor | None) -> bool:

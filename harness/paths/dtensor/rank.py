@@ -36,7 +36,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from harness.objects import load_object
 from harness.workers.host import Rank
 from harness.materialize.tensors import Built
-from harness.paths.dtensor.collectives import CollectiveCounter
+from harness.workers.collectives import CollectiveCounter
+from harness.paths.rankfacts import code, encode, first_line, layout_facts, shard_piece, share
 from harness.case.spec import Case
 from harness.materialize.schedule import ends_step, has_step, starts_step, zero_grad
 from harness.materialize.train import Trainer
@@ -61,51 +62,6 @@ def placement_of(name: str) -> Any:
     raise ValueError(f"placement {name!r} has no DTensor form")
 
 
-def code(placements: Any) -> str:
-    """Placements as a short stable string: "R", "P", "P(avg)", "S0"; "," between mesh dims."""
-    out = []
-    for p in placements:
-        if isinstance(p, Replicate):
-            out.append("R")
-        elif isinstance(p, Partial):
-            op = getattr(p, "reduce_op", "sum")
-            out.append("P" if op == "sum" else f"P({op})")
-        elif type(p) is Shard:
-            out.append(f"S{p.dim}")
-        else:
-            out.append(repr(p))
-    return ",".join(out)
-
-
-def shard_piece(full: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's piece of ``full`` under Shard(dim): torch.chunk's split, empty past the end."""
-    pieces = torch.chunk(full, world_size, dim)
-    if rank < len(pieces):
-        return pieces[rank].contiguous()
-    return full.narrow(dim, 0, 0).contiguous()
-
-
-def share(full: torch.Tensor, rank: int, world_size: int, seed: int, exact: bool) -> torch.Tensor:
-    """This rank's share of ``full``: random shares that sum to it.
-
-    Exact mode: small integers, so every share and every rank's grad stays
-    exact. Tolerance mode: each element split by random positive fractions,
-    so no share is larger than the whole and the terms a rank sums stay
-    within the bounds the tolerance was computed for.
-    """
-    if world_size == 1:
-        return full.clone()
-    g = torch.Generator().manual_seed(seed)
-    if exact:
-        parts = [torch.randint(-1, 2, full.shape, generator=g).to(torch.float64) for _ in range(world_size - 1)]
-    else:
-        weights = torch.rand((world_size,) + tuple(full.shape), generator=g, dtype=torch.float64) + 0.25
-        parts = [full * (w / weights.sum(0)) for w in weights[1:]]
-    if rank == 0:
-        return full - sum(parts)
-    return parts[rank - 1]
-
-
 def dtensor_of(full: torch.Tensor, placement: Any, ctx: Rank) -> DTensor:
     """A DTensor holding ``full`` under ``placement``, built without communication."""
     if isinstance(placement, Shard):
@@ -113,23 +69,6 @@ def dtensor_of(full: torch.Tensor, placement: Any, ctx: Rank) -> DTensor:
     else:
         local = full
     return DTensor.from_local(local, ctx.mesh, [placement], run_check=False, shape=full.shape, stride=full.stride())
-
-
-def encode(t: Any, plain: str) -> dict[str, Any] | None:
-    """A tensor as facts: placements, this rank's local values (float64, CPU), global shape.
-
-    ``plain`` is the placement a plain tensor stands for (local mode: outputs
-    are the same on every rank, "R"; grads of inputs and intermediates are
-    this rank's share, "P").
-    """
-    if t is None:
-        return None
-    if isinstance(t, DTensor):
-        local = t.to_local()
-        return {"pl": code(t.placements), "local": local.detach().to("cpu", torch.float64, copy=True),
-                "shape": tuple(t.shape), "stride": tuple(t.stride())}
-    return {"pl": plain, "local": t.detach().to("cpu", torch.float64, copy=True), "shape": tuple(t.shape),
-            "stride": tuple(t.stride()), "plain": True}
 
 
 # --- grad-layout handling under test ------------------------------------------
@@ -265,7 +204,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
             out["steps"].append({
                 "k": k,
                 "grads": {n: _oriented(n, tp, encode(p.grad, "plain")) for n, p in params.items()},
-                "layout": {n: _layout(p) for n, p in params.items() if p.grad is not None},
+                "layout": {n: layout_facts(p) for n, p in params.items() if p.grad is not None},
                 "input_grads": {n: encode(t.grad, "P") for n, t in inputs.items()},
                 "outputs": [encode(o, plain_out) for o in outs],
                 "retained": {n: encode(t.grad, "P") for n, t in built.retained.items()},
@@ -276,7 +215,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                 seen = trainer.step(lambda t: encode(t, "R"))
                 out["steps"][-1]["after_step"] = {key: _oriented(key.split(".")[0], tp, e) for key, e in seen.items()}
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": _first_line(e),
+        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
                           "traceback": traceback.format_exc()[-4000:]}
     return out
 
@@ -318,21 +257,6 @@ def _parallel_linears(case: Case, values: dict[str, torch.Tensor], tp: dict[str,
     return {n: getattr(holder, n) for n in tp}
 
 
-def _layout(p: Any) -> dict[str, Any]:
-    """A parameter's and its grad's strides, local and declared global: eager
-    gives a grad its parameter's layout, and a DTensor grad declares a global
-    stride its local shards must agree with."""
-    def local(t: Any) -> Any:
-        return t.to_local() if isinstance(t, DTensor) else t
-    g = p.grad
-    mine = local(p)
-    # A grad placed otherwise than its parameter (Partial, Replicate) has
-    # another local shape: then it is held to the contiguous layout of its own.
-    want = mine.stride() if local(g).shape == mine.shape else torch.empty(local(g).shape).stride()
-    return {"shape": tuple(local(g).shape), "grad": tuple(local(g).stride()), "param": tuple(want),
-            "grad_global": tuple(g.stride()), "param_global": tuple(p.stride()), "global_shape": tuple(p.shape)}
-
-
 def _oriented(name: str, tp: dict[str, str], enc: dict[str, Any] | None) -> dict[str, Any] | None:
     """Facts about an nn.Linear weight (out, in) turned into the case's ``w`` (in, out)."""
     if enc is None or name not in tp or len(enc["shape"]) != 2:
@@ -347,6 +271,3 @@ def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
     return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return (lines[0] if lines else "")[:300]

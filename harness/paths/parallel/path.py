@@ -32,7 +32,7 @@ from harness.observation import Observation, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
-from harness.paths.dtensor.path import observation as assemble
+from harness.paths.assemble import observation as assemble
 
 STOCK = "stock"
 # The switches a standalone script (harness.paths.parallel.script) spells out.

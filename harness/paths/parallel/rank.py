@@ -32,8 +32,8 @@ from harness.materialize.train import Trainer
 from harness.materialize.units import CaseModule
 from harness.case.spec import Case
 from harness.objects import load_object
-from harness.paths.dtensor.collectives import CollectiveCounter
-from harness.paths.dtensor.rank import _first_line, _layout, encode, shard_piece, share
+from harness.workers.collectives import CollectiveCounter
+from harness.paths.rankfacts import encode, first_line as _first_line, layout_facts as _layout, shard_piece, share
 from harness.workers.host import Rank
 
 STOCK = "stock"

@@ -23,10 +23,10 @@ from oracles.pipeline_fixed import FixedPipelineStage
 
 class PreClamp(PipelineStage):
     """Stock ``PipelineStage`` whose input/weight split is
-    ``harness.paths.split.canaries.double_count_nested`` (pre-2.13 behaviour)."""
+    ``harness.paths.injected.double_count_nested`` (pre-2.13 behaviour)."""
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
-        from harness.paths.split.canaries import double_count_nested as split
+        from harness.paths.injected import double_count_nested as split
 
         if backward_type == "input":
             return split.stage_backward_input(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],

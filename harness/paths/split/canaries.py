@@ -18,35 +18,14 @@ from __future__ import annotations
 import torch.distributed.pipelining._backward as stock
 
 from harness.paths.family import Canary
+from harness.paths.injected import double_count_nested  # noqa: F401  (a canary of this family)
 from oracles import split_fixed
-
-
-class _LooksSingle(list):
-    """A list of intermediates whose len() is 1: stock 2.13+ then skips the
-    prehook that clamps saved grads, which is the pre-2.13 behaviour."""
-
-    def __len__(self) -> int:
-        return 1
 
 
 def _first(items):
     """The first item, in a container of the same kind."""
     kept = list(items)[:1]
     return type(items)(kept) if isinstance(items, (set, frozenset, tuple)) else kept
-
-
-class double_count_nested:
-    """The founding bug (seed 001): a weight nested on one path (x @ w @ w)
-    is counted once per captured intermediate that reaches it."""
-
-    @staticmethod
-    def stage_backward_input(*args, **kwargs):
-        dinputs, groups = stock.stage_backward_input(*args, **kwargs)
-        for g in groups:
-            g["intermediates"] = _LooksSingle(g["intermediates"])
-        return dinputs, groups
-
-    stage_backward_weight = staticmethod(stock.stage_backward_weight)
 
 
 class loses_tied_site:
@@ -86,7 +65,7 @@ class drops_accumulated:
 
 
 CANARIES = {
-    "double_count_nested": ("harness.paths.split.canaries:double_count_nested", "split.stock"),
+    "double_count_nested": ("harness.paths.injected:double_count_nested", "split.stock"),
     "loses_tied_site": ("harness.paths.split.canaries:loses_tied_site", "split.stock"),
     "drops_accumulated": ("harness.paths.split.canaries:drops_accumulated", "split.fixed"),
 }

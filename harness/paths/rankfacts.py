@@ -1,0 +1,95 @@
+"""What every rank-based family reports of a tensor, and how it splits data
+among ranks: tensors as facts (placements, local values, layouts) that
+``harness.paths.assemble`` turns back into one observation, and the shares
+and shards each rank starts from. Shared by the DTensor and data-parallel
+families (and any family whose ranks hold DTensors), so the facts and their
+reading are written once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+
+def code(placements: Any) -> str:
+    """Placements as a short stable string: "R", "P", "P(avg)", "S0"; "," between mesh dims."""
+    out = []
+    for p in placements:
+        if isinstance(p, Replicate):
+            out.append("R")
+        elif isinstance(p, Partial):
+            op = getattr(p, "reduce_op", "sum")
+            out.append("P" if op == "sum" else f"P({op})")
+        elif type(p) is Shard:
+            out.append(f"S{p.dim}")
+        else:
+            out.append(repr(p))
+    return ",".join(out)
+
+
+def shard_piece(full: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's piece of ``full`` under Shard(dim): torch.chunk's split, empty past the end."""
+    pieces = torch.chunk(full, world_size, dim)
+    if rank < len(pieces):
+        return pieces[rank].contiguous()
+    return full.narrow(dim, 0, 0).contiguous()
+
+
+def share(full: torch.Tensor, rank: int, world_size: int, seed: int, exact: bool) -> torch.Tensor:
+    """This rank's share of ``full``: random shares that sum to it.
+
+    Exact mode: small integers, so every share and every rank's grad stays
+    exact. Tolerance mode: each element split by random positive fractions,
+    so no share is larger than the whole and the terms a rank sums stay
+    within the bounds the tolerance was computed for.
+    """
+    if world_size == 1:
+        return full.clone()
+    g = torch.Generator().manual_seed(seed)
+    if exact:
+        parts = [torch.randint(-1, 2, full.shape, generator=g).to(torch.float64) for _ in range(world_size - 1)]
+    else:
+        weights = torch.rand((world_size,) + tuple(full.shape), generator=g, dtype=torch.float64) + 0.25
+        parts = [full * (w / weights.sum(0)) for w in weights[1:]]
+    if rank == 0:
+        return full - sum(parts)
+    return parts[rank - 1]
+
+
+def encode(t: Any, plain: str) -> dict[str, Any] | None:
+    """A tensor as facts: placements, this rank's local values (float64, CPU), global shape.
+
+    ``plain`` is the placement a plain tensor stands for (local mode: outputs
+    are the same on every rank, "R"; grads of inputs and intermediates are
+    this rank's share, "P").
+    """
+    if t is None:
+        return None
+    if isinstance(t, DTensor):
+        local = t.to_local()
+        return {"pl": code(t.placements), "local": local.detach().to("cpu", torch.float64, copy=True),
+                "shape": tuple(t.shape), "stride": tuple(t.stride())}
+    return {"pl": plain, "local": t.detach().to("cpu", torch.float64, copy=True), "shape": tuple(t.shape),
+            "stride": tuple(t.stride()), "plain": True}
+
+
+def layout_facts(p: Any) -> dict[str, Any]:
+    """A parameter's and its grad's strides, local and declared global: eager
+    gives a grad its parameter's layout, and a DTensor grad declares a global
+    stride its local shards must agree with."""
+    def local(t: Any) -> Any:
+        return t.to_local() if isinstance(t, DTensor) else t
+    g = p.grad
+    mine = local(p)
+    # A grad placed otherwise than its parameter (Partial, Replicate) has
+    # another local shape: then it is held to the contiguous layout of its own.
+    want = mine.stride() if local(g).shape == mine.shape else torch.empty(local(g).shape).stride()
+    return {"shape": tuple(local(g).shape), "grad": tuple(local(g).stride()), "param": tuple(want),
+            "grad_global": tuple(g.stride()), "param_global": tuple(p.stride()), "global_shape": tuple(p.shape)}
+
+
+def first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else "")[:300]
