@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 9, one GPU (torch 2.11 + CUDA on the device machine), issue 28 item 5: the graphed canaries
-# (harness/canaries/graphed.py) in the self-check, each judged against graphed.fixed from a cold start.
+# (harness/paths/graphed/canaries.py) in the self-check, each judged against graphed.fixed from a cold start.
 #   selfcheck (default): gradfuzz selfcheck on the two graphed canaries, each in a process of its own,
 #            the caught divergence printed under each, JSON in $OUT/selfcheck-graphed.json (exit 0: both
 #            caught); then their time to detection over seeds 0..2 (gradfuzz bench, unshrunk), with
