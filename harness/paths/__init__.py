@@ -82,7 +82,7 @@ def _as_family(ep: EntryPoint) -> Family:
         obj = ep.load()
     except Exception as e:  # an ImportError, or a module that raises on import
         why = f"{source} does not import: {type(e).__name__}: {e}"
-        return Family(ep.name, paths=lambda _o: [Unloadable(ep.name, why)])
+        return Family(ep.name, paths=lambda _o: [Unloadable(f"{ep.name}.unavailable", why)])
     if isinstance(obj, Family):
         return obj
     return Family(ep.name, paths=lambda o: _expand(obj, o, source))
@@ -97,13 +97,13 @@ def _family_paths(family: Family, options: Options) -> list[Path]:
     try:
         made = family.paths(options)
     except ImportError as e:  # the machinery is missing from this torch
-        return [Unloadable(family.name, f"{family.name} does not import: {type(e).__name__}: {e}")]
+        return [Unloadable(f"{family.name}.unavailable", f"{family.name} does not import: {type(e).__name__}: {e}")]
     return _expand(made, options, f"family {family.name}")
 
 
 # --- the user's own setup: every flag that names code or hardware, checked here ---
 
-PATH_FORM = "a gradfuzz path, or a callable taking the options and returning one or a list of them, as MODULE:ATTR"
+PATH_FORM = "a gradfuzz Family, a path, or a callable taking the options and returning one or a list of them, as MODULE:ATTR"
 
 
 def _fix(flag: str, spec: str, wants: str) -> str:
@@ -164,8 +164,9 @@ def _load(spec: str) -> Any:
 
 
 def _expand(obj: Any, options: Options, source: str) -> list[Path]:
-    """``obj`` (a path, a list of them, or a factory of either) as paths;
-    ``source`` names where it came from, for the message when it is none."""
+    """``obj`` (a family, a path, a list of them, or a factory of either) as
+    paths; ``source`` names where it came from, for the message when it is none."""
+    obj = obj.paths if isinstance(obj, Family) else obj
     try:
         made = obj if isinstance(obj, Path) else obj(options) if callable(obj) else obj
     except Exception as e:

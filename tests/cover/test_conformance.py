@@ -8,7 +8,7 @@ import pytest
 
 from harness.observation import Observation
 from harness.artifacts.repro import script
-from harness.paths import Availability, Path, Repro, resolve
+from harness.paths import Availability, Path, Repro, families, resolve
 from tests.helpers import nested
 
 
@@ -22,7 +22,8 @@ def check_path(path) -> None:
     case = nested(microbatches=2)
     assert path.supports(case) is None or isinstance(path.supports(case), str)
     r = path.repro(case)
-    assert isinstance(r, Repro) and r.template in ("schedule", "pipeline", "torchrun", "dataparallel", "none")
+    templates = {"schedule", "none"} | {t for f in families() for t in f.scripts}
+    assert isinstance(r, Repro) and r.template in templates, f"no registered family writes {r.template!r} scripts"
     ast.parse(script(case, path.name, r))  # the standalone script is valid Python
     if path.supports(case) is None:
         obs = path.run(case)

@@ -12,6 +12,27 @@ def test_family_names_expand_and_unknown_names_are_usage_errors():
         resolve("splitt")
 
 
+def test_every_builtin_family_is_a_folder_that_loads_here():
+    """A built-in family that stopped importing would turn "unavailable" and
+    a gate would pass without it: here, where all of them import, none may."""
+    import harness.paths as registry
+
+    fams = registry.families()
+    assert [f.name for f in fams] == [line.split("=")[0].strip() for line in registry.BUILTIN]
+    assert not [p.name for p in resolve(None) if isinstance(p, registry.Unloadable)]
+
+
+def test_a_family_that_does_not_import_is_listed_unavailable_with_the_reason(monkeypatch):
+    import harness.paths as registry
+
+    monkeypatch.setattr(registry, "BUILTIN", registry.BUILTIN + ("ghost = no_such_family_xyz:FAMILY",))
+    (ghost,) = resolve("ghost")
+    why = ghost.availability()
+    assert ghost.name == "ghost.unavailable" and not why.ok
+    assert "no_such_family_xyz" in why.reason and "ModuleNotFoundError" in why.reason
+    assert ghost.supports(nested()) == why.reason  # never run, so never passed
+
+
 def test_split_impl_option_points_split_stock_at_a_fork():
     (path,) = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
     assert path.availability().ok
