@@ -15,7 +15,9 @@ import torch
 from harness.paths.compile.canaries import canary_path
 from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.engine.runner import Result, check, fuzz_path
-from harness.paths.compile.path import FLAVORS, CompilePath, Flavors, IsolatedCompilePath, SharedWorker, Stats, other_size, structure_key
+from harness.paths.compile.cache import Stats, structure_key
+from harness.paths.compile.flavors import FLAVORS
+from harness.paths.compile.path import CompilePath, Flavors, IsolatedCompilePath, SharedWorker, other_size
 from tests.helpers import nested
 
 

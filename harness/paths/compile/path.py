@@ -25,19 +25,9 @@ Everything else comes from the shared schedule loop: accumulation into
 hooks, ``retain_grad``, tied and transposed uses, view outputs, custom
 autograd Functions, clip and optimizer steps.
 
-Compilation costs seconds, data costs nothing: compiled artifacts are cached
-by the case's *structure* (its graph without seed and schedule: params and
-inputs with their shapes, nodes, outputs, hooks, retain_grad, dtype; the
-dynamic paths leave the shapes out), so Hypothesis's data variations of one
-structure reuse one artifact. Each structure gets its own code object
-(dynamo keeps compiled code and its recompile limit per code object), the
-cache holds ``CACHE_SIZE`` structures and evicts the oldest with
-``reset_code``, and every ``RESET_EVERY`` new structures the whole dynamo
-state is reset (``torch._dynamo.reset()``, compiled autograd's cache too),
-so a long session's memory stays bounded. Each observation carries
-``extra["compile"]``: whether the structure was a cache hit, how many
-graphs were compiled, the seconds spent in calls that compiled and in calls
-that did not, and the process's resident memory.
+Compiled artifacts are cached by the case's structure (``cache``), so
+Hypothesis's data variations of one structure reuse one compile; each
+observation carries ``extra["compile"]``, the cache's figures for the case.
 
 The paths run in a child process (``IsolatedPath``): a compiler that
 segfaults is a ``crash`` finding, one that hangs past the timeout a
@@ -49,91 +39,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import json
-import logging
 import os
 import time
 import types
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from harness.materialize.schedule import run_schedule
 from harness.materialize.tensors import Built
-from harness.case.ops import draws_random
 from harness.case.spec import Case, SpecError
 from harness.case.validate import infer_shapes
 from harness.observation import Grads, Observation
-from harness.generate import PLACEMENTS
-from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.base import Availability, Options, Repro
+from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_watch, near_recompile_limit, rss_mb, structure_key
+from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
+from harness.paths.compile.machinery import machinery
 from harness.workers.isolation import IsolatedPath, progress
 
-CACHE_SIZE = 16  # structures whose compiled code stays alive
-RESET_EVERY = 64  # new structures between full dynamo resets
 COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
-
-
-# The compile paths promise everything eager does (retained grads too), and
-# want parameter hooks (drawn with the lifetime schedules) and training steps
-# (clip and optimizer, drawn with the DTensor flag; the placements it also
-# draws are ignored here), and the model parts (dropout included: see
-# ``CompilePath.config`` and ``structure_key``).
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(PLACEMENTS,), model_parts=True)
-
-
-@dataclass(frozen=True)
-class Flavor:
-    """One way of compiling: what ``torch.compile`` gets and where it is used."""
-
-    name: str
-    backend: str = "inductor"
-    dynamic: bool | None = False
-    compiled_autograd: bool = False
-    compile_forward: bool = True
-    other_size_first: bool = False  # warm up at another batch size (the dynamic paths)
-    device: str = "cpu"
-
-    def describe(self) -> str:
-        what = f'torch.compile(backend="{self.backend}", dynamic={self.dynamic})'
-        if self.compiled_autograd:
-            what += " with compiled autograd" + ("" if self.compile_forward else " (eager forward)")
-        if self.other_size_first:
-            what += ", first run at another batch size"
-        return f"{what} on {self.device}"
-
-
-FLAVORS = {
-    "compile.aot_eager": Flavor("compile.aot_eager", backend="aot_eager"),
-    "compile.inductor": Flavor("compile.inductor", backend="inductor"),
-    "compile.autograd": Flavor("compile.autograd", backend="aot_eager", compiled_autograd=True),
-    "compile.autograd.eager_forward": Flavor("compile.autograd.eager_forward", backend="aot_eager",
-                                             compiled_autograd=True, compile_forward=False),
-    "compile.dynamic.symbolic": Flavor("compile.dynamic.symbolic", backend="inductor", dynamic=True, other_size_first=True),
-    "compile.dynamic.recompile": Flavor("compile.dynamic.recompile", backend="inductor", dynamic=False, other_size_first=True),
-    "compile.inductor.cuda": Flavor("compile.inductor.cuda", backend="inductor", device="cuda"),
-}
-
-
-def structure_key(case: Case, shapes: bool = True) -> str:
-    """The case without its data: equal keys compile to the same code.
-
-    Seed, mode and schedule only change numbers and the loop around the
-    module; ``shapes=False`` also drops every param and input shape (the
-    dynamic paths reuse one artifact across sizes)."""
-    params = [(p.name, p.shape if shapes else None, p.requires_grad) for p in case.params]
-    inputs = [(x.name, x.shape if shapes else None, x.requires_grad) for x in case.inputs]
-    data = case.to_json()
-    key = [params, inputs, data["nodes"], data["outputs"], data.get("hooks", []),
-           data.get("retain_grad", []), case.dtype]
-    if draws_random(case):
-        # The compiled forward is the first case's Built, whose seed_rng seeds
-        # the global RNG from *that* case's seed (dynamo bakes the constant in):
-        # a later seed of the structure would run the first seed's masks.
-        key.append(("rng seed", case.seed))
-    return json.dumps(key, sort_keys=True)
 
 
 def other_size(case: Case) -> Case | None:
@@ -164,75 +88,6 @@ def _backward_body(outs: list[torch.Tensor], cots: list[torch.Tensor]) -> None:
     torch.autograd.backward(outs, cots)
 
 
-@dataclass
-class _Artifact:
-    """One structure's compiled forward (and, for compiled autograd, the
-    compiled function the backward is called in)."""
-
-    key: str
-    built: Built
-    forward: Callable[..., Any]
-    backward: Callable[..., Any] | None
-    codes: list[types.CodeType]
-    graphs: int = 0  # graphs compiled for it (recompilations included)
-
-
-@dataclass
-class Stats:
-    """Per-path totals over a session (``obs.extra["compile"]`` per case)."""
-
-    cases: int = 0
-    structures: int = 0  # cache misses: a structure compiled afresh
-    hits: int = 0  # cases whose structure was already compiled
-    graphs: int = 0  # backend invocations (forward graphs, recompilations, compiled-autograd graphs)
-    compile_s: float = 0.0  # wall time of forward/backward calls during which something compiled
-    run_s: float = 0.0  # wall time of forward/backward calls that compiled nothing
-    evictions: int = 0
-    resets: int = 0
-    not_compiled: int = 0  # structures where dynamo compiled no graph at all (skipped frame)
-    limit_fallbacks: int = 0  # frames run eagerly because a recompile limit was hit (should stay 0)
-    rss_mb: float = 0.0
-
-    def add(self, extra: dict[str, Any]) -> None:
-        self.cases += 1
-        self.hits += int(extra.get("hit", False))
-        self.structures += int(not extra.get("hit", False))
-        self.graphs += extra.get("graphs", 0)
-        self.compile_s += extra.get("compile_s", 0.0)
-        self.run_s += extra.get("run_s", 0.0)
-        self.evictions += extra.get("evictions", 0)
-        self.resets += extra.get("resets", 0)
-        self.not_compiled += int(extra.get("not_compiled", False))
-        self.limit_fallbacks += extra.get("limit_fallbacks", 0)
-        self.rss_mb = max(self.rss_mb, extra.get("rss_mb", 0.0))
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.cases if self.cases else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "hit_rate": round(self.hit_rate, 4)}
-
-
-def _near_recompile_limit() -> bool:
-    """Is some code dynamo compiled close to its recompile limit?
-
-    Code shared by every structure (the op table's lambdas, which dynamo
-    compiles as frames of their own after a graph break) collects one cache
-    entry per structure; at the limit dynamo silently runs it eagerly, and
-    the path would test eager autograd. A full reset before that keeps every
-    case compiled."""
-    from torch._dynamo.convert_frame import input_codes
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    limit = max(int(getattr(torch._dynamo.config, "recompile_limit", 8)) - 2, 1)
-    for ref in list(input_codes.seen):
-        code = ref()
-        if code is not None and len(_debug_get_cache_entry_list(code)) >= limit:
-            return True
-    return False
-
-
 class CompileFailed(RuntimeError):
     """A backend raised while compiling: the finding names the backend's own exception."""
 
@@ -246,77 +101,6 @@ def _compile_failure(e: Exception) -> Exception:
         return e
     text = next((ln.strip() for ln in str(inner).splitlines() if ln.strip()), "")
     return CompileFailed(f"the backend failed to compile: {type(inner).__name__}: {text}")
-
-
-class _LimitWatch(logging.Handler):
-    """Counts dynamo's 'hit config.recompile_limit' warnings: a frame that
-    fell back to eager (the case then did not test compiled code there)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.hits = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "recompile_limit" in record.getMessage():
-            self.hits += 1
-
-
-_watch = _LimitWatch()
-logging.getLogger("torch._dynamo.convert_frame").addHandler(_watch)
-
-
-def _rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-class StructureCache:
-    """Compiled artifacts by structure key, bounded, with periodic full resets."""
-
-    def __init__(self, size: int = CACHE_SIZE, reset_every: int = RESET_EVERY) -> None:
-        self.size = size
-        self.reset_every = reset_every
-        self.entries: OrderedDict[str, _Artifact] = OrderedDict()
-        self.made = 0
-        self.evictions = 0
-        self.resets = 0
-
-    def get(self, key: str) -> _Artifact | None:
-        a = self.entries.get(key)
-        if a is not None:
-            self.entries.move_to_end(key)
-        return a
-
-    def put(self, a: _Artifact) -> None:
-        self.made += 1
-        if self.reset_every and self.made % self.reset_every == 0:
-            self.reset()
-        while len(self.entries) >= self.size:
-            _, old = self.entries.popitem(last=False)
-            self.drop(old)
-        self.entries[a.key] = a
-
-    def drop(self, a: _Artifact) -> None:
-        from torch._C._dynamo.eval_frame import reset_code
-
-        for code in a.codes:
-            reset_code(code)
-        self.entries.pop(a.key, None)
-        self.evictions += 1
-
-    def reset(self) -> None:
-        """Forget everything: dynamo's caches, guards and compiled autograd's graphs."""
-        self.entries.clear()
-        torch._dynamo.reset()
-        try:
-            torch._dynamo.compiled_autograd.reset()
-        except AttributeError:
-            pass
-        gc.collect()
-        self.resets += 1
 
 
 class CompilePath:
@@ -376,43 +160,7 @@ class CompilePath:
         ``torch.compile`` as this flavour calls it (the canary's backend has
         no standalone form: its scripts use ``aot_eager``)."""
         f = self.flavor
-        backend = f.backend if self._backend_override is None else "aot_eager"
-        make = f"torch.compile({{fn}}, backend={backend!r}, dynamic={f.dynamic})"
-        lines = [f"DEVICE = {f.device!r}", ""]
-        if backend == "inductor":
-            lines += ["# Inductor draws torch.rand from its own generator unless told to fall back to eager's",
-                      "import torch._inductor.config", "", "torch._inductor.config.fallback_random = True", ""]
-        if f.compiled_autograd:
-            lines += ["# compiled autograd, switched on as documented: backward called inside a compiled function",
-                      "torch._dynamo.config.compiled_autograd = True", "",
-                      "", "def _backward_body(outs, cots):", "    torch.autograd.backward(outs, cots)", "", "",
-                      f"_compiled_backward = {make.format(fn='_backward_body')}"]
-        lines.append(f"_compiled = {make.format(fn='forward')}" if f.compile_forward else "_compiled = forward")
-        lines.append("_warmed = []")
-        lines += ["", "", "def machinery_forward(v):",
-                  f'    """The forward under test: {f.describe()}."""']
-        if f.other_size_first:
-            lines += [
-                "    if not _warmed:  # one forward and backward at batch size + 1 on copies: the artifact is compiled for it",
-                "        _warmed.append(True)",
-                "        w = {n: torch.nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad) if n in PARAMS",
-                "             else (torch.cat([t.detach(), t.detach()[:1]]) if t.dim() >= 2 else t.detach().clone()).requires_grad_(t.requires_grad)",
-                "             for n, t in v.items()}",
-                "        try:",
-                "            outs = [o for o in _compiled(w) if o.requires_grad]",
-                "        except RuntimeError:  # the other size does not fit this module's shapes",
-                "            outs = []",
-                "        if outs:",
-                "            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])",
-            ]
-        lines.append("    return list(_compiled(v))")
-        call = "_compiled_backward(" if f.compiled_autograd else "torch.autograd.backward("
-        body = (
-            "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
-            "    if live:\n"
-            f"        {call}[o for o, _ in live], [c for _, c in live])\n"
-        )
-        return Repro(backward=body, forward="\n".join(lines) + "\n")
+        return machinery(f, f.backend if self._backend_override is None else "aot_eager")
 
     # --- compilation ------------------------------------------------------
 
@@ -452,9 +200,9 @@ class CompilePath:
         with torch._dynamo.config.patch(compiled_autograd=self.flavor.compiled_autograd):
             return torch.compile(fn, backend=self.backend(), dynamic=self.flavor.dynamic)
 
-    def artifact(self, case: Case) -> tuple[_Artifact, bool]:
+    def artifact(self, case: Case) -> tuple[Artifact, bool]:
         key = structure_key(case, shapes=not self.flavor.other_size_first)
-        if _near_recompile_limit():
+        if near_recompile_limit():
             self.cache.reset()
         a = self.cache.get(key)
         if a is not None:
@@ -480,7 +228,7 @@ class CompilePath:
             b = _fresh_function(_backward_body, label + "_backward")
             codes.append(b.__code__)
             bwd = self.compile(b)
-        a = _Artifact(key, built, fwd, bwd, codes)
+        a = Artifact(key, built, fwd, bwd, codes)
         self.cache.put(a)
         return a, False
 
@@ -494,7 +242,7 @@ class _Run:
         self.evictions0, self.resets0 = path.cache.evictions, path.cache.resets
         self.artifact, self.hit = path.artifact(case)
         self.graphs0 = path._graphs
-        self.limit0 = _watch.hits
+        self.limit0 = limit_watch.hits
         self.compile_s = 0.0
         self.run_s = 0.0
         self.k = 0
@@ -576,9 +324,9 @@ class _Run:
             "evictions": self.path.cache.evictions - self.evictions0,
             "resets": self.path.cache.resets - self.resets0,
             "not_compiled": not self.hit and graphs == 0,
-            "limit_fallbacks": _watch.hits - self.limit0,
+            "limit_fallbacks": limit_watch.hits - self.limit0,
             "warm_size": self.warm_size,
-            "rss_mb": round(_rss_mb(), 1),
+            "rss_mb": round(rss_mb(), 1),
         }
 
 

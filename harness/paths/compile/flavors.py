@@ -1,0 +1,48 @@
+"""What each compile path compiles with, and what the paths promise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.generate import PLACEMENTS
+from harness.paths.base import Contract
+
+# The compile paths promise everything eager does (retained grads too), and
+# want parameter hooks (drawn with the lifetime schedules) and training steps
+# (clip and optimizer, drawn with the DTensor flag; the placements it also
+# draws are ignored here), and the model parts (dropout included: see
+# ``CompilePath.config`` and ``structure_key``).
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(PLACEMENTS,), model_parts=True)
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One way of compiling: what ``torch.compile`` gets and where it is used."""
+
+    name: str
+    backend: str = "inductor"
+    dynamic: bool | None = False
+    compiled_autograd: bool = False
+    compile_forward: bool = True
+    other_size_first: bool = False  # warm up at another batch size (the dynamic paths)
+    device: str = "cpu"
+
+    def describe(self) -> str:
+        what = f'torch.compile(backend="{self.backend}", dynamic={self.dynamic})'
+        if self.compiled_autograd:
+            what += " with compiled autograd" + ("" if self.compile_forward else " (eager forward)")
+        if self.other_size_first:
+            what += ", first run at another batch size"
+        return f"{what} on {self.device}"
+
+
+FLAVORS = {
+    "compile.aot_eager": Flavor("compile.aot_eager", backend="aot_eager"),
+    "compile.inductor": Flavor("compile.inductor", backend="inductor"),
+    "compile.autograd": Flavor("compile.autograd", backend="aot_eager", compiled_autograd=True),
+    "compile.autograd.eager_forward": Flavor("compile.autograd.eager_forward", backend="aot_eager",
+                                             compiled_autograd=True, compile_forward=False),
+    "compile.dynamic.symbolic": Flavor("compile.dynamic.symbolic", backend="inductor", dynamic=True, other_size_first=True),
+    "compile.dynamic.recompile": Flavor("compile.dynamic.recompile", backend="inductor", dynamic=False, other_size_first=True),
+    "compile.inductor.cuda": Flavor("compile.inductor.cuda", backend="inductor", device="cuda"),
+}
