@@ -44,9 +44,33 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
         why = machinery.why or f"{path_name} describes no standalone machinery"
         body = f"    raise SystemExit({(why + '; replay the corpus file with gradfuzz repro')!r})\n"
     wrapped = machinery.forward or 'DEVICE = "cpu"\nmachinery_forward = forward\n'
+    data = _constants(case, b, title, path_name)
+    header = f'''#!/usr/bin/env python
+"""gradfuzz repro: see TITLE and PATH below.
 
+Expected: eager autograd in float64 (torch.autograd.grad per backward,
+summed out of place). Actual: the machinery of PATH, in {case.dtype}.
+Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
+{sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
+Run with plain python; exit status 1 when they differ. The loop keeps every
+earlier .grad and input grad and checks they never change (as gradfuzz
+does); --no-hold runs it keeping none.
+"""
+import sys
+
+import torch
+{imports}
+'''
+    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", wrapped, "",
+                      _RUNNER.replace("%BODY%", body), ""])
+
+
+def _constants(case: Case, b: Built, title: str, path_name: str) -> list[str]:
+    """The case's values as the script's constants: a report's reader runs
+    the script without gradfuzz, the corpus file or its seed."""
+    sched = case.schedule
     params = b.params()
-    data = [
+    return [
         f"TITLE = {title or path_name!r}",
         f"PATH = {path_name!r}  # the machinery under test",
         f"DTYPE = torch.{case.dtype}",
@@ -66,24 +90,6 @@ def script(case: Case, path_name: str, machinery: Repro, title: str = "") -> str
         *["    [" + ", ".join(literal(c) for c in b.cotangents(k)) + "]," for k in range(sched.backwards)],
         "]",
     ]
-    header = f'''#!/usr/bin/env python
-"""gradfuzz repro: see TITLE and PATH below.
-
-Expected: eager autograd in float64 (torch.autograd.grad per backward,
-summed out of place). Actual: the machinery of PATH, in {case.dtype}.
-Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads start as
-{sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
-Run with plain python; exit status 1 when they differ. The loop keeps every
-earlier .grad and input grad and checks they never change (as gradfuzz
-does); --no-hold runs it keeping none.
-"""
-import sys
-
-import torch
-{imports}
-'''
-    return "\n".join([header, *helpers, "", *data, "", "", forward_source(case), "", "", wrapped, "",
-                      _RUNNER.replace("%BODY%", body), ""])
 
 
 _RUNNER = '''def leaves(dtype, k, device="cpu"):

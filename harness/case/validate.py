@@ -9,16 +9,17 @@ buffer-pressure events) at most ``CASE_MEMORY_BUDGET`` bytes.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from harness.case.ops import OPS, Result, Shape, ShapeError
 from harness.case.vocab import DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, ZERO_GRADS, SpecError
 
-if TYPE_CHECKING:  # annotations only: the spec imports this module to validate
-    from harness.case.spec import Case, Use
+# The case under check (``harness.case.spec.Case``) is typed Any: the spec
+# imports this module to check every case it decodes, so this module does
+# not import the spec, not even for annotations.
 
 
-def _use_shape(use: Use, known: dict[str, Result], where: str) -> Shape:
+def _use_shape(use: Any, known: dict[str, Result], where: str) -> Shape:
     if use.ref not in known:
         raise SpecError(f"{where}.ref", f"{use.ref!r} names no parameter, input or earlier node")
     shape = known[use.ref]
@@ -87,7 +88,7 @@ def _numel(shape: Result) -> int:
     return math.prod(shape)  # type: ignore[arg-type]
 
 
-def check_budget(case: Case, known: dict[str, Result]) -> int:
+def check_budget(case: Any, known: dict[str, Result]) -> int:
     """Bytes the case asks for (estimated from shapes); a SpecError above the budget."""
     params = sum(_numel(p.shape) for p in case.params)
     per_backward = sum(_numel(known[x.name]) for x in case.inputs) + sum(_numel(known[n.name]) for n in case.nodes)
@@ -104,21 +105,11 @@ def check_budget(case: Case, known: dict[str, Result]) -> int:
     return need
 
 
-def infer_shapes(case: Case) -> dict[str, Result]:
+def infer_shapes(case: Any) -> dict[str, Result]:
     """Shapes of every named value; raises SpecError on the first problem."""
     if case.dtype not in DTYPES:
         raise SpecError("dtype", f"unknown dtype {case.dtype!r}; one of {DTYPES}")
-    s = case.schedule
-    if not (isinstance(s.microbatches, int) and 1 <= s.microbatches <= 16):
-        raise SpecError("schedule.microbatches", f"expected 1..16, got {s.microbatches!r}")
-    if not (isinstance(s.steps, int) and 1 <= s.steps <= 8):
-        raise SpecError("schedule.steps", f"expected 1..8, got {s.steps!r}")
-    if s.grad_init not in GRAD_INITS:
-        raise SpecError("schedule.grad_init", f"unknown {s.grad_init!r}; one of {GRAD_INITS}")
-    if s.zero_grad not in ZERO_GRADS:
-        raise SpecError("schedule.zero_grad", f"unknown {s.zero_grad!r}; one of {ZERO_GRADS}")
-    _check_lifetime(s)
-    _check_training(s)
+    _check_schedule(case.schedule)
     known: dict[str, Result] = {}
 
     def declare(name: str, shape: Result, where: str, field: str = "shape") -> None:
@@ -170,7 +161,7 @@ def infer_shapes(case: Case) -> dict[str, Result]:
     return known
 
 
-def _check_stages(case: Case) -> None:
+def _check_stages(case: Any) -> None:
     """Pipeline stage cuts: increasing positions strictly inside the node list
     (every stage has a node), at most three (four stages)."""
     cuts = case.stages
@@ -181,6 +172,21 @@ def _check_stages(case: Case) -> None:
             raise SpecError(f"stages[{i}]", f"a cut must be a node position in 1..{len(case.nodes) - 1}, got {c}")
         if i and c <= cuts[i - 1]:
             raise SpecError(f"stages[{i}]", f"cuts must increase, got {cuts[i - 1]} then {c}")
+
+
+def _check_schedule(s) -> None:
+    """The loop around the module: every microbatch and step runs the whole
+    case again, so their counts are bounded."""
+    if not (isinstance(s.microbatches, int) and 1 <= s.microbatches <= 16):
+        raise SpecError("schedule.microbatches", f"expected 1..16, got {s.microbatches!r}")
+    if not (isinstance(s.steps, int) and 1 <= s.steps <= 8):
+        raise SpecError("schedule.steps", f"expected 1..8, got {s.steps!r}")
+    if s.grad_init not in GRAD_INITS:
+        raise SpecError("schedule.grad_init", f"unknown {s.grad_init!r}; one of {GRAD_INITS}")
+    if s.zero_grad not in ZERO_GRADS:
+        raise SpecError("schedule.zero_grad", f"unknown {s.zero_grad!r}; one of {ZERO_GRADS}")
+    _check_lifetime(s)
+    _check_training(s)
 
 
 def _check_lifetime(s) -> None:
