@@ -14,13 +14,11 @@ from harness.case.spec import Case
 from harness.observation import Failure, Grads, Observation, Step, Violation
 
 
-def observation(name: str, case: Case, outcome: Any) -> Observation:
-    obs = Observation(path=name)
-    replies = outcome.replies
-    obs.extra["seconds"] = outcome.seconds
-    ranks = sorted(replies)
+def _first_failure(obs: Observation, replies: dict[int, Any]) -> None:
+    """The failure of the earliest backward (then the lowest rank) is the
+    finding: what other ranks raised after it may be its consequence."""
     failures = []
-    for r in ranks:
+    for r in sorted(replies):
         rep = replies[r]
         if "error" in rep:
             failures.append((r, Failure(-1, "WorkerError", rep["error"][:300])))
@@ -30,6 +28,14 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
             obs.extra.setdefault("tracebacks", {})[r] = f.get("traceback", "")
     if failures:
         obs.failure = min(failures, key=lambda rf: (rf[1].k if rf[1].k >= 0 else 10**9, rf[0]))[1]
+
+
+def observation(name: str, case: Case, outcome: Any) -> Observation:
+    obs = Observation(path=name)
+    replies = outcome.replies
+    obs.extra["seconds"] = outcome.seconds
+    ranks = sorted(replies)
+    _first_failure(obs, replies)
     if outcome.status == "timeout":
         raised = f"; {obs.failure.message} first" if obs.failure else ""
         obs.violations.append(Violation("timeout", -1, "process group",

@@ -120,97 +120,129 @@ class _Record:
         return hook
 
 
+def _parameters(case: Case, values: dict[str, torch.Tensor], tp: dict[str, str], mode: str, ctx: Rank,
+                dtype: torch.dtype) -> tuple[dict[str, torch.nn.Parameter], dict[str, torch.nn.Linear]]:
+    """Every parameter as a DTensor, in the case's order; a tensor-parallel one
+    is the weight of its parallelized nn.Linear (which is returned too)."""
+    params: dict[str, torch.nn.Parameter] = {}
+    for p in case.params:
+        if p.name in tp:
+            continue
+        full = values[p.name].to(ctx.device, dtype)
+        pl = Replicate() if mode == "local" else placement_of(p.placement)
+        params[p.name] = torch.nn.Parameter(dtensor_of(full, pl, ctx), requires_grad=p.requires_grad)
+    linears = _parallel_linears(case, values, tp, ctx, dtype) if tp else {}
+    for n, lin in linears.items():
+        params[n] = lin.weight  # (out, in): the case's w transposed
+    return {p.name: params[p.name] for p in case.params}, linears
+
+
+def _prefill(case: Case, built: Built, params: dict[str, torch.nn.Parameter], tp: dict[str, str], mode: str,
+             ctx: Rank) -> None:
+    """Every ``.grad`` as the case starts it, placed as an earlier backward
+    would have left it: a Partial share in local mode, else the parameter's
+    placement."""
+    sched = case.schedule
+    dev, dtype = ctx.device, built.dtype
+    prefill = built.prefill()
+    for i, p in enumerate(case.params):
+        if not p.requires_grad:
+            continue
+        full = torch.zeros(p.shape, dtype=torch.float64) if sched.grad_init == "zero" else prefill[p.name]
+        if mode == "local":
+            part = share(full, ctx.rank, ctx.world_size, case.seed * 7919 + 3000 + i, case.exact)
+            g = DTensor.from_local(part.to(dev, dtype), ctx.mesh, [Partial()], run_check=False)
+        else:
+            full = full.mT if p.name in tp else full
+            g = dtensor_of(full.to(dev, dtype).contiguous(), params[p.name].placements[0], ctx)
+        params[p.name].grad = g
+
+
+def _data(case: Case, built: Built, k: int, mode: str, ctx: Rank) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Backward ``k``'s inputs and grad outputs. Local mode gives each rank its
+    own share of every grad output, so every rank's local grad differs."""
+    dev, dtype = ctx.device, built.dtype
+    drawn = built.inputs(k)
+    inputs: dict[str, torch.Tensor] = {}
+    for x in case.inputs:
+        t = drawn[x.name].to(dev, dtype)
+        if mode == "dtensor":
+            t = DTensor.from_local(t, ctx.mesh, [Replicate()], run_check=False)
+        inputs[x.name] = t.requires_grad_(x.requires_grad)
+    cots = []
+    for i, c in enumerate(built.cotangents(k)):
+        if mode == "local":
+            part = share(c, ctx.rank, ctx.world_size, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)
+            cots.append(part.to(dev, dtype))
+        else:
+            cots.append(DTensor.from_local(c.to(dev, dtype), ctx.mesh, [Replicate()], run_check=False))
+    return inputs, cots
+
+
+def _backward(case: Case, built: Built, k: int, mode: str, ctx: Rank, params: dict[str, torch.nn.Parameter],
+              linears: dict[str, torch.nn.Linear], tp: dict[str, str], record: _Record) -> dict[str, Any]:
+    """Backward ``k`` and the facts it leaves: counted collectives, and what
+    reached each ``AccumulateGrad`` next to what ``.grad`` was before it."""
+    counter = record.counter
+    inputs, cots = _data(case, built, k, mode, ctx)
+    prev = {n: (code(p.grad.placements) if isinstance(p.grad, DTensor) else "plain") if p.grad is not None else None
+            for n, p in params.items()}
+    if mode == "local":
+        used = {n: p.to_local(grad_placements=[Partial()]) for n, p in params.items()}
+    else:
+        used = {n: _AsLinear(linears[n]) if n in linears else p for n, p in params.items()}
+    outs = built.forward({**used, **inputs})
+    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+    record.now = {}
+    mark = counter.counts.copy()
+    if live:
+        with counter:
+            torch.autograd.backward([o for o, _ in live], [c for _, c in live])
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize()
+    acc = {}
+    for n in params:
+        r = dict(record.now.get(n, {}))
+        r.pop("_mark", None)
+        if r:
+            r["prev"] = prev[n]
+            acc[n] = r
+    return {
+        "k": k,
+        "grads": {n: _oriented(n, tp, encode(p.grad, "plain")) for n, p in params.items()},
+        "layout": {n: layout_facts(p) for n, p in params.items() if p.grad is not None},
+        "input_grads": {n: encode(t.grad, "P") for n, t in inputs.items()},
+        "outputs": [encode(o, "R") for o in outs],
+        "retained": {n: encode(t.grad, "P") for n, t in built.retained.items()},
+        "acc": acc,
+        "collectives": counter.since(mark),
+    }
+
+
 def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
+    """One case on this rank. It never raises: the parent judges a failure
+    next to its peers' facts."""
     built = Built(case)
-    dtype, dev, ws = built.dtype, ctx.device, ctx.world_size
     mode = mode_of(case)
     out: dict[str, Any] = {"rank": ctx.rank, "mode": mode, "steps": [], "failure": None}
     k = -1
     try:
         impl = load_impl(impl_spec)
         values = built.params()
-        params: dict[str, torch.nn.Parameter] = {}
         tp = {p.name: p.placement for p in case.params if p.placement in TP_STYLES}
-        for p in case.params:
-            if p.name in tp:
-                continue
-            full = values[p.name].to(dev, dtype)
-            pl = Replicate() if mode == "local" else placement_of(p.placement)
-            params[p.name] = torch.nn.Parameter(dtensor_of(full, pl, ctx), requires_grad=p.requires_grad)
-        linears = _parallel_linears(case, values, tp, ctx, dtype) if tp else {}
-        for n, lin in linears.items():
-            params[n] = lin.weight  # (out, in): the case's w transposed
-        params = {p.name: params[p.name] for p in case.params}
+        params, linears = _parameters(case, values, tp, mode, ctx, built.dtype)
         sched = case.schedule
         if sched.grad_init != "none":
-            prefill = built.prefill()
-            for i, p in enumerate(case.params):
-                if not p.requires_grad:
-                    continue
-                full = torch.zeros(p.shape, dtype=torch.float64) if sched.grad_init == "zero" else prefill[p.name]
-                if mode == "local":  # a Partial grad, as an earlier backward would have left it
-                    part = share(full, ctx.rank, ws, case.seed * 7919 + 3000 + i, case.exact)
-                    g = DTensor.from_local(part.to(dev, dtype), ctx.mesh, [Partial()], run_check=False)
-                else:
-                    full = full.mT if p.name in tp else full
-                    g = dtensor_of(full.to(dev, dtype).contiguous(), params[p.name].placements[0], ctx)
-                params[p.name].grad = g
-        counter = CollectiveCounter()
-        record = _Record(params, counter)
+            _prefill(case, built, params, tp, mode, ctx)
+        record = _Record(params, CollectiveCounter())
         if impl is not None:
             impl.install(params, ctx.mesh)
         trainer = Trainer(case, params, step_with=getattr(impl, "optimizer_step", None),
                           clip_with=getattr(impl, "clip_grad_norm", None)) if has_step(case) else None
-        plain_out = "R"
         for k in range(sched.backwards):
             if starts_step(case, k):
                 zero_grad(params.values(), sched.zero_grad)
-            drawn = built.inputs(k)
-            inputs: dict[str, torch.Tensor] = {}
-            for x in case.inputs:
-                t = drawn[x.name].to(dev, dtype)
-                if mode == "dtensor":
-                    t = DTensor.from_local(t, ctx.mesh, [Replicate()], run_check=False)
-                inputs[x.name] = t.requires_grad_(x.requires_grad)
-            cots = []
-            for i, c in enumerate(built.cotangents(k)):
-                if mode == "local":
-                    part = share(c, ctx.rank, ws, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)
-                    cots.append(part.to(dev, dtype))
-                else:
-                    cots.append(DTensor.from_local(c.to(dev, dtype), ctx.mesh, [Replicate()], run_check=False))
-            prev = {n: (code(p.grad.placements) if isinstance(p.grad, DTensor) else "plain") if p.grad is not None else None
-                    for n, p in params.items()}
-            if mode == "local":
-                used = {n: p.to_local(grad_placements=[Partial()]) for n, p in params.items()}
-            else:
-                used = {n: _AsLinear(linears[n]) if n in linears else p for n, p in params.items()}
-            outs = built.forward({**used, **inputs})
-            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
-            record.now = {}
-            mark = counter.counts.copy()
-            if live:
-                with counter:
-                    torch.autograd.backward([o for o, _ in live], [c for _, c in live])
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            acc = {}
-            for n in params:
-                r = dict(record.now.get(n, {}))
-                r.pop("_mark", None)
-                if r:
-                    r["prev"] = prev[n]
-                    acc[n] = r
-            out["steps"].append({
-                "k": k,
-                "grads": {n: _oriented(n, tp, encode(p.grad, "plain")) for n, p in params.items()},
-                "layout": {n: layout_facts(p) for n, p in params.items() if p.grad is not None},
-                "input_grads": {n: encode(t.grad, "P") for n, t in inputs.items()},
-                "outputs": [encode(o, plain_out) for o in outs],
-                "retained": {n: encode(t.grad, "P") for n, t in built.retained.items()},
-                "acc": acc,
-                "collectives": counter.since(mark),
-            })
+            out["steps"].append(_backward(case, built, k, mode, ctx, params, linears, tp, record))
             if trainer is not None and ends_step(case, k):
                 seen = trainer.step(lambda t: encode(t, "R"))
                 out["steps"][-1]["after_step"] = {key: _oriented(key.split(".")[0], tp, e) for key, e in seen.items()}

@@ -128,14 +128,59 @@ def _prefill(kind: str, case: Case, built: Built, params: dict[str, torch.Tensor
             param.grad = full.clone()
 
 
-def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
-    built = Built(case)
+def _arrivals(kind: str, params: dict[str, torch.Tensor]) -> Counter[str]:
+    """How many grads reached each parameter (DDP only): one that got a grad
+    in an accumulation window must be reduced when the window synchronises."""
+    arrived: Counter[str] = Counter()
+    if kind == "ddp":
+        for n, p in params.items():
+            if p.requires_grad:
+                p.register_hook(lambda g, n=n: arrived.update([n]))
+    return arrived
+
+
+def _data(case: Case, built: Built, k: int, ctx: Rank) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Backward ``k``'s inputs, the same on every rank, and this rank's grad
+    outputs: its share scaled by the world size, so the wrappers' average
+    over ranks is the case's grad."""
     dev, ws = ctx.device, ctx.world_size
+    drawn = built.inputs(k)
+    inputs = [drawn[x.name].to(dev, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs]
+    cots = [(ws * share(c, ctx.rank, ws, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)).to(dev, built.dtype)
+            for i, c in enumerate(built.cotangents(k))]
+    return inputs, cots
+
+
+def _facts(case: Case, built: Built, k: int, kind: str, sync: bool, params: dict[str, torch.Tensor],
+           inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> dict[str, Any]:
+    """What backward ``k`` left that the user can see. Grads of a backward
+    that did not synchronise are each rank's own, whose mean is the grad."""
+    grad_pl = "R" if sync else "P(avg)"
+    observable = sync or kind == "ddp"  # FSDP2 keeps a no_sync window's grads unsharded, out of sight
+    return {
+        "k": k,
+        "sync": sync,
+        "grads": {n: encode(p.grad, grad_pl) for n, p in params.items()} if observable else {},
+        "observable": observable,
+        "layout": {n: _layout(p) for n, p in params.items() if p.grad is not None and observable},
+        "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
+        "outputs": [encode(o, "R") for o in outs],
+        "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()},
+        "acc": {},
+        "local_shapes": {n: tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
+                         for n, p in params.items()},
+    }
+
+
+def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
+    """One case on this rank. It never raises: the parent judges a failure
+    next to its peers' facts."""
+    built = Built(case)
     opts = frozenset(case.parallel)
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     k = -1
     try:
-        module = CaseModule(built, built.params(), dev, built.dtype, units="units" in opts,
+        module = CaseModule(built, built.params(), ctx.device, built.dtype, units="units" in opts,
                             recompute="checkpoint" in opts)
         reduced: Counter[str] = Counter()
         fixes = load_impl(impl)
@@ -146,11 +191,7 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
         sched = case.schedule
         if sched.grad_init != "none":
             _prefill(kind, case, built, params, ctx)
-        arrived: Counter[str] = Counter()
-        if kind == "ddp":
-            for n, p in params.items():
-                if p.requires_grad:
-                    p.register_hook(lambda g, n=n: arrived.update([n]))
+        arrived = _arrivals(kind, params)
         trainer = Trainer(case, params, step_with=getattr(fixes, "optimizer_step", None),
                           clip_with=getattr(fixes, "clip_grad_norm", None)) if has_step(case) else None
         counter = CollectiveCounter()
@@ -158,10 +199,7 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
             if starts_step(case, k):
                 zero_grad(params.values(), sched.zero_grad)
             sync = "no_sync" not in opts or ends_window(case, k)
-            drawn = built.inputs(k)
-            inputs = [drawn[x.name].to(dev, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs]
-            cots = [(ws * share(c, ctx.rank, ws, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)).to(dev, built.dtype)
-                    for i, c in enumerate(built.cotangents(k))]
+            inputs, cots = _data(case, built, k, ctx)
             mark, reduced_before, arrived_before = counter.counts.copy(), reduced.copy(), arrived.copy()
             with _window(kind, wrapped, sync, opts):
                 with counter:
@@ -169,22 +207,10 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
                     live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
                     if live:
                         torch.autograd.backward([o for o, _ in live], [c for _, c in live])
-            if dev.type == "cuda":
+            if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
-            grad_pl = "R" if sync else "P(avg)"
-            observable = sync or kind == "ddp"  # FSDP2 keeps a no_sync window's grads unsharded, out of sight
             out["steps"].append({
-                "k": k,
-                "sync": sync,
-                "grads": {n: encode(p.grad, grad_pl) for n, p in params.items()} if observable else {},
-                "observable": observable,
-                "layout": {n: _layout(p) for n, p in params.items() if p.grad is not None and observable},
-                "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
-                "outputs": [encode(o, "R") for o in outs],
-                "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()},
-                "acc": {},
-                "local_shapes": {n: tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
-                                 for n, p in params.items()},
+                **_facts(case, built, k, kind, sync, params, inputs, outs),
                 "collectives": counter.since(mark),
                 "reduced": {n: reduced[n] - reduced_before.get(n, 0) for n in params} if counted else None,
                 "with_grad": [n for n, p in params.items() if p.requires_grad and p.grad is not None],

@@ -236,18 +236,11 @@ class PipelinePath:
         pool.close_group(self.world_size)
 
 
-def observation(name: str, case: Case, outcome: Any) -> Observation:
-    """Rank facts -> one Observation: a Step per backward (parameter grads at
-    the last backward of each step only), copies summed, failures merged."""
-    from harness.materialize.tensors import Built
-
-    obs = Observation(path=name)
-    obs.extra["seconds"] = outcome.seconds
-    replies = outcome.replies
-    ranks = sorted(replies)
-    M = case.schedule.microbatches
+def _failures(obs: Observation, replies: dict[int, Any], M: int) -> list[tuple[bool, int, int, Failure]]:
+    """Every rank's failure as (waited, backward, rank, failure), so that the
+    first that raised sorts first and a peer's timeout is told from a cause."""
     failures = []
-    for r in ranks:
+    for r in sorted(replies):
         rep = replies[r]
         if "error" in rep:
             failures.append((False, 10**9, r, Failure(-1, "WorkerError", rep["error"][:300])))
@@ -256,6 +249,33 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
             k = f["step"] * M if f["step"] >= 0 else -1
             failures.append((bool(f.get("waited")), k if k >= 0 else 10**9, r, Failure(k, f["type"], f["message"])))
             obs.extra.setdefault("tracebacks", {})[r] = f.get("traceback", "")
+    return failures
+
+
+def _orphans(case: Case, replies: dict[int, Any]) -> Grads:
+    """A parameter no stage uses belongs to no stage: its .grad is what it started as."""
+    from harness.materialize.tensors import Built
+
+    built = Built(case)
+    init = case.schedule.grad_init
+    held = {s_name for rep in replies.values() for st in rep["steps"][:1] for _, s_name, _ in st["grads"]}
+    orphan: Grads = {}
+    for p in case.params:
+        if p.name not in held:
+            orphan[p.name] = None if init == "none" or not p.requires_grad else \
+                torch.zeros(p.shape, dtype=torch.float64) if init == "zero" else built.prefill()[p.name]
+    return orphan
+
+
+def observation(name: str, case: Case, outcome: Any) -> Observation:
+    """Rank facts -> one Observation: a Step per backward (parameter grads at
+    the last backward of each step only), copies summed, failures merged."""
+    obs = Observation(path=name)
+    obs.extra["seconds"] = outcome.seconds
+    replies = outcome.replies
+    ranks = sorted(replies)
+    M = case.schedule.microbatches
+    failures = _failures(obs, replies, M)
     # A rank that raised is the finding; peers that then timed out waiting
     # for it are its consequence. Only waits with no cause are a hang.
     caused = [f for f in failures if not f[0]]
@@ -280,15 +300,7 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
     for r in ranks:
         for m in replies[r].get("mutations", []):
             obs.mutations.append(Mutation(m.k * M + M - 1, m.what, m.max_abs))
-    built = Built(case)
-    init = case.schedule.grad_init
-    # A parameter no stage uses belongs to no stage: its .grad is what it started as.
-    held = {s_name for r in ranks for st in replies[r]["steps"][:1] for _, s_name, _ in st["grads"]}
-    orphan: Grads = {}
-    for p in case.params:
-        if p.name not in held:
-            orphan[p.name] = None if init == "none" or not p.requires_grad else \
-                torch.zeros(p.shape, dtype=torch.float64) if init == "zero" else built.prefill()[p.name]
+    orphan = _orphans(case, replies)
     n_steps = min(len(replies[r]["steps"]) for r in ranks)
     for s in range(n_steps):
         recs = [replies[r]["steps"][s] for r in ranks]

@@ -34,7 +34,7 @@ from harness.materialize.schedule import Held, first_line, starts_step, zero_gra
 from harness.materialize.tensors import Built
 from harness.observation import snap
 from harness.case.spec import Case
-from harness.materialize.stages import StageModule, cut
+from harness.materialize.stages import StageModule, StageSpec, cut
 
 STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
@@ -195,11 +195,96 @@ def _own_group(ctx: Any) -> Any:
     return _pp["own"]
 
 
+def _start_grads(case: Case, built: Built, specs: list[StageSpec], modules: list[StageModule],
+                 device: torch.device) -> None:
+    """A parameter's grad_init applies to its first copy; further copies (a
+    weight tied across stages) start empty, or zero: their sum over copies
+    is then the one ``.grad`` the case starts from."""
+    owner = {}
+    for s in specs:
+        for n in s.params:
+            owner.setdefault(n, s.index)
+    init = case.schedule.grad_init
+    prefill = built.prefill() if init == "prefilled" else {}
+    for mod in modules:
+        for n, p in mod.weights.items():
+            if not p.requires_grad or init == "none":
+                continue
+            if init == "prefilled" and owner[n] == mod.spec.index:
+                p.grad = prefill[n].to(device, built.dtype)
+            else:
+                p.grad = torch.zeros_like(p)
+
+
+def _loss_fn(case: Case, built: Built, seen: dict[int, list[torch.Tensor | None]]) -> Any:
+    """The loss whose backward is the case's vector-Jacobian product: a loss
+    function sees one microbatch at a time, so its target carries the
+    microbatch number and that microbatch's grad outputs, flattened. What
+    it was handed goes into ``seen`` by microbatch."""
+    shapes = [built.output_shape(u) for u in case.outputs]
+    sizes = [math.prod(s) for s in shapes]
+
+    def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
+        outs = output if isinstance(output, (tuple, list)) else (output,)
+        row = target.reshape(-1)
+        k = int(row[0])
+        seen[k] = [snap(o) for o in outs]  # the real call comes after any metadata inference
+        cots, at = [], 1
+        for shape, size in zip(shapes, sizes):
+            cots.append(row[at:at + size].reshape(shape))
+            at += size
+        terms = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
+        if not terms:
+            raise ValueError("no output of the last stage requires grad")
+        return sum(terms[1:], terms[0])
+
+    return loss_fn
+
+
+def _stacked_inputs(case: Case, built: Built, ks: range, step_no: int, held: Held,
+                    device: torch.device) -> list[torch.Tensor]:
+    """The first stage's inputs: the step's microbatches stacked on dim 0,
+    which the schedule splits back into exactly those microbatches."""
+    drawn = [built.inputs(k) for k in ks]
+    args = []
+    for x in case.inputs:
+        t = torch.cat([d[x.name] for d in drawn]).to(device, built.dtype).requires_grad_(x.requires_grad)
+        held.hold(f"input {x.name} of step {step_no}", t)
+        args.append(t)
+    return args
+
+
+def _target(built: Built, ks: range, step_no: int, held: Held, device: torch.device) -> torch.Tensor:
+    """The last stage's target: per microbatch, its number and its grad outputs (see ``_loss_fn``)."""
+    rows = []
+    for k in ks:
+        flat = [c.reshape(-1) for c in built.cotangents(k)]
+        rows.append(torch.cat([torch.tensor([float(k)], dtype=torch.float64), *flat]))
+    target = torch.stack(rows).to(device, built.dtype)
+    held.hold(f"target of step {step_no}", target)
+    return target
+
+
+def _record(case: Case, step_no: int, ks: range, params: list[tuple[int, str, Any]], args: list[torch.Tensor],
+            seen: dict[int, list[torch.Tensor | None]], first: bool, last: bool) -> dict[str, Any]:
+    """What the user can see once ``step()`` returns: grads of every parameter
+    copy, and per microbatch (by rows) the input grads and the loss's inputs."""
+    rec: dict[str, Any] = {"step": step_no, "grads": [(idx, n, snap(p.grad)) for idx, n, p in params]}
+    if first:
+        rec["input_grads"] = {
+            x.name: None if t.grad is None else [snap(c) for c in t.grad.chunk(len(ks))]
+            for x, t in zip(case.inputs, args)
+        }
+    if last:
+        rec["outputs"] = {k: seen.get(k) for k in ks}
+    return rec
+
+
 def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, placement: list[int],
              device: torch.device = torch.device("cpu"), group: Any = None) -> dict[str, Any]:
-
+    """One case on this rank, every step through ``schedule.step()`` as a user
+    would. It never raises: the parent judges a failure next to its peers'."""
     built = Built(case)
-    dtype = built.dtype
     sched = case.schedule
     M = sched.microbatches
     out: dict[str, Any] = {"rank": rank, "steps": [], "failure": None, "mutations": []}
@@ -213,42 +298,10 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
         Stage = stage_class(impl)
         values = built.params()
         modules = [StageModule(case, s, values, device) for s in mine]
-        # A parameter's grad_init applies to its first copy; further copies
-        # (a weight tied across stages) start empty, or zero.
-        owner = {}
-        for s in specs:
-            for n in s.params:
-                owner.setdefault(n, s.index)
-        init = sched.grad_init
-        prefill = built.prefill() if init == "prefilled" else {}
-        for mod in modules:
-            for n, p in mod.weights.items():
-                if not p.requires_grad or init == "none":
-                    continue
-                if init == "prefilled" and owner[n] == mod.spec.index:
-                    p.grad = prefill[n].to(device, dtype)
-                else:
-                    p.grad = torch.zeros_like(p)
+        _start_grads(case, built, specs, modules, device)
         stages = [Stage(mod, mod.spec.index, len(specs), device, group=group) for mod in modules]
-        shapes = [built.output_shape(u) for u in case.outputs]
-        sizes = [math.prod(s) for s in shapes]
         seen: dict[int, list[torch.Tensor | None]] = {}
-
-        def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
-            outs = output if isinstance(output, (tuple, list)) else (output,)
-            row = target.reshape(-1)
-            k = int(row[0])
-            seen[k] = [snap(o) for o in outs]  # the real call comes after any metadata inference
-            cots, at = [], 1
-            for shape, size in zip(shapes, sizes):
-                cots.append(row[at:at + size].reshape(shape))
-                at += size
-            terms = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
-            if not terms:
-                raise ValueError("no output of the last stage requires grad")
-            return sum(terms[1:], terms[0])
-
-        schedule_obj = _make_schedule(cls, stages, M, loss_fn)
+        schedule_obj = _make_schedule(cls, stages, M, _loss_fn(case, built, seen))
         held = Held()
         params = [(mod.spec.index, n, p) for mod in modules for n, p in mod.weights.items()]
         for idx, n, p in params:
@@ -260,36 +313,15 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
             if starts_step(case, step_no * M):
                 zero_grad((p for _, _, p in params), sched.zero_grad)
                 held.refresh()
-            args: list[torch.Tensor] = []
-            if first:
-                drawn = [built.inputs(k) for k in ks]
-                for x in case.inputs:
-                    t = torch.cat([d[x.name] for d in drawn]).to(device, dtype).requires_grad_(x.requires_grad)
-                    held.hold(f"input {x.name} of step {step_no}", t)
-                    args.append(t)
-            kwargs: dict[str, Any] = {}
-            if last:
-                rows = []
-                for k in ks:
-                    flat = [c.reshape(-1) for c in built.cotangents(k)]
-                    rows.append(torch.cat([torch.tensor([float(k)], dtype=torch.float64), *flat]))
-                kwargs["target"] = torch.stack(rows).to(device, dtype)
-                held.hold(f"target of step {step_no}", kwargs["target"])
+            args = _stacked_inputs(case, built, ks, step_no, held, device) if first else []
+            kwargs = {"target": _target(built, ks, step_no, held, device)} if last else {}
             seen.clear()
             schedule_obj.step(*args, return_outputs=False, **kwargs)
             for m in held.check(step_no):
                 if m.what not in reported:
                     reported.add(m.what)
                     out["mutations"].append(m)
-            rec: dict[str, Any] = {"step": step_no, "grads": [(idx, n, snap(p.grad)) for idx, n, p in params]}
-            if first:
-                rec["input_grads"] = {
-                    x.name: None if t.grad is None else [snap(c) for c in t.grad.chunk(M)]
-                    for x, t in zip(case.inputs, args)
-                }
-            if last:
-                rec["outputs"] = {k: seen.get(k) for k in ks}
-            out["steps"].append(rec)
+            out["steps"].append(_record(case, step_no, ks, params, args, seen, first, last))
             for idx, n, p in params:
                 held.hold(f"{n}.grad (stage {idx}) after step {step_no}", p.grad, owner=lambda p=p: p.grad)
             for x, t in zip(case.inputs, args):
