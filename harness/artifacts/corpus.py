@@ -160,6 +160,18 @@ def load(file: str | os.PathLike) -> Entry:
     return from_json(sc.read_json(file, sc.MAX_CORPUS_BYTES, "corpus file"), str(file))
 
 
+def migrate(file: str | os.PathLike) -> bool:
+    """Rewrite ``file`` in the current case schema if it holds an older one
+    (``gradfuzz replay --migrate``); True when it was rewritten. Reading
+    migrates an old file in memory anyway; this makes the file say so."""
+    data = sc.read_json(file, sc.MAX_CORPUS_BYTES, "corpus file")
+    entry = from_json(data, str(file))
+    if data["case"].get("version") == entry.case.version:
+        return False
+    atomic_write(file, json.dumps(entry.to_json(), indent=1, sort_keys=True) + "\n")
+    return True
+
+
 FINDINGS_MARK = ".gradfuzz.lock"  # every findings folder has its writers' lock file
 
 

@@ -10,15 +10,17 @@ anything else.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from harness.case.vocab import (  # noqa: F401  (re-exported: the spec's vocabulary)
-    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARALLEL_OPTIONS, PARAM_HOOKS, SCHEMA_VERSION,
+    DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, SCHEMA_VERSION,
     ZERO_GRADS, SpecError,
 )
 from harness.case.validate import infer_shapes
+from harness import registry
 from harness.case import schema as sc
+from harness.case.namespace import DataNamespace
 
 
 @dataclass(frozen=True)
@@ -147,17 +149,27 @@ class Case:
     exact: bool = True
     seed: int = 0
     version: int = SCHEMA_VERSION
-    # Pipeline stage cuts (harness.materialize.stages): each is a position in ``nodes``
-    # where a new stage starts; () is one stage. Omitted from JSON when empty.
-    stages: tuple[int, ...] = ()
     # A last pipeline stage's form: the outputs reach backward as one scalar
     # loss (sum of output x cotangent, the same grads) with no grad outputs,
     # as PipelineStage hands them to ``stage_backward_input``. Paths that
     # take grad outputs ignore it. Omitted from JSON when False.
     loss: bool = False
-    # Data-parallel wrapper switches (vocab.PARALLEL_OPTIONS) for the ddp and
-    # fsdp2 paths; other paths ignore them. Omitted from JSON when empty.
-    parallel: tuple[str, ...] = ()
+    # Each family's own part of the case (stage cuts, regions, wrapper
+    # switches), as (family name, that family's value) pairs sorted by name;
+    # written, read and validated by the family (harness.case.namespace).
+    # Omitted from JSON when empty.
+    family: tuple[tuple[str, Any], ...] = ()
+
+    def data(self, name: str) -> Any:
+        """Family ``name``'s part of this case, or None."""
+        return dict(self.family).get(name)
+
+    def with_data(self, name: str, value: Any) -> "Case":
+        """This case with family ``name``'s part set to ``value`` (None: removed)."""
+        rest = {k: v for k, v in self.family if k != name}
+        if value is not None:
+            rest[name] = value
+        return replace(self, family=tuple(sorted(rest.items())))
 
     def to_json(self) -> dict[str, Any]:
         return _encode(self)
@@ -170,6 +182,9 @@ class Case:
         if not isinstance(data, dict):
             raise SpecError("case", f"expected a JSON object, got {type(data).__name__}")
         version = data.get("version")
+        if type(version) is int and version == 1:
+            data = _from_schema_1(data)
+            version = data["version"]
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SpecError(
                 "version",
@@ -178,6 +193,8 @@ class Case:
             )
         case = _decode(cls, data, "case")
         infer_shapes(case)
+        for name, value in case.family:
+            _namespace(name, f"family.{name}").check(case, value, f"family.{name}")
         return case
 
     @classmethod
@@ -190,20 +207,29 @@ class Case:
 # Optional fields written only when set, so cases without them keep their JSON.
 _OMIT_AT_DEFAULT = {("Schedule", "events"), ("Schedule", "retain_outputs"), ("Schedule", "param_hooks"), ("Param", "placement"),
                     ("Schedule", "clip"), ("Schedule", "max_norm"), ("Schedule", "optimizer"),
-                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "stages"), ("Case", "loss"),
-                    ("Case", "parallel")}
+                    ("Schedule", "optimizer_impl"), ("Schedule", "lr"), ("Case", "loss"),
+                    ("Case", "family")}
 
 
 def _encode(obj: Any) -> Any:
+    if isinstance(obj, Case):
+        out = _encode_fields(obj)
+        if obj.family:
+            out["family"] = {name: _namespace(name, f"family.{name}").encode(v) for name, v in obj.family}
+        return out
     if hasattr(obj, "__dataclass_fields__"):
-        return {
-            f.name: _encode(getattr(obj, f.name))
-            for f in fields(obj)
-            if (type(obj).__name__, f.name) not in _OMIT_AT_DEFAULT or getattr(obj, f.name) != f.default
-        }
+        return _encode_fields(obj)
     if isinstance(obj, tuple):
         return [_encode(x) for x in obj]
     return obj
+
+
+def _encode_fields(obj: Any) -> dict[str, Any]:
+    return {
+        f.name: _encode(getattr(obj, f.name))
+        for f in fields(obj)
+        if f.name != "family" and ((type(obj).__name__, f.name) not in _OMIT_AT_DEFAULT or getattr(obj, f.name) != f.default)
+    }
 
 
 # Bounds of a case (see harness.case.schema for why every field has one).
@@ -272,11 +298,9 @@ _FIELDS: dict[tuple[str, str], Any] = {
     ("Case", "exact"): sc.boolean,
     ("Case", "seed"): lambda v, w: sc.integer(v, w, 0, MAX_SEED),
     ("Case", "version"): lambda v, w: sc.integer(v, w, SCHEMA_VERSION, SCHEMA_VERSION),
-    # Types and bounds here; which cuts make sense is validate's (it names ``stages[i]``).
-    ("Case", "stages"): lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 0, MAX_NODES) for i, x in enumerate(sc.array(v, w, 16))),
     ("Case", "loss"): sc.boolean,
-    ("Case", "parallel"): lambda v, w: tuple(sc.string(x, f"{w}[{i}]", choices=PARALLEL_OPTIONS)
-                                             for i, x in enumerate(sc.array(v, w, len(PARALLEL_OPTIONS)))),
+    ("Case", "family"): lambda v, w: tuple(sorted(
+        (k, _namespace(k, f"{w}.{k}").decode(x, f"{w}.{k}")) for k, x in sc.dict_of(v, w, lambda x, w2: x, 16).items())),
     ("Param", "name"): sc.name,
     ("Param", "shape"): _shape,
     ("Param", "requires_grad"): sc.boolean,
@@ -314,3 +338,34 @@ _FIELDS: dict[tuple[str, str], Any] = {
 
 def _decode_field(owner: str, name: str, value: Any, where: str) -> Any:
     return _FIELDS[(owner, name)](value, where)
+
+
+def _namespace(name: str, where: str) -> DataNamespace:
+    """The installed family that reads ``name``'s part of a case."""
+    space = registry.namespace(name)
+    if space is None:
+        raise SpecError(where, f"no installed family {name!r} reads case data (installed: "
+                        f"{', '.join(ep.name for ep in registry.listed())}); fix: install the family that wrote "
+                        "this case, or remove the field")
+    return space
+
+
+def _from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 case, whose stage cuts and data-parallel switches were
+    top-level fields (``stages``, ``parallel``), as schema 2: each family
+    that read them takes its part from them, so every path sees what it saw."""
+    top = {k: check(data.get(k, []), k) for k, check in _LEGACY.items()}
+    family = {}
+    for ep in registry.listed():
+        space = registry.namespace(ep.name)
+        value = space.from_legacy(top) if space is not None else None
+        if value is not None:
+            family[ep.name] = space.encode(value)
+    rest = {k: v for k, v in data.items() if k not in ("stages", "parallel")}
+    return {**rest, **({"family": family} if family else {}), "version": SCHEMA_VERSION}
+
+
+_LEGACY: dict[str, Any] = {
+    "stages": lambda v, w: tuple(sc.integer(x, f"{w}[{i}]", 0, MAX_NODES) for i, x in enumerate(sc.array(v, w, 16))),
+    "parallel": lambda v, w: tuple(sc.string(x, f"{w}[{i}]", max_len=32) for i, x in enumerate(sc.array(v, w, 16))),
+}

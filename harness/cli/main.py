@@ -20,7 +20,7 @@ from harness.artifacts import corpus
 from harness.artifacts import repro
 from harness.artifacts.corpus import CorpusError
 from harness.paths import Options, UsageError, resolve
-from harness.case.spec import SpecError
+from harness.case.spec import SCHEMA_VERSION, SpecError
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -163,6 +163,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"no corpus files (*.json) under {' '.join(args.targets)}")
     for f in files:  # every file read and checked before any path is built
         corpus.load(f)
+    for f in files if args.migrate else ():
+        if corpus.migrate(f):
+            print(f"gradfuzz: {f}: rewritten in case schema {SCHEMA_VERSION}", file=sys.stderr)
     import collections
 
     import torch
@@ -440,6 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     r.add_argument("targets", nargs="*", help="corpus files or directories (default: cases/ of the installed gradfuzz project)")
     r.add_argument("-v", "--verbose", action="store_true")
+    r.add_argument("--migrate", action="store_true",
+                   help="first rewrite corpus files of an older case schema in the current one (they load either way)")
     r.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("repro", help="re-run one corpus case and show the divergence")

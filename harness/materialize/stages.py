@@ -1,6 +1,6 @@
 """Cutting a case into pipeline stages: plain data in, ``nn.Module`` stages out.
 
-``Case.stages`` lists cut positions in the node list: a cut at ``i`` puts
+A family's cuts (the pipeline's stage cuts, the checkpoint regions) list positions in the node list: a cut at ``i`` puts
 ``nodes[i]`` at the start of a new stage. Nothing else is drawn, so the
 shrinker moves a cut by changing one integer and merges two stages by
 dropping one. Everything about a stage follows from the cuts:
@@ -52,17 +52,17 @@ class StageSpec:
     params: tuple[str, ...]
 
 
-def bounds(case: Case) -> list[tuple[int, int]]:
-    """``[start, end)`` of each stage in ``case.nodes``."""
-    edges = [0, *case.stages, len(case.nodes)]
+def bounds(case: Case, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each span of ``case.nodes`` between ``cuts``."""
+    edges = [0, *cuts, len(case.nodes)]
     return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 
 
-def cut(case: Case) -> list[StageSpec]:
+def cut(case: Case, cuts: tuple[int, ...]) -> list[StageSpec]:
     params = {p.name for p in case.params}
     order = {x.name: i for i, x in enumerate(case.inputs)}
     order.update({n.name: len(case.inputs) + i for i, n in enumerate(case.nodes)})
-    spans = bounds(case)
+    spans = bounds(case, cuts)
     # Every use of a non-parameter value, by the position of the node that uses it
     # (the case's outputs use them at the very end).
     uses: list[tuple[int, Value]] = []

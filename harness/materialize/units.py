@@ -3,7 +3,7 @@
 Data-parallel wrappers own parameters through the modules that register
 them: DDP buckets a module's parameters, and ``fully_shard`` makes a unit of
 a module and its parameters. So a case becomes a root module; with unit
-cuts (``Case.stages``, ``units`` in ``Case.parallel``) each span of nodes is
+cuts (the ``units`` argument: the data-parallel family's unit cuts) each span of nodes is
 a ``Block`` submodule holding the parameters only it uses, and a parameter
 used in two blocks (a tied weight) is the root's, as FSDP users tie them.
 With ``recompute`` each block is an activation-checkpointed region
@@ -25,12 +25,12 @@ from harness.materialize.stages import bounds
 from harness.materialize.tensors import Built
 
 
-def _owners(built: Built, units: bool) -> dict[str, int]:
+def _owners(built: Built, units: tuple[int, ...]) -> dict[str, int]:
     """Each parameter's owner: the index of the only block that uses it, or -1 (the root)."""
     case = built.case
-    if not units or not case.stages:
+    if not units:
         return {p.name: -1 for p in case.params}
-    spans = bounds(case)
+    spans = bounds(case, units)
     used: dict[str, set[int]] = {p.name: set() for p in case.params}
     for j, (a, b) in enumerate(spans):
         for node in case.nodes[a:b]:
@@ -78,13 +78,13 @@ class CaseModule(torch.nn.Module):
     the case's input order) returns the outputs as a tuple."""
 
     def __init__(self, built: Built, values: dict[str, torch.Tensor], device: Any, dtype: torch.dtype,
-                 units: bool = False, recompute: bool = False) -> None:
+                 units: tuple[int, ...] = (), recompute: bool = False) -> None:
         super().__init__()
         self.built = built
         case = built.case
         self.owner = _owners(built, units)
         self.blocks = torch.nn.ModuleList(
-            [Block(built, span, self, recompute) for span in bounds(case)] if units and case.stages else [])
+            [Block(built, span, self, recompute) for span in bounds(case, units)] if units else [])
         for p in case.params:
             holder = self if self.owner[p.name] < 0 else self.blocks[self.owner[p.name]]
             holder.register_parameter(p.name, torch.nn.Parameter(values[p.name].to(device, dtype),

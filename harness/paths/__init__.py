@@ -14,7 +14,7 @@ not import here is listed as unavailable with the reason, never dropped.
 
 from __future__ import annotations
 
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any, Callable, Iterable
 
 from harness.objects import LoadError, load_object
@@ -26,18 +26,7 @@ __all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "R
            "all_paths", "check_options", "close_paths", "families", "register_path", "resolve", "run_schedule",
            "split_available"]
 
-# The built-in families, registered the way a third party registers one.
-BUILTIN = (
-    "eager = harness.paths.eager:FAMILY",
-    "split = harness.paths.split:FAMILY",
-    "dtensor = harness.paths.dtensor:FAMILY",
-    "graphed = harness.paths.graphed:FAMILY",
-    "pipeline = harness.paths.pipeline:FAMILY",
-    "compile = harness.paths.compile:FAMILY",
-    "checkpoint = harness.paths.checkpoint:FAMILY",
-    "parallel = harness.paths.parallel:FAMILY",
-)
-GROUP = "gradfuzz.paths"
+from harness.registry import BUILTIN, GROUP, listed  # noqa: F401  (GROUP: for third parties' docs)
 
 Factory = Callable[[Options], "Path | list[Path]"]
 _registered: list[Factory] = []
@@ -68,12 +57,6 @@ class Unloadable:
         return Repro(template="none", why=f"{self.name} is unavailable: {self.reason}")
 
 
-def _entry_points() -> list[EntryPoint]:
-    builtin = [EntryPoint(*(x.strip() for x in line.split("=")), group=GROUP) for line in BUILTIN]
-    names = {ep.name for ep in builtin}
-    return builtin + [ep for ep in entry_points(group=GROUP) if ep.name not in names]
-
-
 def _as_family(ep: EntryPoint) -> Family:
     """The family an entry point names; one that does not import becomes a
     family of one unavailable path named after the entry point."""
@@ -90,7 +73,7 @@ def _as_family(ep: EntryPoint) -> Family:
 
 def families() -> list[Family]:
     """Every registered family, built-in ones first, in registration order."""
-    return [_as_family(ep) for ep in _entry_points()]
+    return [_as_family(ep) for ep in listed(BUILTIN)]
 
 
 def _family_paths(family: Family, options: Options) -> list[Path]:

@@ -84,6 +84,7 @@ class Family:
     canaries: Callable[[], list[Canary]] = _none
     scripts: dict[str, ScriptWriter] = field(default_factory=dict)
     user_impls: tuple[UserImpl, ...] = ()
+    case_data: Any = None
     docs: str = ""
 
 

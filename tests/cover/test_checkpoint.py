@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from harness.paths import Availability, Contract, resolve, run_schedule
+from harness.paths.checkpoint.data import Regions
 from harness.paths.checkpoint.path import CheckpointPath, forgets_rng as _forgets_rng, regions
 from harness.engine.check import check
 from harness.engine.result import Result
@@ -36,9 +37,8 @@ def busy(x_grad: bool = True, param_hooks: tuple[str, ...] = ("hook", "post_accu
         schedule=Schedule(microbatches=2, param_hooks=param_hooks),
         hooks=(Hook("n2", "scale", 2),),
         retain_grad=("n1",),
-        stages=(4,),
         seed=3,
-    )
+    ).with_data("checkpoint", Regions((4,)))
 
 
 def test_regions_take_what_they_use_and_return_what_is_used_later():

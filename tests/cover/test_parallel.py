@@ -13,6 +13,7 @@ from harness.paths.parallel.canaries import canaries
 from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
 from harness.engine.check import check
 from harness.paths import Options, resolve
+from harness.paths.parallel.data import Switches
 from harness.paths.parallel.path import DataParallelPath
 
 
@@ -31,10 +32,8 @@ def tied(parallel: tuple[str, ...] = ("no_sync", "small_buckets", "units"), **sc
         ),
         outputs=(Use("n3"),),
         schedule=Schedule(microbatches=2, **schedule),
-        parallel=parallel,
-        stages=(2,),
         seed=5,
-    )
+    ).with_data("parallel", Switches(tuple(parallel), (2,) if "units" in parallel else ()) if parallel else None)
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +48,17 @@ def paths():
 def test_parallel_switches_round_trip_and_unknown_ones_are_refused():
     case = tied()
     assert Case.loads(case.dumps()) == case
-    assert "parallel" not in replace(case, parallel=()).to_json()  # old files keep their JSON
-    bad = case.to_json() | {"parallel": ["no_sync", "sync_twice"]}
+    assert "family" not in case.with_data("parallel", None).to_json()  # no switches: no data-parallel part
+    bad = case.to_json()
+    bad["family"]["parallel"]["options"] = ["no_sync", "sync_twice"]
     with pytest.raises(SpecError) as e:
         Case.from_json(bad)
-    assert "parallel[1]" in str(e.value) and "sync_twice" in str(e.value)
+    assert e.value.where == "case.family.parallel.options[1]" and "sync_twice" in str(e.value)
 
 
 def test_units_put_a_weight_used_in_two_of_them_in_the_root():
     built = Built(tied())
-    m = CaseModule(built, built.params(), "cpu", torch.float32, units=True)
+    m = CaseModule(built, built.params(), "cpu", torch.float32, units=(2,))
     assert m.owner == {"w0": -1, "b1": 0, "g2": 1}
     assert [n for n, _ in m.blocks[1].named_parameters()] == ["g2"]
 
@@ -84,7 +84,7 @@ def test_stock_ddp_contract_names_unused_parameters():
     case = replace(tied(), params=tied().params + (Param("u3", (3, 3)),))
     stock = DataParallelPath("ddp.stock", "ddp", "stock")
     assert "find_unused_parameters" in stock.supports(case)
-    assert stock.supports(replace(case, parallel=("find_unused",))) is None
+    assert stock.supports(case.with_data("parallel", Switches(("find_unused",)))) is None
 
 
 @pytest.mark.parametrize("canary", canaries(), ids=lambda c: c.name)
@@ -110,7 +110,7 @@ def test_standalone_script_runs_under_torchrun(tmp_path, kind, parallel, diverge
 
     from harness.artifacts.repro import script
 
-    case = replace(tied(parallel), stages=(), parallel=parallel)
+    case = tied(parallel).with_data("parallel", Switches(tuple(parallel)) if parallel else None)
     path = DataParallelPath(f"{kind}.stock", kind, "stock")
     repro = path.repro(case)
     assert repro.template == "dataparallel"

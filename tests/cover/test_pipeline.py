@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 
 from harness.artifacts import corpus
 from harness.paths.pipeline import script as pipeline_repro
-from harness.paths.pipeline.strategy import stage_cuts
+from harness.paths.pipeline.data import Stages, stage_cuts
+from harness.paths.pipeline.strategy import layout_draw
 from harness.materialize.tensors import Built
 from harness.paths import resolve
 from harness.paths.pipeline.path import FIXED, PipelinePath, observation, probe
@@ -50,8 +51,7 @@ def chain(stages: tuple[int, ...] = (1,), frozen: tuple[str, ...] = (), x_grad: 
         ),
         outputs=(Use("n3"),),
         schedule=Schedule(microbatches=microbatches, steps=steps, zero_grad=zero_grad),
-        stages=stages,
-    )
+    ).with_data("pipeline", Stages(stages) if stages else None)
 
 
 # --- cutting ------------------------------------------------------------------
@@ -60,22 +60,39 @@ def chain(stages: tuple[int, ...] = (1,), frozen: tuple[str, ...] = (), x_grad: 
 def test_cuts_round_trip_and_are_omitted_when_empty():
     c = chain((1, 3))
     assert Case.loads(c.dumps()) == c
-    assert "stages" not in chain(()).to_json()  # existing corpus JSON is unchanged
-    assert Case.from_json(chain(()).to_json()).stages == ()
+    assert "family" not in chain(()).to_json()  # a case without cuts has no pipeline part
+    assert Case.from_json(chain(()).to_json()).data("pipeline") is None
+    assert c.to_json()["family"] == {"pipeline": {"version": 1, "cuts": [1, 3]}}
 
 
-@pytest.mark.parametrize("stages, where", [((0,), "stages[0]"), ((4,), "stages[0]"), ((2, 2), "stages[1]"),
-                                           ((3, 1), "stages[1]"), ((1, 2, 3, 3), "stages")])
+def test_a_schema_1_case_keeps_its_cuts_for_every_family_that_read_them():
+    """Schema 1 had ``stages`` at the top, read by pipeline stages, checkpoint
+    regions and (with ``units``) FSDP2 units: each family takes its part."""
+    old = {k: v for k, v in chain(()).to_json().items() if k != "family"}
+    old.update(version=1, stages=[1, 3], parallel=["units", "no_sync"])
+    case = Case.from_json(old)
+    assert case.version == 2 and stage_cuts(case) == (1, 3)
+    assert case.data("checkpoint").cuts == (1, 3)
+    assert case.data("parallel").options == ("units", "no_sync") and case.data("parallel").units == (1, 3)
+    assert Case.loads(case.dumps()) == case
+    old["parallel"] = ["no_such_switch"]
+    with pytest.raises(SpecError) as info:
+        Case.from_json(old)
+    assert info.value.where == "parallel[0]"
+
+
+@pytest.mark.parametrize("stages, where", [((0,), "cuts[0]"), ((4,), "cuts[0]"), ((2, 2), "cuts[1]"),
+                                           ((3, 1), "cuts[1]"), ((1, 2, 3, 3), "cuts")])
 def test_bad_cuts_name_the_field(stages, where):
     data = chain(()).to_json()
-    data["stages"] = list(stages)
+    data["family"] = {"pipeline": {"version": 1, "cuts": list(stages)}}
     with pytest.raises(SpecError) as info:
         Case.from_json(data)
-    assert info.value.where == where
+    assert info.value.where.removeprefix("case.") == f"family.pipeline.{where}"
 
 
 def test_boundaries_carry_what_later_stages_use():
-    specs = cut(chain((1, 3)))
+    specs = cut(chain((1, 3)), (1, 3))
     assert [len(s.nodes) for s in specs] == [1, 2, 1]
     assert specs[0].inputs == (Value("x0"), Value("x1"))
     # x1 is used in stage 1: it passes through stage 0 as an output that is its input.
@@ -90,26 +107,26 @@ def test_multi_output_values_cross_one_result_at_a_time():
              nodes=(Node("n0", "chunk", (Use("x0"),), (("chunks", 2), ("dim", 1))),
                     Node("n1", "cat", (Use("n0", index=1), Use("n0", index=0)), (("dim", 1),)),
                     Node("n2", "matmul", (Use("n1"), Use("w0")))),
-             outputs=(Use("n2", transpose=True),), stages=(1,))
-    specs = cut(Case.loads(c.dumps()))
+             outputs=(Use("n2", transpose=True),)).with_data("pipeline", Stages((1,)))
+    specs = cut(Case.loads(c.dumps()), (1,))
     assert specs[1].inputs == (Value("n0", 0), Value("n0", 1))
     assert specs[1].outputs == (Use("n2", transpose=True),)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(cases(draws=(stage_cuts(((1, 2), (2, 2), (3, 3), (4, 1))),)))
+@given(cases(draws=(layout_draw(((1, 2), (2, 2), (3, 3), (4, 1))),)))
 def test_stages_compose_to_the_whole_module(case):
     """Running the stage modules one after another is the case's forward."""
     built = Built(case)
     values = built.params()
-    assert (len(case.stages) + 1, case.schedule.microbatches) in {(1, 2), (2, 2), (3, 3), (4, 1)} or \
-        len(case.stages) + 1 < 4  # too few nodes for the cuts: fewer stages, skipped by the paths
+    assert (len(stage_cuts(case)) + 1, case.schedule.microbatches) in {(1, 2), (2, 2), (3, 3), (4, 1)} or \
+        len(stage_cuts(case)) + 1 < 4  # too few nodes for the cuts: fewer stages, skipped by the paths
     inputs = built.inputs(0)
     want = built.forward({**{n: t.to(built.dtype).requires_grad_(p.requires_grad) for (n, t), p in
                              zip(values.items(), case.params)},
                           **{n: t.to(built.dtype) for n, t in inputs.items()}})
     h: tuple = tuple(inputs[x.name].to(built.dtype) for x in case.inputs)
-    for spec in cut(case):
+    for spec in cut(case, stage_cuts(case)):
         out = StageModule(case, spec, values)(*h)
         h = out if isinstance(out, tuple) else (out,)
     assert len(h) == len(want)

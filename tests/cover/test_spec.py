@@ -59,3 +59,23 @@ def test_exact_mode_rejects_nonexact_ops():
         Case.from_json(data)
     data["exact"] = False
     assert Case.from_json(data).nodes[1].op == "tanh"
+
+
+def test_a_family_part_names_its_field_when_no_family_reads_it_or_its_version_is_other():
+    """A case's family data is read by that family only: a part no installed
+    family reads, or of another version, is refused naming the field."""
+    from tests.helpers import nested
+
+    data = nested().to_json()
+    data["family"] = {"no_such_family": {"version": 1}}
+    with pytest.raises(SpecError) as e:
+        Case.from_json(data)
+    assert e.value.where == "case.family.no_such_family" and "no installed family" in str(e.value)
+    data["family"] = {"pipeline": {"version": 7, "cuts": []}}
+    with pytest.raises(SpecError) as e:
+        Case.from_json(data)
+    assert e.value.where == "case.family.pipeline.version" and "reads version 1" in str(e.value)
+    data["family"] = {"pipeline": {"version": 1, "cuts": [], "extra": 1}}
+    with pytest.raises(SpecError) as e:
+        Case.from_json(data)
+    assert e.value.where == "case.family.pipeline.extra"

@@ -1,11 +1,13 @@
 """``checkpoint.*``: activation checkpointing: the paths (``path``) and
 their canaries."""
 
+from harness.paths.checkpoint.data import CASE_DATA
 from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "checkpoint",
     paths=lazy("harness.paths.checkpoint.path:paths"),
     canaries=lazy("harness.paths.checkpoint.canaries:canaries"),
+    case_data=CASE_DATA,
     docs="docs/paths.md#checkpoint",
 )

@@ -1,7 +1,7 @@
 """``checkpoint.*``: activation checkpointing, regions recomputed in backward.
 
-Regions come from the case's cut points (``Case.stages``, the pipeline
-paths' field, drawn by ``strategy.checkpoint_regions``): the cuts split
+Regions come from the case's cut points (the family's ``Regions``, drawn
+by ``strategy.checkpoint_regions``): the cuts split
 the node list into segments, the even segments (0, 2, ...) are checkpointed
 regions and the odd ones run plainly. No cut makes the whole module one
 region; one cut puts the first half in a region and the second half outside
@@ -38,7 +38,7 @@ Paths (one stock variant per set of options, so a finding names the option):
   reverse (matmuls recomputed, everything else saved);
 - ``checkpoint.sequential.stock``: ``checkpoint_sequential`` over one block
   per node (the carried state a dict of live values), non-reentrant, with
-  ``len(stages) + 2`` segments (at most one per node); torch runs the last
+  ``len(cuts) + 2`` segments (at most one per node); torch runs the last
   segment plainly.
 """
 
@@ -58,6 +58,7 @@ from harness.case.ops import OPS
 from harness.materialize.schedule import run_schedule
 from harness.generate import Draw
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.checkpoint.data import region_cuts
 from harness.paths.checkpoint.strategy import REGIONS
 from harness.case.spec import Case, Node, Use
 from harness.materialize.stages import bounds, requires_grad
@@ -69,7 +70,7 @@ Wrap = Callable[[Callable[..., Any], list[torch.Tensor]], Any]
 
 @dataclass(frozen=True)
 class CheckpointContract(Contract):
-    """Fuzzing draws region cuts (``Case.stages``), dropout and in-place ops,
+    """Fuzzing draws region cuts (``Regions``), dropout and in-place ops,
     frozen parameters and parameter hooks for these paths."""
 
     draws: tuple[Draw, ...] = (REGIONS,)
@@ -96,7 +97,7 @@ def regions(case: Case) -> list[Region]:
         uses += [(i, (u.ref, u.index)) for u in node.args if u.ref not in params]
     uses += [(len(case.nodes), (u.ref, u.index)) for u in case.outputs if u.ref not in params]
     out = []
-    for j, (a, b) in enumerate(bounds(case)):
+    for j, (a, b) in enumerate(bounds(case, region_cuts(case))):
         ins = sorted({k for at, k in uses if a <= at < b and defined[k[0]] < a}, key=_order(defined))
         outs = sorted({k for at, k in uses if at >= b and a <= defined[k[0]] < b}, key=_order(defined))
         out.append(Region(a, b, j % 2 == 0, tuple(ins), tuple(outs)))
@@ -169,7 +170,7 @@ class _Forward:
 
             return run
 
-        segments = max(1, min(len(nodes), len(self.case.stages) + 2))
+        segments = max(1, min(len(nodes), len(region_cuts(self.case)) + 2))
         state = checkpoint_sequential([block(n) for n in nodes], segments, state, use_reentrant=False)
         env.update(state)
         return env

@@ -9,11 +9,12 @@ from hypothesis import strategies as st
 
 from harness.case.spec import Case
 from harness.generate import OPTIONAL_BLOCKS, Draw
+from harness.paths.checkpoint.data import Regions
 
 
 @st.composite
 def checkpoint_regions(draw, case: Case) -> Case:
-    """Cut ``case`` into segments for the checkpoint paths (``Case.stages``:
+    """Cut ``case`` into segments for the checkpoint paths (``Regions``:
     the even segments are recomputed, the odd ones run plainly, so one cut
     puts a tied weight inside and outside a region). Shrinks to no cut (the
     whole module one region). About one parameter in five is frozen, so some
@@ -23,7 +24,7 @@ def checkpoint_regions(draw, case: Case) -> Case:
     cuts = {free.pop(r % len(free)) for r in picks if free}
     frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
     params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
-    return replace(case, params=params, stages=tuple(sorted(cuts)))
+    return replace(case, params=params).with_data("checkpoint", Regions(tuple(sorted(cuts))) if cuts else None)
 
 
 REGIONS = Draw("checkpoint", (checkpoint_regions,), blocks=OPTIONAL_BLOCKS)

@@ -2,6 +2,7 @@
 group: the paths (``path``), what each rank runs (``rank``), the canaries
 and the torchrun repro script (``script``)."""
 
+from harness.paths.parallel.data import CASE_DATA
 from harness.paths.family import Family, lazy
 
 FAMILY = Family(
@@ -9,5 +10,6 @@ FAMILY = Family(
     paths=lazy("harness.paths.parallel.path:paths"),
     canaries=lazy("harness.paths.parallel.canaries:canaries"),
     scripts={"dataparallel": lazy("harness.paths.parallel.script:script")},
+    case_data=CASE_DATA,
     docs="docs/paths.md#data-parallel-ddp-and-fsdp2",
 )

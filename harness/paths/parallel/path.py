@@ -30,6 +30,7 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.parallel.data import switches
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
 from harness.paths.assemble import observation as assemble
@@ -83,7 +84,7 @@ class DataParallelPath(PooledPath):
                     f"(tolerance-mode cases run at any world size)")
         if self.kind == "ddp" and not any(p.requires_grad for p in case.params):
             return "every parameter is frozen: DDP refuses a module with nothing to reduce (documented ValueError)"
-        if self.kind == "ddp" and self.impl == STOCK and "find_unused" not in case.parallel:
+        if self.kind == "ddp" and self.impl == STOCK and "find_unused" not in switches(case).options:
             unused = _unreached(case)
             if unused:
                 return (f"parameter(s) {', '.join(unused)} get no grad: DDP requires find_unused_parameters=True "
@@ -111,7 +112,7 @@ class DataParallelPath(PooledPath):
         return obs
 
     def repro(self, case: Case) -> Repro:
-        if self.impl == STOCK and set(case.parallel) <= SCRIPTED and not case.schedule.optimizer:
+        if self.impl == STOCK and set(switches(case).options) <= SCRIPTED and not case.schedule.optimizer:
             return Repro(template="dataparallel", schedule=self.kind, world_size=self._world())
         return Repro(template="none", why=f"{self.name}: the script spells neither units, checkpointed blocks, "
                      f"optimizer steps nor a wrapper other than torch's: replay the corpus file with "

@@ -33,6 +33,7 @@ from harness.materialize.units import CaseModule
 from harness.case.spec import Case
 from harness.objects import load_object
 from harness.workers.collectives import CollectiveCounter
+from harness.paths.parallel.data import switches
 from harness.paths.rankfacts import encode, first_line as _first_line, layout_facts as _layout, shard_piece, share
 from harness.workers.host import Rank
 
@@ -176,11 +177,12 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
     """One case on this rank. It never raises: the parent judges a failure
     next to its peers' facts."""
     built = Built(case)
-    opts = frozenset(case.parallel)
+    data = switches(case)
+    opts = frozenset(data.options)
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     k = -1
     try:
-        module = CaseModule(built, built.params(), ctx.device, built.dtype, units="units" in opts,
+        module = CaseModule(built, built.params(), ctx.device, built.dtype, units=data.units if "units" in opts else (),
                             recompute="checkpoint" in opts)
         reduced: Counter[str] = Counter()
         fixes = load_impl(impl)

@@ -19,6 +19,7 @@ from harness.materialize.tensors import Built
 from harness.case.spec import Case
 from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
+from harness.paths.parallel.data import switches
 from harness.paths.parallel.path import SCRIPTED
 
 
@@ -30,7 +31,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     data = [
         f"TITLE = {str(title)!r}",
         f"KIND = {kind!r}",
-        f"OPTIONS = {sorted(set(case.parallel) & SCRIPTED)!r}",
+        f"OPTIONS = {sorted(set(switches(case).options) & SCRIPTED)!r}",
         *schedule_data(case, b),
     ]
     header = f'''#!/usr/bin/env python

@@ -3,24 +3,20 @@ cuts and a training step (``Contract.draws``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import strategies as st
 
 from harness.case.spec import Case
 from harness.generate import Draw, training_steps
-
+from harness.paths.parallel.data import OPTIONS, Switches
 
 @st.composite
 def data_parallel(draw, case: Case) -> Case:
-    """DDP / FSDP2 switches for one case (``Case.parallel``), each a draw that
+    """DDP / FSDP2 switches for one case (``Switches``), each a draw that
     shrinks to "off"; with ``units`` the node list is cut into FSDP2 units
-    (``Case.stages``), so a weight used in two units lives in the root, tied
+    (``Switches.units``), so a weight used in two units lives in the root, tied
     across them. Then, as for DTensor, maybe a training step."""
-    from harness.case.vocab import PARALLEL_OPTIONS
-
-    on = draw(st.lists(st.booleans(), min_size=len(PARALLEL_OPTIONS), max_size=len(PARALLEL_OPTIONS)))
-    opts = [o for o, b in zip(PARALLEL_OPTIONS, on) if b]
+    on = draw(st.lists(st.booleans(), min_size=len(OPTIONS), max_size=len(OPTIONS)))
+    opts = [o for o, b in zip(OPTIONS, on) if b]
     stages: tuple[int, ...] = ()
     free = list(range(1, len(case.nodes)))
     if "units" in opts and not free:
@@ -32,8 +28,7 @@ def data_parallel(draw, case: Case) -> Case:
             opts.remove("units")
     if "checkpoint" in opts and "units" not in opts:
         opts.remove("checkpoint")  # recomputation is per block
-    case = replace(case, parallel=tuple(opts), stages=stages)
+    case = case.with_data("parallel", Switches(tuple(opts), stages) if opts else None)
     return draw(training_steps(case))
-
 
 SWITCHES = Draw("parallel", (data_parallel,))

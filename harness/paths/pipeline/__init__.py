@@ -2,6 +2,7 @@
 schedules: the path (``path``), what each rank runs (``rank``), the
 canaries and the repro script (``script``)."""
 
+from harness.paths.pipeline.data import CASE_DATA
 from harness.paths.family import Family, lazy
 
 FAMILY = Family(
@@ -9,5 +10,6 @@ FAMILY = Family(
     paths=lazy("harness.paths.pipeline.path:paths"),
     canaries=lazy("harness.paths.pipeline.canaries:canaries"),
     scripts={"pipeline": lazy("harness.paths.pipeline.script:script")},
+    case_data=CASE_DATA,
     docs="docs/paths.md#pipeline",
 )

@@ -3,7 +3,7 @@
 The split functions are half of what a pipeline-parallel user runs; the
 stage and its schedule decide what is detached, which buffers are reused,
 which hooks fire and when input and weight grads are computed. So the case
-is cut into stages (``Case.stages``, ``harness.materialize.stages``), each an
+is cut into stages (the family's ``Stages``, ``harness.materialize.stages``), each an
 ``nn.Module`` owning copies of its parameters, and every schedule the
 installed torch exports runs it through ``schedule.step()``, one call per
 step of the case (``harness.paths.pipeline.rank`` has what a rank does).
@@ -19,7 +19,7 @@ the split functions' or the stage's, and on both the schedule's.
 Which layouts a schedule takes (how many stages, how many microbatches,
 which rank holds which stage) is found by constructing it on the ranks
 (``pipeline_rank.probe``), not from a table; fuzzing draws only those
-(``PipelinePath.layouts``, drawn by ``strategy.stage_cuts``), and a case outside them is skipped.
+(``PipelinePath.layouts``, drawn by ``strategy.layout_draw``), and a case outside them is skipped.
 One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``,
 per stage class, on a group of one rank with the backend the cases of that
 world size run on), finds a runtime that sends between a rank's own stages
@@ -47,7 +47,8 @@ import torch
 
 from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.pipeline.strategy import stage_cuts
+from harness.paths.pipeline.data import stage_cuts
+from harness.paths.pipeline.strategy import layout_draw
 from harness.case.spec import Case
 
 FIXED = "oracles.pipeline_fixed:FixedPipelineStage"
@@ -122,7 +123,7 @@ class PipelinePath:
     @property
     def contract(self) -> Contract:  # type: ignore[override]
         layouts = self.layouts
-        return Contract(retained_grads=False, draws=(stage_cuts(layouts),) if layouts else (), model_parts=True,
+        return Contract(retained_grads=False, draws=(layout_draw(layouts),) if layouts else (), model_parts=True,
                         random_ops=False)
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
@@ -204,7 +205,7 @@ class PipelinePath:
             return ("dropout: the schedule runs the microbatches' forwards in its own order on its own RNG stream, "
                     "so masks cannot match the case's (no RNG replay across stages in torch.distributed.pipelining)")
         layouts = self.layouts
-        have = (len(case.stages) + 1, s.microbatches)
+        have = (len(stage_cuts(case)) + 1, s.microbatches)
         if have not in layouts:
             return self._unrunnable().get(have) or (f"{self.schedule} on {self.world_size} rank(s) takes (stages, "
                                                     f"microbatches) in {list(layouts)}, not {have}")
@@ -215,14 +216,14 @@ class PipelinePath:
 
     def run(self, case: Case) -> Observation:
         info = probe(self.world_size)
-        where = info["placement"][self.schedule][len(case.stages) + 1]
+        where = info["placement"][self.schedule][len(stage_cuts(case)) + 1]
         outcome = _group(self.world_size).request(
             {"op": "call", "module": "harness.paths.pipeline.rank", "case": case.dumps(), "schedule": self.schedule,
              "impl": self.impl, "placement": list(where), "wait": max(1.0, min(3.0, self.timeout / 3))}, self.timeout)
         return observation(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        stages = len(case.stages) + 1
+        stages = len(stage_cuts(case)) + 1
         try:
             placement = tuple(probe(self.world_size)["placement"][self.schedule][stages])
         except Exception:  # no pool here: the looped placement, which most schedules use

@@ -35,6 +35,7 @@ from harness.materialize.tensors import Built
 from harness.observation import snap
 from harness.case.spec import Case
 from harness.materialize.stages import StageModule, StageSpec, cut
+from harness.paths.pipeline.data import stage_cuts
 
 STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
@@ -288,7 +289,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
     sched = case.schedule
     M = sched.microbatches
     out: dict[str, Any] = {"rank": rank, "steps": [], "failure": None, "mutations": []}
-    specs = cut(case)
+    specs = cut(case, stage_cuts(case))
     mine = [s for s in specs if placement[s.index] == rank]
     first = any(s.index == 0 for s in mine)
     last = any(s.index == len(specs) - 1 for s in mine)

@@ -20,6 +20,7 @@ from harness.materialize.source import checked, factor_literal, forward_source, 
 from harness.paths.base import Repro
 from harness.case.spec import Case, Use
 from harness.materialize.stages import StageSpec, cut
+from harness.paths.pipeline.data import stage_cuts
 
 
 def _attr(name: str) -> str:
@@ -70,7 +71,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     case = checked(case)
     b = Built(case)
     sched = case.schedule
-    specs = cut(case)
+    specs = cut(case, stage_cuts(case))
     helpers = function_helpers(case)
     if impl == "stock":
         stage_import = "from torch.distributed.pipelining import PipelineStage as Stage  # torch as installed"

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from harness.case.spec import Case
 from harness.generate import Draw
+from harness.paths.pipeline.data import Stages
 
 
 @st.composite
@@ -27,10 +28,10 @@ def pipeline_stages(draw, case: Case, layouts: tuple[tuple[int, int], ...]) -> C
     cuts = [free.pop(r % len(free)) for r in picks[:len(free)]]
     frozen = draw(st.lists(st.integers(0, 4), min_size=len(case.params), max_size=len(case.params)))
     params = tuple(replace(p, requires_grad=False) if f == 4 else p for p, f in zip(case.params, frozen))
-    return replace(case, params=params, stages=tuple(sorted(cuts)),
-                   schedule=replace(case.schedule, microbatches=microbatches))
+    case = replace(case, params=params, schedule=replace(case.schedule, microbatches=microbatches))
+    return case.with_data("pipeline", Stages(tuple(sorted(cuts))) if cuts else None)
 
 
-def stage_cuts(layouts: tuple[tuple[int, int], ...]) -> Draw:
+def layout_draw(layouts: tuple[tuple[int, int], ...]) -> Draw:
     """The draw of a path that runs these (stages, microbatches) layouts."""
     return Draw("pipeline", (pipeline_stages,), (layouts,))

@@ -1,0 +1,51 @@
+"""The data-parallel family's part of a case: the DDP and FSDP2 switches a
+user sets, and where FSDP2 units are cut."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.case import schema as sc
+from harness.case.namespace import DataNamespace, check_cuts, cuts
+from harness.case.spec import Case
+
+# Each option is one switch a DDP or FSDP2 user sets, so a case shrinks by dropping them.
+OPTIONS = (
+    "no_sync",          # accumulate without synchronising all but each step's last microbatch
+    "bucket_view",      # DDP gradient_as_bucket_view=True
+    "static_graph",     # DDP static_graph=True
+    "find_unused",      # DDP find_unused_parameters=True
+    "small_buckets",    # DDP bucket_cap_mb tiny: one parameter per bucket, tied ones apart
+    "hook_allreduce",   # DDP comm hook: the built-in allreduce hook (counted)
+    "hook_builtin",     # DDP comm hook: the C++ built-in ALLREDUCE
+    "keep_unsharded",   # FSDP2 reshard_after_forward=False
+    "reshard_int",      # FSDP2 reshard_after_forward=1 (an int: reshard to a smaller world)
+    "no_reshard_after_backward",  # FSDP2 set_reshard_after_backward(False) inside no_sync windows
+    "units",            # a block per span between ``units`` cuts (FSDP2: a unit each, besides the root)
+    "checkpoint",       # each block recomputed in backward (non-reentrant torch.utils.checkpoint); needs units
+)
+
+
+@dataclass(frozen=True)
+class Switches:
+    options: tuple[str, ...] = ()
+    units: tuple[int, ...] = ()  # cut positions in ``case.nodes``, with the ``units`` option
+
+
+def switches(case: Case) -> Switches:
+    return case.data("parallel") or Switches()
+
+
+def _options(v: Any, where: str) -> tuple[str, ...]:
+    return tuple(sc.string(x, f"{where}[{i}]", choices=OPTIONS) for i, x in enumerate(sc.array(v, where, len(OPTIONS))))
+
+
+def _from_legacy(top: dict[str, Any]) -> Switches | None:
+    opts = _options(list(top["parallel"]), "parallel")
+    return Switches(opts, top["stages"] if "units" in opts else ()) if opts else None
+
+
+CASE_DATA = DataNamespace("parallel", Switches, {"options": _options, "units": cuts(3)},
+                          check=lambda case, v, where: check_cuts(case, v.units, f"{where}.units"),
+                          from_legacy=_from_legacy)
