@@ -259,12 +259,16 @@ class WorkerPool:
                     os.kill(pid, signal.SIGUSR1)  # faulthandler writes its stacks to the log
                 except ProcessLookupError:
                     pass
-        time.sleep(0.3)
+        # A loaded machine takes a while to schedule a rank's signal handler:
+        # wait for every stack (up to 3 s) rather than a fixed pause.
+        deadline = time.monotonic() + 3.0
+        while True:
+            time.sleep(0.1)
+            stacks = {r: _innermost_frames(self._log_tail(r, 6000)) for r in ranks}
+            if all(stacks.values()) or time.monotonic() > deadline:
+                break
         parts = [f"rank(s) {', '.join(map(str, ranks))} did not finish within {timeout:g}s"]
-        for r in ranks:
-            stack = _innermost_frames(self._log_tail(r, 6000))
-            if stack:
-                parts.append(f"rank {r} was at:\n{stack}")
+        parts += [f"rank {r} was at:\n{stack}" for r, stack in stacks.items() if stack]
         return "\n".join(parts)
 
     def close(self) -> None:
