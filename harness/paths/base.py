@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 from harness.generate import Draw
@@ -109,25 +109,18 @@ class Repro:
       body of ``backward(outs, cots, inputs, params)``), and ``forward``:
       source defining ``DEVICE`` and ``machinery_forward(v)`` for paths that
       wrap the module too ("" = the plain forward on the CPU);
-    - ``pipeline``: stages and a schedule on ``world_size`` ranks
-      (``schedule``, ``stage_impl``, ``placement``: the rank of each stage);
-    - ``torchrun``: DTensor parameters on ``world_size`` ranks with the
-      grad-layout handling ``impl``;
-    - ``dataparallel``: the module under DDP or FSDP2 (``schedule``: "ddp" or
-      "fsdp2") on ``world_size`` ranks, run with torchrun;
     - ``none``: no standalone script; ``why`` says so and the script replays
-      the corpus file with gradfuzz instead.
+      the corpus file with gradfuzz instead;
+    - any other: a family's own script (``Family.scripts``: pipeline stages,
+      ranks under torchrun), whose writer reads ``family``, the family's
+      own description of its machinery (schedule, ranks, implementation).
     """
 
     template: str = "schedule"
     imports: str = ""
     backward: str = ""
     forward: str = ""
-    schedule: str = ""
-    stage_impl: str = ""
-    placement: tuple[int, ...] = ()
-    impl: str = ""
-    world_size: int = 1
+    family: Any = None
     why: str = ""
 
 

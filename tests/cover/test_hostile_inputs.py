@@ -20,6 +20,8 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from harness.paths.dtensor.data import Machinery as DTensorMachinery
+from harness.paths.pipeline.data import Machinery as PipelineMachinery
 from harness.case import schema
 from harness.case.spec import Case, SpecError
 from harness.gate import ledger
@@ -265,7 +267,7 @@ def test_script_from_a_hostile_case_is_refused():
 
 def test_dtensor_script_from_hostile_title_has_only_the_template():
     case = corpus.load(CASE_FILE).case
-    machinery = Repro(template="torchrun", world_size=2)
+    machinery = Repro(template="torchrun", family=DTensorMachinery("stock", 2))
     plain = repro.script(case, "dtensor.stock", machinery, title="plain")
     hostile = repro.script(case, HOSTILE_TEXT[0], machinery, title=HOSTILE_TEXT[0])
     assert _skeleton(hostile) == _skeleton(plain)
@@ -273,7 +275,7 @@ def test_dtensor_script_from_hostile_title_has_only_the_template():
 
 def test_pipeline_script_from_hostile_title_has_only_the_template():
     case = corpus.load(CASE_FILE).case
-    machinery = Repro(template="pipeline", schedule="GPipe", stage_impl="stock", placement=(0,), world_size=1)
+    machinery = Repro(template="pipeline", family=PipelineMachinery("GPipe", "stock", (0,), 1))
     plain = repro.script(case, "pipeline.GPipe.stock", machinery, title="plain")
     hostile = repro.script(case, HOSTILE_TEXT[0], machinery, title=HOSTILE_TEXT[0])
     assert _skeleton(hostile) == _skeleton(plain)

@@ -42,6 +42,7 @@ from harness.observation import Observation
 from harness.generate import PLACEMENTS
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.assemble import observation
+from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
 from harness.case.spec import Case
 from harness.generate import tp_eligible
@@ -142,7 +143,7 @@ class DTensorPath(PooledPath):
     def repro(self, case: Case) -> Repro:
         s = case.schedule
         if s.grad_init == "none" and not s.clip and not s.optimizer:
-            return Repro(template="torchrun", impl=self.impl, world_size=self.world_size)
+            return Repro(template="torchrun", family=Machinery(self.impl, self.world_size))
         return Repro(template="none", why=f"{self.name}: the torchrun script starts .grad as None and takes no "
                      f"clip or optimizer step: replay the corpus file with `gradfuzz repro FILE --paths {self.name}` "
                      f"(it starts the ranks itself)")

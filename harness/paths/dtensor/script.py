@@ -25,7 +25,8 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     b = Built(case)
     sched = case.schedule
     local = all(p.placement in ("", "partial") for p in case.params)
-    impl_import = "" if machinery.impl in ("", "stock") else Ref.parse(machinery.impl).import_line("layout_impl")
+    impl, world_size = machinery.family.impl, machinery.family.world_size
+    impl_import = "" if impl in ("", "stock") else Ref.parse(impl).import_line("layout_impl")
     data = [
         f"TITLE = {str(title)!r}",
         "PLACEMENT = " + repr({p.name: p.placement for p in case.params}),
@@ -36,10 +37,10 @@ def script(case: Case, machinery: Repro, title: str) -> str:
 """gradfuzz repro: see TITLE below.
 
 Expected: eager autograd in float64, summed out of place. Actual: DTensor
-parameters on {machinery.world_size} rank(s), grad-layout handling {machinery.impl or 'stock'!r}, in {case.dtype}.
+parameters on {world_size} rank(s), grad-layout handling {impl or 'stock'!r}, in {case.dtype}.
 Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), .grad starts as None,
 zero_grad between steps: {sched.zero_grad!r}.
-Run:  torchrun --nproc-per-node {machinery.world_size} THIS_FILE   (gloo on CPU; nccl with a GPU per rank)
+Run:  torchrun --nproc-per-node {world_size} THIS_FILE   (gloo on CPU; nccl with a GPU per rank)
 Exit status 1 on rank 0 when they differ.
 """
 import os

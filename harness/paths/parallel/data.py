@@ -49,3 +49,11 @@ def _from_legacy(top: dict[str, Any]) -> Switches | None:
 CASE_DATA = DataNamespace("parallel", Switches, {"options": _options, "units": cuts(3)},
                           check=lambda case, v, where: check_cuts(case, v.units, f"{where}.units"),
                           from_legacy=_from_legacy)
+
+
+@dataclass(frozen=True)
+class Machinery:
+    """What the torchrun script needs of a path (``Repro.family``): "ddp" or "fsdp2", on how many ranks."""
+
+    kind: str
+    world_size: int

@@ -30,7 +30,7 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.parallel.data import switches
+from harness.paths.parallel.data import Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
 from harness.paths.assemble import observation as assemble
@@ -113,7 +113,7 @@ class DataParallelPath(PooledPath):
 
     def repro(self, case: Case) -> Repro:
         if self.impl == STOCK and set(switches(case).options) <= SCRIPTED and not case.schedule.optimizer:
-            return Repro(template="dataparallel", schedule=self.kind, world_size=self._world())
+            return Repro(template="dataparallel", family=Machinery(self.kind, self._world()))
         return Repro(template="none", why=f"{self.name}: the script spells neither units, checkpointed blocks, "
                      f"optimizer steps nor a wrapper other than torch's: replay the corpus file with "
                      f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")

@@ -27,7 +27,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     case = checked(case)
     b = Built(case)
     sched = case.schedule
-    kind = machinery.schedule  # "ddp" or "fsdp2"
+    kind, world_size = machinery.family.kind, machinery.family.world_size  # "ddp" or "fsdp2"
     data = [
         f"TITLE = {str(title)!r}",
         f"KIND = {kind!r}",
@@ -38,10 +38,10 @@ def script(case: Case, machinery: Repro, title: str) -> str:
 """gradfuzz repro: see TITLE below.
 
 Expected: eager autograd in float64. Actual: the module under {'DistributedDataParallel' if kind == 'ddp' else 'fully_shard'}
-on {machinery.world_size} rank(s), in {case.dtype}, switches in OPTIONS.
+on {world_size} rank(s), in {case.dtype}, switches in OPTIONS.
 Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), .grad starts {sched.grad_init!r},
 zero_grad between steps: {sched.zero_grad!r}; grads compared after each window's last backward.
-Run:  torchrun --nproc-per-node {machinery.world_size} THIS_FILE   (gloo on CPU; nccl with a GPU per rank)
+Run:  torchrun --nproc-per-node {world_size} THIS_FILE   (gloo on CPU; nccl with a GPU per rank)
 Exit status 1 on rank 0 when they differ.
 """
 import contextlib

@@ -28,3 +28,14 @@ def _from_legacy(top: dict[str, Any]) -> Stages | None:
 CASE_DATA = DataNamespace("pipeline", Stages, {"cuts": cuts(3)},
                           check=lambda case, v, where: check_cuts(case, v.cuts, f"{where}.cuts"),
                           from_legacy=_from_legacy)
+
+
+@dataclass(frozen=True)
+class Machinery:
+    """What the pipeline script needs of a path: its schedule, stage class,
+    the rank of each stage and the world size (``Repro.family``)."""
+
+    schedule: str
+    stage_impl: str
+    placement: tuple[int, ...]
+    world_size: int = 1

@@ -47,7 +47,7 @@ import torch
 
 from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.pipeline.data import stage_cuts
+from harness.paths.pipeline.data import Machinery, stage_cuts
 from harness.paths.pipeline.strategy import layout_draw
 from harness.case.spec import Case
 
@@ -228,8 +228,7 @@ class PipelinePath:
             placement = tuple(probe(self.world_size)["placement"][self.schedule][stages])
         except Exception:  # no pool here: the looped placement, which most schedules use
             placement = tuple(i % self.world_size for i in range(stages))
-        return Repro(template="pipeline", schedule=self.schedule, stage_impl=self.impl, placement=placement,
-                     world_size=self.world_size)
+        return Repro(template="pipeline", family=Machinery(self.schedule, self.impl, placement, self.world_size))
 
     def close(self) -> None:
         from harness.workers import pool

@@ -66,8 +66,9 @@ def stage_source(case: Case, spec: StageSpec) -> str:
 
 
 def script(case: Case, machinery: Repro, title: str) -> str:
-    schedule, impl, world_size = machinery.schedule, machinery.stage_impl, machinery.world_size
-    placement = list(machinery.placement)
+    m = machinery.family
+    schedule, impl, world_size = m.schedule, m.stage_impl, m.world_size
+    placement = list(m.placement)
     case = checked(case)
     b = Built(case)
     sched = case.schedule
