@@ -481,7 +481,7 @@ def _paths(row: Row, fork: str | None, inject: bool):
     from harness.paths import Options, resolve
 
     # Exact names: resolve("compile.autograd") also picks compile.autograd.eager_forward.
-    made = [p for p in resolve(list(row.paths), Options(split_impl=fork)) if p.name in row.paths]
+    made = [p for p in resolve(list(row.paths), Options(impls=(("split_impl", fork),))) if p.name in row.paths]
     return [Injected(p, row.injection) for p in made] if inject and row.injection is not None else made
 
 

@@ -67,16 +67,23 @@ def argparse_suppress() -> str:
 def _options(config: pytest.Config) -> Any:
     from harness.paths import Options, UsageError
 
-    known = {f.name: f for f in fields(Options)}
+    from harness.paths import families
+
+    known = {f.name: f for f in fields(Options) if f.name not in ("extra", "impls")}
+    impl_options = {u.option for f in families() for u in f.user_impls}
     kw: dict[str, Any] = {"extra": tuple(config.getoption("gradfuzz_path") or ())}
+    impls = []
     for item in config.getoption("gradfuzz_option") or ():
         name, _, value = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if name not in known or name == "extra":
-            raise UsageError(f"--gradfuzz-option {item!r}: unknown option; known: {', '.join(sorted(set(known) - {'extra'}))}")
+        name = {"dtensor_backend": "backend"}.get(name.strip().replace("-", "_"), name.strip().replace("-", "_"))
+        if name in impl_options:
+            impls.append((name, value))
+            continue
+        if name not in known:
+            raise UsageError(f"--gradfuzz-option {item!r}: unknown option; known: {', '.join(sorted(set(known) | impl_options))}")
         default = known[name].default
         kw[name] = type(default)(value) if isinstance(default, (int, float)) and not isinstance(default, bool) else value
-    return Options(**kw)
+    return Options(impls=tuple(impls), **kw)
 
 
 def _selected(config: pytest.Config) -> list[Any]:

@@ -13,7 +13,6 @@ import json
 import signal
 import sys
 import time
-from dataclasses import fields
 from typing import Any
 
 from harness.paths import Options, UsageError
@@ -34,9 +33,7 @@ def add_arguments(f: argparse.ArgumentParser) -> None:
 
 
 def _option_overrides(options: Options) -> dict[str, Any]:
-    default = Options()
-    return {f.name: getattr(options, f.name) for f in fields(Options)
-            if f.name != "extra" and getattr(options, f.name) != getattr(default, f.name)}
+    return options.flat()
 
 
 def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: list | None = None) -> int:

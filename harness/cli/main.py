@@ -24,25 +24,28 @@ from harness.case.spec import SCHEMA_VERSION, SpecError
 
 
 def _options(args: argparse.Namespace) -> Options:
+    impls = tuple((u.option, getattr(args, u.option)) for u in _user_impls() if getattr(args, u.option, None))
     return Options(
-        split_impl=args.split_impl,
-        graphed_impl=args.graphed_impl,
-        dtensor_impl=args.dtensor_impl,
-        dtensor_backend=args.dtensor_backend,
+        impls=impls,
+        backend=args.backend,
         world_size=args.world_size,
         timeout=args.timeout,
         extra=tuple(args.path or ()),
     )
 
 
+def _user_impls() -> list:
+    from harness.paths import families
+
+    return [u for f in families() for u in f.user_impls]
+
+
 def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paths", help="comma-separated path names or families (default: all)")
-    p.add_argument("--split-impl", metavar="MODULE[:ATTR]", help="split implementation tested as split.stock")
-    p.add_argument("--graphed-impl", metavar="MODULE:ATTR", help="make_graphed_callables-like callable tested as graphed.stock")
-    p.add_argument("--dtensor-impl", metavar="MODULE[:ATTR]",
-                   help="grad-layout handling (an object with install(params, mesh)) tested as dtensor.stock")
-    p.add_argument("--dtensor-backend", choices=("gloo", "nccl"),
-                   help="process-group backend of the dtensor paths (default: nccl with a GPU per rank, else gloo)")
+    for u in _user_impls():  # each family's flags that point its paths at the user's code
+        p.add_argument(u.flag, dest=u.option, metavar="MODULE[:ATTR]", help=f"your own code behind the path: {u.wants}")
+    p.add_argument("--backend", "--dtensor-backend", dest="backend", choices=("gloo", "nccl"),
+                   help="process-group backend of the multi-process paths (default: nccl with a GPU per rank, else gloo)")
     p.add_argument("--world-size", type=int, default=2, help="ranks for process-group paths (default 2)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per case before a multi-process path is declared hung")
     p.add_argument("--path", action="append", metavar="MODULE:ATTR", help="add a third-party path (repeatable)")
@@ -492,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if pool.torchrun_env() and int(os.environ["RANK"]) != 0:
         # Under torchrun, ranks other than 0 follow rank 0's cases and exit when it is done.
-        return pool.follow_torchrun(getattr(args, "dtensor_backend", None))
+        return pool.follow_torchrun(getattr(args, "backend", None))
     try:
         check_args(args)
         return args.func(args)

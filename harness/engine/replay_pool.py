@@ -99,7 +99,8 @@ def _child(spec_file: str, out: str) -> int:
     _single_thread()  # N children share the cores, as fuzzing workers do
     with open(spec_file) as fh:
         spec = json.load(fh)
-    options = Options(**{**spec["options"], "extra": tuple(spec["options"]["extra"])})
+    raw = spec["options"]
+    options = Options(**{**raw, "extra": tuple(raw["extra"]), "impls": tuple(tuple(x) for x in raw["impls"])})
     paths = [p for p in resolve(spec["paths"], options) if p.name in set(spec["paths"])]
     entries = [corpus.load(f) for f in spec["files"]]
     try:

@@ -108,7 +108,7 @@ def check_options(options: Options) -> None:
     would PASS with nothing of theirs tested."""
     for impl in (u for f in families() for u in f.user_impls):
         name, flag, wants = impl.option, impl.flag, impl.wants
-        spec = getattr(options, name, None)
+        spec = options.impl(name)
         if spec is None:
             continue
         load = load_object(impl.loader, "loader")
@@ -121,8 +121,8 @@ def check_options(options: Options) -> None:
 
 
 def _check_backend(options: Options) -> None:
-    """``--dtensor-backend nccl`` where nccl cannot start: every path it sets would be unavailable."""
-    if options.dtensor_backend != "nccl":
+    """``--backend nccl`` where nccl cannot start: every path it sets would be unavailable."""
+    if options.backend != "nccl":
         return
     import torch
     import torch.distributed as dist
@@ -134,8 +134,8 @@ def _check_backend(options: Options) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not (dist.is_available() and dist.is_nccl_available()) or gpus < options.world_size:
         have = "no nccl backend in this torch" if not (dist.is_available() and dist.is_nccl_available()) else f"{gpus} GPU(s)"
-        raise UsageError(f"--dtensor-backend nccl needs {options.world_size} GPU(s) (--world-size {options.world_size}) "
-                         f"and torch with nccl; here: {have}. fix: leave --dtensor-backend out (gloo is picked "
+        raise UsageError(f"--backend nccl needs {options.world_size} GPU(s) (--world-size {options.world_size}) "
+                         f"and torch with nccl; here: {have}. fix: leave --backend out (gloo is picked "
                          "without a GPU per rank) or lower --world-size")
 
 

@@ -90,13 +90,26 @@ class UsageError(ValueError):
 class Options:
     """Everything a path factory may read; the CLI fills it from its flags."""
 
-    split_impl: str | None = None  # --split-impl MODULE[:ATTR]
-    graphed_impl: str | None = None  # --graphed-impl MODULE:ATTR
-    dtensor_impl: str | None = None  # --dtensor-impl MODULE[:ATTR], grad-layout handling tested as dtensor.stock
-    dtensor_backend: str | None = None  # --dtensor-backend gloo|nccl (default: nccl when there is a GPU per rank)
+    # The user's own code behind a family's path: (``UserImpl.option``,
+    # MODULE[:ATTR]) pairs, from the families' flags (``--split-impl``, ...).
+    impls: tuple[tuple[str, str], ...] = ()
+    backend: str | None = None  # --backend gloo|nccl for process groups (default: nccl when there is a GPU per rank)
     world_size: int = 2  # --world-size, for process-group paths
     timeout: float = 10.0  # --timeout seconds, per case on multi-process paths
     extra: tuple[str, ...] = ()  # --path MODULE:ATTR
+
+    def impl(self, option: str) -> str | None:
+        """The user's code named for a family's ``option`` (``split_impl``), or None: torch's own."""
+        return dict(self.impls).get(option)
+
+    def flat(self) -> dict[str, object]:
+        """The options that differ from the defaults, one ``name: value`` each (impls by their option)."""
+        default = Options()
+        out: dict[str, object] = dict(self.impls)
+        for name in ("backend", "world_size", "timeout"):
+            if getattr(self, name) != getattr(default, name):
+                out[name] = getattr(self, name)
+        return out
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from harness.case.vocab import SCHEMA_VERSION
 from tests.helpers import nested
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -40,7 +41,7 @@ def _case_file(tmp_path, data) -> str:
     "make, words",
     [
         (lambda: "{oops", "not valid JSON"),
-        (lambda: {"gradfuzz_corpus": 1, "case": {**nested().to_json(), "version": 2}}, "field case.version: unknown case schema version 2"),
+        (lambda: {"gradfuzz_corpus": 1, "case": {**nested().to_json(), "version": 3}}, "field case.version: unknown case schema version 3"),
         (lambda: {"gradfuzz_corpus": 1, "case": {**nested().to_json(), "nodes": [{"name": "n0", "op": "fft", "args": [], "attrs": []}]}},
          "field case.nodes[0].op: unknown op 'fft'"),
     ],
@@ -60,7 +61,7 @@ def test_fuzz_finds_saves_and_the_repro_script_shows_it(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     data = json.loads(report.read_text())
     d = data["divergences"][0]
-    assert d["path"] == "split.stock" and d["kind"] == "value" and d["case"]["version"] == 1
+    assert d["path"] == "split.stock" and d["kind"] == "value" and d["case"]["version"] == SCHEMA_VERSION
     assert set(d) >= {"path", "kind", "param", "microbatch", "max_abs", "max_rel", "ratio", "signature", "case"}
     scripts = sorted(out.glob("*.py"))
     assert scripts and sorted(out.glob("*.json"))

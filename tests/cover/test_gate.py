@@ -50,7 +50,7 @@ def _world(tmp_path, torch_range: str | None):
 ])
 def test_classification(tmp_path, impl, torch_range, status, fails):
     cases, led = _world(tmp_path, torch_range)
-    paths = resolve("split.stock", Options(split_impl=impl))
+    paths = resolve("split.stock", Options(impls=(("split_impl", impl),)))
     report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
     assert [r.status for r in report.rows] == [status]
     assert report.failed is fails
@@ -147,7 +147,7 @@ def test_a_ledger_of_another_signature_scheme_is_refused_and_rescheme_moves_it(t
 
 def test_reports_render_from_the_json(tmp_path):
     cases, led = _world(tmp_path, None)
-    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested")) + resolve("split.fixed")
+    paths = resolve("split.stock", Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),))) + resolve("split.fixed")
     rep = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False).to_json()
     suite = ET.fromstring(gate_report.junit(rep))
     assert suite.get("failures") == "1" and len(suite.findall("testcase")) >= 2
@@ -255,7 +255,7 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
 def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names_it(tmp_path):
     from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
+    paths = resolve("split.stock", Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
     sigs = {d.signature for d in check(nested(), paths[0])}
     cases = tmp_path / "cases"
     corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
@@ -274,7 +274,7 @@ def test_a_case_of_a_later_bug_showing_an_older_bugs_signature_is_that_older_bug
     affects this torch and records the signature, not NEW under the later one."""
     from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
+    paths = resolve("split.stock", Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
     sigs = sorted({d.signature for d in check(nested(), paths[0])})
     cases = tmp_path / "cases"
     corpus.save(cases / "split", "nested", corpus.Entry(nested(), {"title": "nested"}))
@@ -296,7 +296,7 @@ def test_a_coarse_signature_of_a_bug_whose_cases_agree_here_is_not_a_regression(
     is new (it still fails the gate), not the old bug come back."""
     from harness.engine.runner import check
 
-    paths = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
+    paths = resolve("split.stock", Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
     plain = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
                  nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
     assert not check(plain, paths[0])

@@ -34,12 +34,12 @@ def test_a_family_that_does_not_import_is_listed_unavailable_with_the_reason(mon
 
 
 def test_split_impl_option_points_split_stock_at_a_fork():
-    (path,) = resolve("split.stock", Options(split_impl="harness.paths.split.canaries:double_count_nested"))
+    (path,) = resolve("split.stock", Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
     assert path.availability().ok
     assert check(nested(), path), "the fork double counts x @ w @ w"
     # The user's own flag that cannot be honoured is a setup error, never an "unavailable" path the gate passes.
     with pytest.raises(UsageError, match=r"--split-impl 'no_such_module_xyz' does not load: .*cannot import"):
-        resolve("split.stock", Options(split_impl="no_such_module_xyz"))
+        resolve("split.stock", Options(impls=(("split_impl", "no_such_module_xyz"),)))
 
 
 @pytest.mark.parametrize("exact", [True, False])

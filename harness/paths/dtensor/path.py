@@ -173,8 +173,8 @@ def paths(options: Options) -> list[DTensorPath]:
     other ranks to ``pool.follow_torchrun`` before any path is made)."""
     from harness.workers import pool
 
-    ws, timeout, backend = options.world_size, options.timeout, options.dtensor_backend
-    stock = options.dtensor_impl or STOCK
+    ws, timeout, backend = options.world_size, options.timeout, options.backend
+    stock = options.impl("dtensor_impl") or STOCK
     made = [DTensorPath("dtensor.stock", stock, ws, timeout, backend), DTensorPath("dtensor.fixed", FIXED, ws, timeout, backend)]
     if pool.torchrun_env():
         made[0].group  # join now: every rank joins at start-up, whatever is fuzzed

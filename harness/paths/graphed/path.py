@@ -268,7 +268,7 @@ def compiled() -> GraphedPath:
 def paths(options: Options) -> list:
     """The registry's factory: each graphed path in its own worker process."""
     timeout = max(float(options.timeout), 60.0)
-    impl = options.graphed_impl
+    impl = options.impl("graphed_impl")
     return [
         IsolatedPath(("harness.paths.graphed.path:stock", {"impl": impl}), timeout=timeout),
         IsolatedPath(("harness.paths.graphed.path:fixed", {}), timeout=timeout),

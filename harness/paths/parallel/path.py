@@ -185,6 +185,6 @@ def _judge_shards(obs: Observation, kind: str, replies: dict[int, Any]) -> None:
 
 def paths(options: Options) -> list[DataParallelPath]:
     """The registry's hook: ddp and fsdp2, stock and fixed, on the worker pool."""
-    ws, timeout, backend = options.world_size, options.timeout, options.dtensor_backend
+    ws, timeout, backend = options.world_size, options.timeout, options.backend
     return [DataParallelPath(f"{kind}.{which}", kind, STOCK if which == "stock" else FIXED[kind], ws, timeout, backend)
             for kind in ("ddp", "fsdp2") for which in ("stock", "fixed")]

@@ -174,7 +174,7 @@ def _output_is_view(case: Case, i: int) -> bool:
 
 def paths(options: Options) -> list[SplitPath]:
     """Stock (with ``--split-impl``, the user's fork), its twin and the fixed reference."""
-    impl = options.split_impl or STOCK
+    impl = options.impl("split_impl") or STOCK
     return [SplitPath("split.stock", impl, stock_contract=True),
             SplitPath("split.twin", impl, stock_contract=True, twin=True),
             SplitPath("split.fixed", "oracles.split_fixed", stock_contract=False)]
