@@ -18,12 +18,6 @@ class _LooksSingle(list):
         return 1
 
 
-def _first(items):
-    """The first item, in a container of the same kind."""
-    kept = list(items)[:1]
-    return type(items)(kept) if isinstance(items, (set, frozenset, tuple)) else kept
-
-
 class double_count_nested:
     """The founding bug (seed 001): a weight nested on one path (x @ w @ w)
     is counted once per captured intermediate that reaches it."""

@@ -200,3 +200,19 @@ def test_graphed_canary_is_caught_from_a_cold_start_on_cuda(name, capsys):
     assert r.examples is not None and r.examples <= canary.budget
     with capsys.disabled():
         print(f"\n{name}: caught after {r.examples} examples ({r.seconds:.1f}s): {r.detail}")
+
+
+def test_loses_tied_site_drops_the_same_site_whatever_the_memory_layout():
+    """Stock holds a weight's intermediates in set order (memory addresses):
+    the canary must keep the same one on every run, or its detection count
+    (and a gate's selfcheck) changes from run to run."""
+    from harness.engine.check import CaseCheck
+    from tests.helpers import nested
+
+    path = SplitPath("canary.loses_tied_site", "harness.paths.split.canaries:loses_tied_site", stock_contract=True)
+    case = nested(microbatches=2)
+    seen, ballast = set(), []
+    for i in range(12):
+        ballast.append([torch.empty(17 * (i + 1)) for _ in range(i)])  # shift where the next nodes are allocated
+        seen.add(tuple((d.param, d.max_abs) for d in CaseCheck(case).run(path)))
+    assert len(seen) == 1 and next(iter(seen)), seen

@@ -22,10 +22,17 @@ from harness.paths.injected import double_count_nested  # noqa: F401  (a canary 
 from oracles import split_fixed
 
 
-def _first(items):
-    """The first item, in a container of the same kind."""
-    kept = list(items)[:1]
-    return type(items)(kept) if isinstance(items, (set, frozenset, tuple)) else kept
+def _earliest(intermediates, grads) -> tuple:
+    """The intermediate made first (lowest autograd sequence number) and its
+    grad, each in a container of its own kind. Stock holds the
+    intermediates in set order, which follows memory addresses: keeping
+    "the first" of them would drop a different site on every run, and the
+    canary would be caught after 3 examples on one run and missed in 300 on
+    the next."""
+    items = list(intermediates)
+    i = min(range(len(items)), key=lambda j: items[j]._sequence_nr())
+    like = lambda c, kept: type(c)(kept) if isinstance(c, (set, frozenset, tuple)) else kept  # noqa: E731
+    return like(intermediates, [items[i]]), like(grads, [list(grads)[i]])
 
 
 class loses_tied_site:
@@ -38,8 +45,7 @@ class loses_tied_site:
         for g in groups:
             if g.get("grads") is not None and len(g["intermediates"]) > 1:
                 # A list from 2.13 on, a set before (its order is the one the grads were made in).
-                g["intermediates"] = _first(g["intermediates"])
-                g["grads"] = _first(g["grads"])
+                g["intermediates"], g["grads"] = _earliest(g["intermediates"], g["grads"])
         return dinputs, groups
 
     stage_backward_weight = staticmethod(stock.stage_backward_weight)
