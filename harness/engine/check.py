@@ -54,6 +54,7 @@ class CaseCheck:
         self.profile = profile
         self._oracle = oracle
         self._tol = tol
+        self._bases: dict[str, bool] = {}
 
     @property
     def oracle(self) -> Observation:
@@ -90,13 +91,33 @@ class CaseCheck:
         divs = compare(self.case, oracle, obs, retained_grads=path.contract.retained_grads, tol=tol)
         if self.profile is not None:
             self.profile.compare += time.process_time() - t1
-        return divs
+        base = getattr(path.contract, "judged_against", "")
+        return [] if divs and base and self._base_diverges(base) else divs
+
+    def _base_diverges(self, name: str) -> bool:
+        """Does ``name``, the path another is built on, diverge on this case too? Once per case."""
+        if name not in self._bases:
+            base = _base_path(name)
+            self._bases[name] = base is not None and base.supports(self.case) is None and bool(self.run(base))
+        return self._bases[name]
 
     def each(self, paths: Iterable[Path]) -> Iterator[tuple[Path, str | None, list[Divergence]]]:
         """``(path, why not run or None, divergences)`` for each path in turn."""
         for p in paths:
             reason = p.supports(self.case)
             yield p, reason, ([] if reason is not None else self.run(p))
+
+
+_bases: dict[str, Path | None] = {}
+
+
+def _base_path(name: str) -> Path | None:
+    if name not in _bases:
+        from harness.paths import resolve
+
+        found = [p for p in resolve(name) if p.name == name]
+        _bases[name] = found[0] if found else None
+    return _bases[name]
 
 
 def check(case: Case, path: Path, oracle: Observation | None = None, tol: Tolerance | None = None,

@@ -69,6 +69,11 @@ class Contract:
     grad_layout: bool = True
     graph_freed: bool = False
     graph_freed_while_held: bool = True
+    # The path whose machinery this one is built on and whose bugs it has by
+    # construction (checkpoint paths accumulate through eager's AccumulateGrad):
+    # where that path diverges from the oracle too, a divergence is not held
+    # against this one. The engine runs it, with the case's own tolerance.
+    judged_against: str = ""
 
     def strategy_flags(self) -> tuple[tuple[str, object], ...]:
         """The generator keywords this contract asks for; paths with equal

@@ -167,3 +167,26 @@ def test_canary_is_in_the_selfcheck_set_against_the_fixed_path():
 
     canary = next(c for c in all_canaries() if c.name == "checkpoint_forgets_rng")
     assert canary.base == "checkpoint.fixed" and canary.make().name == "canary.checkpoint_forgets_rng"
+
+
+def test_where_plain_backward_already_diverges_the_difference_is_not_the_checkpoints():
+    """The contract never runs the oracle: the engine runs eager.accumulate
+    (``judged_against``) only when a checkpoint path diverges, with the case's
+    own tolerance, and drops the divergence when eager has it too."""
+    from harness.artifacts import corpus
+    from harness.engine.check import CaseCheck
+
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    case = corpus.load(os.path.join(root, "cases", "eager", "accumulategrad_stack_alias.json")).case
+    fixed = resolve("checkpoint.fixed")[0]
+    assert fixed.supports(case) is None and fixed.contract.judged_against == "eager.accumulate"
+    assert CaseCheck(case).run(resolve("eager.accumulate")[0]), "eager itself diverges on this case"
+    assert CaseCheck(case).run(fixed) == []
+
+    class Alone:  # the same path, judged on its own
+        name, contract = fixed.name, replace(fixed.contract, judged_against="")
+        supports, run, availability = fixed.supports, fixed.run, fixed.availability
+
+    assert CaseCheck(case).run(Alone()), "without the base, eager's bug shows through the checkpoint path"

@@ -76,6 +76,11 @@ class CheckpointContract(Contract):
     draws: tuple[Draw, ...] = (REGIONS,)
     lifetime_schedules: bool = True
     model_parts: bool = True
+    # Every checkpoint path accumulates through ``.backward()``: where plain
+    # ``.backward()`` already disagrees with the oracle (AccumulateGrad adopting
+    # a view as ``.grad``: ledger accumulategrad-steals-views) the difference
+    # is AccumulateGrad's, reported by eager.accumulate, not the recomputation's.
+    judged_against: str = "eager.accumulate"
 
 
 @dataclass(frozen=True)
@@ -297,7 +302,7 @@ class CheckpointPath:
             why = rule(case)
             if why:
                 return why
-        return _eager_differs(case)
+        return None
 
     def run(self, case: Case) -> Observation:
         return run_schedule(case, self.name, _backward, _Forward(case, self.wrap, self.sequential, self.ambient))
@@ -310,54 +315,6 @@ class CheckpointPath:
 
 
 # --- contracts ---------------------------------------------------------------------
-
-_eager_seen: dict[Case, str | None] = {}
-
-
-def _eager_differs(case: Case) -> str | None:
-    """Every checkpoint path accumulates through ``.backward()``, so where
-    plain ``.backward()`` already disagrees with the oracle (AccumulateGrad
-    adopting a view as ``.grad``: ledger accumulategrad-steals-views) the
-    difference is AccumulateGrad's, not the recomputation's; eager.accumulate
-    reports it. Such cases are outside every checkpoint path's contract.
-    Checked once per case (every checkpoint path asks)."""
-    if case not in _eager_seen:
-        from oracles.eager import observe
-
-        if len(_eager_seen) > 16:
-            _eager_seen.clear()
-        _eager_seen[case] = None
-        try:
-            want, got = observe(case), _plain(case)
-        except Exception:  # the oracle's own failure is reported by the runner, not here
-            return None
-        bad = got.failure is not None or bool(got.mutations) or len(got.steps) != len(want.steps)
-        for w, g in zip(want.steps, got.steps):
-            for e, a in [*((w.grads[n], g.grads.get(n)) for n in w.grads),
-                         *((w.input_grads[n], g.input_grads.get(n)) for n in w.input_grads),
-                         *((w.after_step[n], g.after_step.get(n)) for n in w.after_step)]:
-                if not _close(e, a):
-                    bad = True
-        if bad:
-            _eager_seen[case] = ("plain .backward() already disagrees with the oracle on this case (AccumulateGrad "
-                                 "adopting a view as .grad, or a training step writing .grad); eager.accumulate reports it")
-    return _eager_seen[case]
-
-
-def _plain(case: Case) -> Observation:
-    """The case through plain ``.backward()``, observed as eager.accumulate observes it."""
-    return run_schedule(case, "eager.accumulate", _backward, observe=Contract(graph_freed=True).observe())
-
-
-def _close(e: torch.Tensor | None, a: torch.Tensor | None) -> bool:
-    """Equal up to rounding; None and an all-zero grad mean the same, as in compare."""
-    if e is None or a is None:
-        present = a if e is None else e
-        return present is None or present.numel() == 0 or float(present.abs().max()) == 0
-    if e.shape != a.shape:
-        return False
-    return e.numel() == 0 or float((e - a).abs().max()) <= 1e-4 * (1 + float(e.abs().max()))
-
 
 
 def _reentrant_no_grad_input(case: Case) -> str | None:
