@@ -27,6 +27,8 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+# Each family's own page, in its folder: linked from docs/paths.md, not from the front page.
+FAMILY_PAGES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "harness", "paths", "*", "README.md")))
 
 # Commands shown with a placeholder that cannot parse, each listed here on
 # purpose (nothing is skipped silently); a test checks each is still shown
@@ -70,7 +72,7 @@ def _argv(line: str) -> tuple[str, ...] | None:
 @lru_cache(maxsize=None)
 def shown_commands() -> tuple[Shown, ...]:
     found: list[Shown] = []
-    for page in PAGES:
+    for page in PAGES + FAMILY_PAGES:
         text = _text(page)
         for lang, body in FENCE.findall(text):
             if lang in ("python", "toml"):
@@ -203,7 +205,7 @@ def _anchors(page: str) -> set[str]:
 
 def _links() -> list[tuple[str, str]]:
     out = []
-    for page in PAGES:
+    for page in PAGES + FAMILY_PAGES:
         for target in LINK.findall(FENCE.sub("", _text(page))):
             if not re.match(r"[a-z][a-z0-9+.-]*:", target):
                 out.append((page, target))
@@ -222,6 +224,15 @@ def test_every_relative_link_points_to_a_file():
         elif anchor and dest.endswith(".md") and anchor not in _anchors(os.path.relpath(dest, ROOT)):
             broken.append(f"{page}: {target} (no heading #{anchor})")
     assert not broken, "\n".join(broken)
+
+
+def test_every_family_has_its_page_in_its_folder_linked_from_the_paths_page():
+    from harness.paths import families
+
+    fams = families()
+    assert {f.docs for f in fams} == set(FAMILY_PAGES) and len(fams) == len(FAMILY_PAGES)
+    paths_page = _text("docs/paths.md")
+    assert not [p for p in FAMILY_PAGES if f"](../{p})" not in paths_page]
 
 
 def test_every_docs_page_is_linked_from_the_readme():

@@ -9,5 +9,5 @@ FAMILY = Family(
     paths=lazy("harness.paths.checkpoint.path:paths"),
     canaries=lazy("harness.paths.checkpoint.canaries:canaries"),
     case_data=CASE_DATA,
-    docs="docs/paths.md#checkpoint",
+    docs="harness/paths/checkpoint/README.md",
 )

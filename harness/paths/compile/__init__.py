@@ -7,5 +7,5 @@ FAMILY = Family(
     "compile",
     paths=lazy("harness.paths.compile.path:paths"),
     canaries=lazy("harness.paths.compile.canaries:canaries"),
-    docs="docs/paths.md#compile",
+    docs="harness/paths/compile/README.md",
 )

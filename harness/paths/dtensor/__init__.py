@@ -11,5 +11,5 @@ FAMILY = Family(
     scripts={"torchrun": lazy("harness.paths.dtensor.script:script")},
     user_impls=(UserImpl("dtensor_impl", "--dtensor-impl", "harness.paths.dtensor.rank:load_impl",
                          "MODULE[:ATTR] with install(params, mesh)"),),
-    docs="docs/paths.md#dtensor",
+    docs="harness/paths/dtensor/README.md",
 )

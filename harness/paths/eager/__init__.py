@@ -2,4 +2,4 @@
 
 from harness.paths.family import Family, lazy
 
-FAMILY = Family("eager", paths=lazy("harness.paths.eager.path:paths"), docs="docs/paths.md")
+FAMILY = Family("eager", paths=lazy("harness.paths.eager.path:paths"), docs="harness/paths/eager/README.md")

@@ -9,5 +9,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.graphed.canaries:canaries"),
     user_impls=(UserImpl("graphed_impl", "--graphed-impl", "harness.paths.graphed.path:load_impl",
                          "MODULE:ATTR, a make_graphed_callables-like callable"),),
-    docs="docs/paths.md#graphed",
+    docs="harness/paths/graphed/README.md",
 )

@@ -11,5 +11,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.parallel.canaries:canaries"),
     scripts={"dataparallel": lazy("harness.paths.parallel.script:script")},
     case_data=CASE_DATA,
-    docs="docs/paths.md#data-parallel-ddp-and-fsdp2",
+    docs="harness/paths/parallel/README.md",
 )

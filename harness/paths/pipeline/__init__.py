@@ -11,5 +11,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.pipeline.canaries:canaries"),
     scripts={"pipeline": lazy("harness.paths.pipeline.script:script")},
     case_data=CASE_DATA,
-    docs="docs/paths.md#pipeline",
+    docs="harness/paths/pipeline/README.md",
 )

@@ -9,5 +9,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.split.canaries:canaries"),
     user_impls=(UserImpl("split_impl", "--split-impl", "harness.paths.split.path:load_impl",
                          "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),),
-    docs="docs/paths.md",
+    docs="harness/paths/split/README.md",
 )
