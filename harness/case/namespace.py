@@ -70,3 +70,11 @@ def check_cuts(case: Case, cut_at: tuple[int, ...], where: str) -> None:
             raise SpecError(f"{where}[{i}]", f"a cut must be a node position in 1..{len(case.nodes) - 1}, got {c}")
         if i and c <= cut_at[i - 1]:
             raise SpecError(f"{where}[{i}]", f"cuts must increase, got {cut_at[i - 1]} then {c}")
+
+
+def cuts_namespace(name: str, cls: type) -> DataNamespace:
+    """A family whose part of the case is one tuple of cuts (``cls(cuts)``),
+    taken from schema 1's top-level ``stages`` (pipeline stages, checkpoint regions)."""
+    return DataNamespace(name, cls, {"cuts": cuts(3)},
+                         check=lambda case, v, where: check_cuts(case, v.cuts, f"{where}.cuts"),
+                         from_legacy=lambda top: cls(top["stages"]) if top["stages"] else None)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from harness.case.namespace import DataNamespace, check_cuts, cuts
+from harness.case.namespace import cuts_namespace
 from harness.case.spec import Case
 
 
@@ -21,13 +20,7 @@ def stage_cuts(case: Case) -> tuple[int, ...]:
     return data.cuts if data is not None else ()
 
 
-def _from_legacy(top: dict[str, Any]) -> Stages | None:
-    return Stages(top["stages"]) if top["stages"] else None
-
-
-CASE_DATA = DataNamespace("pipeline", Stages, {"cuts": cuts(3)},
-                          check=lambda case, v, where: check_cuts(case, v.cuts, f"{where}.cuts"),
-                          from_legacy=_from_legacy)
+CASE_DATA = cuts_namespace("pipeline", Stages)
 
 
 @dataclass(frozen=True)
