@@ -1,8 +1,8 @@
-"""The toy family's canary: a loop that runs only one of its two halves."""
+"""The toy family's canary: a loop that never runs one part of its loss."""
 
 from harness.paths import Canary
 from tests.twice.path import Twice
 
 
 def canaries() -> list[Canary]:
-    return [Canary("twice_forgets_half", lambda: Twice("canary.twice_forgets_half", times=1), "twice.halves")]
+    return [Canary("twice_forgets_half", lambda: Twice("canary.twice_forgets_half", forget=1), "twice.halves")]

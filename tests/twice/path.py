@@ -1,4 +1,5 @@
-"""``twice.halves``: backward twice per microbatch, each at half the grad outputs."""
+"""``twice.halves``: backward once per part of the loss (the case's ``twice``
+data: 2 or 4 parts), each with that share of the grad outputs."""
 
 from __future__ import annotations
 
@@ -8,36 +9,38 @@ from harness.case.spec import Case
 from harness.observation import Observation
 from harness.paths import Availability, Contract, Options, Repro, run_schedule
 from harness.paths.workarounds import IN_PROCESS
+from tests.twice.data import PARTS_DRAW, parts_of
 
-# The body of backward(outs, cots, inputs, params) in the standalone script: the same halves.
+# The body of backward(outs, cots, inputs, params) in the standalone script: the same parts.
 BACKWARD = """\
     live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
-    for keep in (True, False)[:2 if live else 0]:
-        torch.autograd.backward([o for o, _ in live], [c * 0.5 for _, c in live], retain_graph=keep)
+    for i in range(PARTS if live else 0):
+        torch.autograd.backward([o for o, _ in live], [c / PARTS for _, c in live], retain_graph=i < PARTS - 1)
 """
 
 
-def halves(times: int):
-    """The backward of a loop that calls backward ``times`` of its two halves (2: right; 1: the canary's bug)."""
+def parts(n: int, run: int):
+    """The backward of a loop that splits its loss into ``n`` parts and runs
+    ``run`` of them (all: right; fewer: the canary's bug)."""
 
     def backward(outs, cots, inputs, params):
         live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
-        for keep in (True, False)[2 - times if live else 2:]:
-            torch.autograd.backward([o for o, _ in live], [c * 0.5 for _, c in live], retain_graph=keep)
-        return {n: t.grad for n, t in inputs.items()}
+        for i in range(run if live else 0):
+            torch.autograd.backward([o for o, _ in live], [c / n for _, c in live], retain_graph=i < run - 1)
+        return {n_: t.grad for n_, t in inputs.items()}
 
     return backward
 
 
 class Twice:
-    contract = Contract(retained_grads=True, gap_cases=True, model_parts=True, graph_freed=True)
+    contract = Contract(retained_grads=True, gap_cases=True, model_parts=True, graph_freed=True, draws=(PARTS_DRAW,))
     workarounds = IN_PROCESS
 
-    def __init__(self, name: str = "twice.halves", times: int = 2) -> None:
-        self.name, self.times = name, times
+    def __init__(self, name: str = "twice.halves", forget: int = 0) -> None:
+        self.name, self.forget = name, forget  # forget: parts the loop never runs (the canary's bug)
 
     def availability(self) -> Availability:
-        return Availability(True, "two half-scale backwards per microbatch")
+        return Availability(True, "one backward per part of the loss, each with its share of the grad outputs")
 
     def supports(self, case: Case) -> str | None:
         if case.hooks or case.schedule.param_hooks:
@@ -45,10 +48,11 @@ class Twice:
         return None
 
     def run(self, case: Case) -> Observation:
-        return run_schedule(case, self.name, halves(self.times), observe=self.contract.observe())
+        n = parts_of(case)
+        return run_schedule(case, self.name, parts(n, n - self.forget), observe=self.contract.observe())
 
     def repro(self, case: Case) -> Repro:
-        return Repro(backward=BACKWARD)
+        return Repro(backward=f"    PARTS = {parts_of(case)}\n" + BACKWARD)
 
 
 def paths(_options: Options) -> list[Twice]:

@@ -46,7 +46,30 @@ def test_the_entry_point_line_brings_in_paths_and_canary(env, tmp_path):
 
 def test_fuzzing_the_toy_family_agrees_with_the_oracle(env, tmp_path):
     run = gradfuzz(env, tmp_path, "fuzz", "--paths", "twice", "--examples", "40", "--seed", "0")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.returncode == 0 and "40 run" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def _corpus_file(tmp_path: Path, parts: int) -> Path:
+    import json
+
+    from harness.artifacts.corpus import Entry
+
+    data = Entry(nested(microbatches=2), {}, "").to_json()
+    data["case"]["family"] = {"twice": {"version": 1, "parts": parts}}
+    file = tmp_path / f"parts{parts}.json"
+    file.write_text(json.dumps(data))
+    return file
+
+
+def test_its_part_of_the_case_is_read_and_checked_by_the_family(env, tmp_path):
+    """The case spec has a ``twice`` namespace only where the family is registered, validated by it."""
+    four = gradfuzz(env, tmp_path, "replay", str(_corpus_file(tmp_path, 4)), "--paths", "twice")
+    assert four.returncode == 0, four.stdout + four.stderr
+    three = gradfuzz(env, tmp_path, "replay", str(_corpus_file(tmp_path, 3)), "--paths", "twice")
+    assert three.returncode == 2 and "case.family.twice.parts" in three.stderr and "2 or 4" in three.stderr
+    plain = {**os.environ, "PYTHONPATH": str(ROOT)}
+    unknown = gradfuzz(plain, tmp_path, "replay", str(_corpus_file(tmp_path, 4)))
+    assert unknown.returncode == 2 and "case.family.twice" in unknown.stderr and "no installed family" in unknown.stderr
 
 
 def test_the_path_conforms_and_its_script_agrees(tmp_path):
