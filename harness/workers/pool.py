@@ -260,11 +260,13 @@ class WorkerPool:
                 except ProcessLookupError:
                     pass
         # A loaded machine takes a while to schedule a rank's signal handler:
-        # wait for every stack (up to 3 s) rather than a fixed pause.
+        # wait for every stack (up to 3 s) rather than a fixed pause. A rank
+        # forked from a deep caller (pytest) dumps long stacks: read enough
+        # of the log that the current thread's header is in it.
         deadline = time.monotonic() + 3.0
         while True:
             time.sleep(0.1)
-            stacks = {r: _innermost_frames(self._log_tail(r, 6000)) for r in ranks}
+            stacks = {r: _innermost_frames(self._log_tail(r, 64000)) for r in ranks}
             if all(stacks.values()) or time.monotonic() > deadline:
                 break
         parts = [f"rank(s) {', '.join(map(str, ranks))} did not finish within {timeout:g}s"]
