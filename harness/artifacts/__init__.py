@@ -2,7 +2,7 @@
 
 Owns the corpus format with atomic writes (``corpus``), one file per
 signature under a lock (``findings``), standalone scripts from typed values
-(``source``, ``repro``, ``pipeline_repro``, ``dtensor_repro``) and the Redis
-finding log (``campaign``). May import paths (for their ``Repro``), materialize
+(``repro``: the shared schedule template, and a family's own through its
+``Family.scripts``) and the Redis finding log (``campaign``). May import paths (for their ``Repro``), materialize
 and case; never the engine, gate or CLI.
 """
