@@ -34,10 +34,23 @@ def listed(builtin: tuple[str, ...] = BUILTIN) -> list[EntryPoint]:
     return own + [ep for ep in entry_points(group=GROUP) if ep.name not in names]
 
 
-@lru_cache(maxsize=None)
+# Case data of families brought in by ``--path`` or ``register_path`` (not entry points).
+_added: dict[str, Any] = {}
+
+
+def add_namespace(name: str, codec: Any) -> None:
+    """Make family ``name``'s part of a case readable in this process."""
+    _added[name] = codec
+
+
 def namespace(name: str) -> Any:
     """The codec of family ``name``'s part of a case (its ``case_data``), or
     None when no registered family of that name has one or it does not import."""
+    return _added.get(name) or _installed(name)
+
+
+@lru_cache(maxsize=None)
+def _installed(name: str) -> Any:
     for ep in listed():
         if ep.name == name:
             try:

@@ -26,7 +26,7 @@ __all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "R
            "all_paths", "check_options", "close_paths", "families", "register_path", "resolve", "run_schedule",
            "split_available"]
 
-from harness.registry import BUILTIN, GROUP, listed  # noqa: F401  (GROUP: for third parties' docs)
+from harness.registry import BUILTIN, GROUP, add_namespace, listed  # noqa: F401  (GROUP: for third parties' docs)
 
 Factory = Callable[[Options], "Path | list[Path]"]
 _registered: list[Factory] = []
@@ -149,7 +149,10 @@ def _load(spec: str) -> Any:
 def _expand(obj: Any, options: Options, source: str) -> list[Path]:
     """``obj`` (a family, a path, a list of them, or a factory of either) as
     paths; ``source`` names where it came from, for the message when it is none."""
-    obj = obj.paths if isinstance(obj, Family) else obj
+    if isinstance(obj, Family):
+        if obj.case_data is not None:
+            add_namespace(obj.name, obj.case_data)
+        obj = obj.paths
     try:
         made = obj if isinstance(obj, Path) else obj(options) if callable(obj) else obj
     except Exception as e:

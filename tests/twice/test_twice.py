@@ -14,6 +14,7 @@ import pytest
 from harness.artifacts.repro import script
 from tests.cover.test_conformance import check_path
 from tests.helpers import nested
+from tests.twice.data import Split
 from tests.twice.path import Twice
 
 REGISTRATION = "twice = tests.twice:FAMILY"  # the line a package's pyproject.toml puts under gradfuzz.paths
@@ -87,3 +88,14 @@ def test_without_the_line_no_command_knows_it(tmp_path):
     plain = {**os.environ, "PYTHONPATH": str(ROOT)}
     listed = gradfuzz(plain, tmp_path, "paths", "--paths", "twice")
     assert listed.returncode == 2 and "unknown path 'twice'" in listed.stderr
+
+
+def test_on_the_command_line_its_case_data_is_read_too(tmp_path):
+    """``--path tests.twice:FAMILY`` (no entry point): a finding that carries
+    the family's part of the case is still written and read back."""
+    from harness.case.spec import Case
+    from harness.paths import Options, resolve
+
+    (path,) = resolve("twice", Options(extra=("tests.twice:FAMILY",)))
+    case = nested(microbatches=2).with_data("twice", Split(4))
+    assert Case.loads(case.dumps()) == case and path.name == "twice.halves"
