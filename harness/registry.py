@@ -23,6 +23,7 @@ BUILTIN = (
     "compile = harness.paths.compile:FAMILY",
     "checkpoint = harness.paths.checkpoint:FAMILY",
     "parallel = harness.paths.parallel:FAMILY",
+    "deepspeed = harness.paths.deepspeed:FAMILY",
 )
 GROUP = "gradfuzz.paths"
 

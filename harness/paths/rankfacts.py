@@ -93,3 +93,15 @@ def layout_facts(p: Any) -> dict[str, Any]:
 def first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return (lines[0] if lines else "")[:300]
+
+
+def rank_data(case: Any, built: Any, k: int, ctx: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Backward ``k``'s inputs, the same on every rank, and this rank's grad
+    outputs: its share scaled by the world size, so the wrappers' average
+    over ranks is the case's grad."""
+    dev, ws = ctx.device, ctx.world_size
+    drawn = built.inputs(k)
+    inputs = [drawn[x.name].to(dev, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs]
+    cots = [(ws * share(c, ctx.rank, ws, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)).to(dev, built.dtype)
+            for i, c in enumerate(built.cotangents(k))]
+    return inputs, cots

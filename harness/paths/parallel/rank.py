@@ -34,7 +34,7 @@ from harness.case.spec import Case
 from harness.objects import load_object
 from harness.workers.collectives import CollectiveCounter
 from harness.paths.parallel.data import switches
-from harness.paths.rankfacts import encode, first_line as _first_line, layout_facts as _layout, shard_piece, share
+from harness.paths.rankfacts import encode, first_line as _first_line, layout_facts as _layout, rank_data as _data, shard_piece
 from harness.workers.host import Rank
 
 STOCK = "stock"
@@ -138,18 +138,6 @@ def _arrivals(kind: str, params: dict[str, torch.Tensor]) -> Counter[str]:
             if p.requires_grad:
                 p.register_hook(lambda g, n=n: arrived.update([n]))
     return arrived
-
-
-def _data(case: Case, built: Built, k: int, ctx: Rank) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Backward ``k``'s inputs, the same on every rank, and this rank's grad
-    outputs: its share scaled by the world size, so the wrappers' average
-    over ranks is the case's grad."""
-    dev, ws = ctx.device, ctx.world_size
-    drawn = built.inputs(k)
-    inputs = [drawn[x.name].to(dev, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs]
-    cots = [(ws * share(c, ctx.rank, ws, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)).to(dev, built.dtype)
-            for i, c in enumerate(built.cotangents(k))]
-    return inputs, cots
 
 
 def _facts(case: Case, built: Built, k: int, kind: str, sync: bool, params: dict[str, torch.Tensor],

@@ -1,0 +1,19 @@
+"""``deepspeed.*``: the case's module under a DeepSpeed engine (ZeRO 0 to 3)
+with gradient accumulation, on the worker pool's process group: the paths
+(``path``), what each rank runs (``rank``), the engine's knobs as case data
+(``data``), the canary, and the page.
+
+DeepSpeed is optional (``pip install 'gradfuzz[deepspeed]'``): without it
+these paths are listed as unavailable with that command.
+"""
+
+from harness.paths.deepspeed.data import CASE_DATA
+from harness.paths.family import Family, lazy
+
+FAMILY = Family(
+    "deepspeed",
+    paths=lazy("harness.paths.deepspeed.path:paths"),
+    canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
+    case_data=CASE_DATA,
+    docs="harness/paths/deepspeed/README.md",
+)

@@ -1,0 +1,53 @@
+"""The DeepSpeed family's part of a case: the engine's knobs a user sets in
+its config, each a draw that shrinks to DeepSpeed's default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from harness.case import schema as sc
+from harness.case.namespace import DataNamespace
+from harness.case.spec import Case
+from harness.generate import Draw
+
+BUCKETS = (0, 8, 10**6)  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
+
+
+@dataclass(frozen=True)
+class Knobs:
+    bucket: int = 0
+    contiguous: bool = True  # zero_optimization.contiguous_gradients
+    overlap: bool = False  # zero_optimization.overlap_comm
+    scatter: bool = True  # zero_optimization.reduce_scatter
+
+
+def knobs(case: Case) -> Knobs:
+    return case.data("deepspeed") or Knobs()
+
+
+def config(case: Case, stage: int, batch: int) -> dict:
+    """The DeepSpeed config of a case: its accumulation, the stage, its knobs."""
+    k = knobs(case)
+    zero = {"stage": stage, "contiguous_gradients": k.contiguous, "overlap_comm": k.overlap,
+            "reduce_scatter": k.scatter}
+    if k.bucket:
+        zero["reduce_bucket_size"] = k.bucket
+        zero["allgather_bucket_size"] = max(k.bucket, 2)
+    return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": case.schedule.microbatches,
+            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+            "wall_clock_breakdown": False}
+
+
+@st.composite
+def _knobs(draw, case: Case) -> Case:
+    k = Knobs(draw(st.sampled_from(BUCKETS)), not draw(st.booleans()), draw(st.booleans()), not draw(st.booleans()))
+    return case.with_data("deepspeed", None if k == Knobs() else k)
+
+
+KNOBS = Draw("deepspeed", (_knobs,))
+CASE_DATA = DataNamespace("deepspeed", Knobs, {
+    "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
+    "contiguous": sc.boolean, "overlap": sc.boolean, "scatter": sc.boolean,
+})

@@ -1,0 +1,75 @@
+"""``deepspeed.zero<N>.stock``: the case's module under a DeepSpeed engine at
+ZeRO stage N (0 to 3), with gradient accumulation over the case's
+microbatches, on the worker pool's process group (gloo on CPU).
+
+Grads are compared at every accumulation boundary, on every rank, against
+the float64 eager oracle in DeepSpeed's own convention (mean over ranks and
+micro-steps, undone by the grad outputs each rank is given, ``rank``).
+Outputs and input grads are compared after every micro-step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from harness.case.spec import Case
+from harness.observation import Observation
+from harness.paths.assemble import observation as assemble
+from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.deepspeed.data import KNOBS
+from harness.paths.pooled import PooledPath
+
+STOCK = "stock"
+STAGES = (0, 1, 2, 3)
+INSTALL = "pip install 'gradfuzz[deepspeed]'"
+
+
+class DeepSpeedPath(PooledPath):
+    contract = Contract(retained_grads=True, draws=(KNOBS,), model_parts=True)
+
+    def __init__(self, name: str, stage: int, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
+                 backend: str | None = None) -> None:
+        super().__init__(name, world_size, timeout, backend)
+        self.stage, self.impl = stage, impl
+
+    def availability(self) -> Availability:
+        if importlib.util.find_spec("deepspeed") is None:
+            return Availability(False, f"deepspeed is not installed here: {INSTALL}")
+        where = self.group_availability()
+        return where if not where.ok else Availability(True, f"{where.reason}; DeepSpeed ZeRO stage {self.stage}")
+
+    def supports(self, case: Case) -> str | None:
+        s, world = case.schedule, self._world()
+        if s.events or s.retain_outputs or s.param_hooks:
+            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.optimizer or s.clip:
+            return "the engine steps its own optimizer (SGD at learning rate 0 here); the case's training step is not drawn for it"
+        if s.grad_init != "none" or s.zero_grad == "keep":
+            return "DeepSpeed owns .grad: it starts empty and the engine zeroes it at every accumulation boundary"
+        if case.dtype != "float32":
+            return "DeepSpeed trains in float32 (or fp16/bf16), not float64"
+        if not any(p.requires_grad for p in case.params):
+            return "every parameter is frozen: the engine has nothing to train"
+        if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
+            return (f"exact mode needs powers of two: DeepSpeed divides by the world size ({world}) and the "
+                    f"accumulation steps ({s.microbatches}), which rounds otherwise")
+        return None
+
+    def run(self, case: Case) -> Observation:
+        outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "case": case.dumps(),
+                                      "stage": self.stage, "impl": self.impl}, self.timeout)
+        obs = assemble(self.name, case, outcome)
+        if outcome.status == "ok":
+            for step, st in zip(obs.steps, outcome.replies.get(0, {}).get("steps", [])):
+                if not st["observable"]:
+                    step.grads = None  # type: ignore[assignment]  (compare skips it)
+        return obs
+
+    def repro(self, case: Case) -> Repro:
+        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
+                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+
+
+def paths(options: Options) -> list[DeepSpeedPath]:
+    return [DeepSpeedPath(f"deepspeed.zero{s}.stock", s, STOCK, options.world_size, max(options.timeout, 60.0),
+                          options.backend) for s in STAGES]
