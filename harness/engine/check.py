@@ -91,7 +91,7 @@ class CaseCheck:
         divs = compare(self.case, oracle, obs, retained_grads=path.contract.retained_grads, tol=tol)
         if self.profile is not None:
             self.profile.compare += time.process_time() - t1
-        base = getattr(path.contract, "judged_against", "")
+        base = path.contract.judged_against
         return [] if divs and base and self._base_diverges(base) else divs
 
     def _base_diverges(self, name: str) -> bool:

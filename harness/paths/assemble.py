@@ -2,7 +2,7 @@
 together (summing Partial, checking replicas agree, concatenating shards),
 with the placement, replica, layout and accumulation rules of a process
 group checked on the way. Written once for every rank-based family (DTensor,
-DDP, FSDP2)."""
+DDP, FSDP2, DeepSpeed)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,10 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
             _assemble(obs, problems, k, f"output {j}", [s["outputs"][j] for s in steps], world)
             for j in range(len(steps[0]["outputs"]))
         ]
-        obs.steps.append(Step(k=k, grads=gather("grads"), input_grads=gather("input_grads"), outputs=outputs,
+        # A backward whose grads the stack keeps out of sight (inside an
+        # accumulation window) says so; compare skips grads of None.
+        grads = gather("grads") if steps[0].get("observable", True) else None
+        obs.steps.append(Step(k=k, grads=grads, input_grads=gather("input_grads"), outputs=outputs,  # type: ignore[arg-type]
                               retained=gather("retained")))
         if "after_step" in steps[0]:
             obs.steps[-1].after_step = {
@@ -195,7 +198,7 @@ def _long(pl: str | None) -> str:
 def _judge_accumulation(obs: Observation, k: int, step: dict[str, Any], local_mode: bool, world: int) -> None:
     """Violations of the AccumulateGrad invariants in rank 0's record of backward ``k``."""
     in_windows = 0
-    for n, r in step["acc"].items():
+    for n, r in step.get("acc", {}).items():  # AccumulateGrad records: the DTensor ranks keep them
         window = r.get("window", {})
         in_windows += sum(window.values())
         if "post" not in r:
@@ -223,7 +226,7 @@ def _judge_accumulation(obs: Observation, k: int, step: dict[str, Any], local_mo
                 f"AccumulateGrad for {n} issued {ops} in backward {k}; expected {need or 'none'} (the grad "
                 f"arrived {_long(arrival)}{layout}, .grad was {_long(prev)}, and became {_long(post)})",
                 key=f"collective {sorted(window)} {arrival} into {prev}"))
-    outside = sum(step["collectives"].values()) - in_windows
+    outside = sum(step.get("collectives", {}).values()) - in_windows
     if local_mode and outside > 0:
         obs.violations.append(Violation(
             "collective", k, "backward",

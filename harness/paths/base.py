@@ -11,7 +11,7 @@ so every path is held to the same rules.
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -111,9 +111,9 @@ class Options:
         """The options that differ from the defaults, one ``name: value`` each (impls by their option)."""
         default = Options()
         out: dict[str, object] = dict(self.impls)
-        for name in ("backend", "world_size", "timeout"):
-            if getattr(self, name) != getattr(default, name):
-                out[name] = getattr(self, name)
+        for f in fields(self):
+            if f.name not in ("impls", "extra") and getattr(self, f.name) != getattr(default, f.name):
+                out[f.name] = getattr(self, f.name)
         return out
 
 

@@ -65,7 +65,7 @@ def _facts(case: Case, built: Built, k: int, engine: Any, boundary: bool, inputs
     return {"k": k, "sync": boundary, "observable": boundary, "grads": grads,
             "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
             "outputs": [encode(o, "R") for o in outs],
-            "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()}, "acc": {}, "collectives": {}}
+            "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()}}
 
 
 def run_case(ctx: Rank, case: Case, stage: int, impl: str) -> dict[str, Any]:

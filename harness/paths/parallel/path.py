@@ -104,9 +104,6 @@ class DataParallelPath(PooledPath):
                                       "kind": self.kind, "impl": self.impl}, self.timeout)
         obs = assemble(self.name, case, outcome)
         if outcome.status == "ok":
-            for step, st in zip(obs.steps, outcome.replies.get(0, {}).get("steps", [])):
-                if not st["observable"]:
-                    step.grads = None  # type: ignore[assignment]  (compare skips it)
             _judge_reductions(obs, self.kind, outcome.replies)
             _judge_shards(obs, self.kind, outcome.replies)
         return obs

@@ -155,7 +155,6 @@ def _facts(case: Case, built: Built, k: int, kind: str, sync: bool, params: dict
         "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
         "outputs": [encode(o, "R") for o in outs],
         "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()},
-        "acc": {},
         "local_shapes": {n: tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
                          for n, p in params.items()},
     }
