@@ -24,6 +24,7 @@ BUILTIN = (
     "checkpoint = harness.paths.checkpoint:FAMILY",
     "parallel = harness.paths.parallel:FAMILY",
     "deepspeed = harness.paths.deepspeed:FAMILY",
+    "megatron = harness.paths.megatron:FAMILY",
 )
 GROUP = "gradfuzz.paths"
 

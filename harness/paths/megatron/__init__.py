@@ -1,0 +1,21 @@
+"""``megatron.*``: the case's module under megatron-core's
+``DistributedDataParallel`` (grad buffers, ``main_grad``, the distributed
+optimizer's reduce-scatter) with gradient accumulation, on the worker pool's
+process group: the paths (``path``), what each rank runs (``rank``), the
+one CPU patch (``cpu``), the DDP config as case data (``data``), the canary,
+and the page.
+
+megatron-core is optional (``pip install 'gradfuzz[megatron]'``): without it
+these paths are listed as unavailable with that command.
+"""
+
+from harness.paths.family import Family, lazy
+from harness.paths.megatron.data import CASE_DATA
+
+FAMILY = Family(
+    "megatron",
+    paths=lazy("harness.paths.megatron.path:paths"),
+    canaries=lazy("harness.paths.megatron.canaries:canaries"),
+    case_data=CASE_DATA,
+    docs="harness/paths/megatron/README.md",
+)

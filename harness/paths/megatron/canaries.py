@@ -1,0 +1,26 @@
+"""The megatron family's canary: a training loop that clears the grad buffer
+before a window's last backward (``zero_grad_buffer()`` called once per
+microbatch instead of once per iteration, a real misuse), so only the last
+micro-step survives; judged against ``megatron.ddp.stock`` as installed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.paths.family import Canary
+
+
+class keeps_last_micro_step:
+    @staticmethod
+    def before_backward(ddp: Any, micro: int, gas: int) -> None:
+        if micro == gas - 1 and micro:
+            ddp.zero_grad_buffer()
+
+
+def canaries() -> list[Canary]:
+    from harness.paths.megatron.path import MegatronPath
+
+    return [Canary("megatron_keeps_last_micro_step",
+                   lambda: MegatronPath("canary.megatron_keeps_last_micro_step", False,
+                                        "harness.paths.megatron.canaries:keeps_last_micro_step", timeout=60.0),
+                   "megatron.ddp.stock", budget=100, shrink=False)]

@@ -1,0 +1,55 @@
+"""The megatron family's part of a case: the ``DistributedDataParallelConfig``
+fields a user sets (and the ``shared_embedding`` mark megatron gives a tied
+embedding), each a draw that shrinks to megatron's default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from harness.case import schema as sc
+from harness.case.namespace import DataNamespace
+from harness.case.spec import Case
+from harness.generate import Draw
+
+# bucket_size in elements (read only with overlap_grad_reduce, as megatron
+# does): 0 = megatron's default (one bucket here); 1 = every parameter its
+# own bucket; 40 = a few parameters a bucket, tied ones apart now and then.
+BUCKETS = (0, 1, 40)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    overlap: bool = False  # overlap_grad_reduce
+    bucket: int = 0  # bucket_size (0: megatron's default)
+    fp32_reduce: bool = False  # grad_reduce_in_fp32
+    nan_check: bool = False  # check_for_nan_in_grad
+    shared: bool = False  # param.shared_embedding on tied parameters (own bucket under the distributed optimizer)
+
+
+def knobs(case: Case) -> Knobs:
+    return case.data("megatron") or Knobs()
+
+
+def ddp_config(case: Case, distopt: bool) -> dict:
+    """The ``DistributedDataParallelConfig`` fields of a case, as keyword arguments."""
+    k = knobs(case)
+    return {"overlap_grad_reduce": k.overlap, "bucket_size": k.bucket or None, "use_distributed_optimizer": distopt,
+            "grad_reduce_in_fp32": k.fp32_reduce, "check_for_nan_in_grad": k.nan_check,
+            "average_in_collective": False}
+
+
+@st.composite
+def _knobs(draw, case: Case) -> Case:
+    overlap = draw(st.booleans())
+    k = Knobs(overlap, draw(st.sampled_from(BUCKETS)) if overlap else 0,
+              case.dtype == "float32" and draw(st.booleans()), draw(st.booleans()), draw(st.booleans()))
+    return case.with_data("megatron", None if k == Knobs() else k)
+
+
+KNOBS = Draw("megatron", (_knobs,))
+CASE_DATA = DataNamespace("megatron", Knobs, {
+    "overlap": sc.boolean, "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
+    "fp32_reduce": sc.boolean, "nan_check": sc.boolean, "shared": sc.boolean,
+})

@@ -1,0 +1,83 @@
+"""``megatron.ddp.stock`` and ``megatron.distopt.stock``: the case's module
+under megatron-core's ``DistributedDataParallel`` (contiguous grad buffers,
+``param.main_grad``), reducing by all-reduce or, for the distributed
+optimizer, by reduce-scatter, with gradient accumulation over the case's
+microbatches, on the worker pool's process group (gloo on CPU).
+
+``main_grad`` is compared after every backward, on every rank, against the
+float64 eager oracle in megatron's convention (mean over ranks and
+micro-steps, undone by the grad outputs each rank is given, ``rank``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from harness.case.spec import Case
+from harness.observation import Observation
+from harness.paths.assemble import observation as assemble
+from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.megatron.data import KNOBS, knobs
+from harness.paths.pooled import PooledPath
+
+STOCK = "stock"
+INSTALL = "pip install 'gradfuzz[megatron]'"
+REDUCES = {"ddp": False, "distopt": True}  # path name -> use_distributed_optimizer
+
+
+def installed() -> bool:
+    """Is megatron-core importable here (``megatron`` alone may be another package's namespace)."""
+    return importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+
+
+class MegatronPath(PooledPath):
+    # Each micro-step's grad reaches main_grad through eager's AccumulateGrad
+    # (megatron's hook adds param.grad, then clears it): where plain
+    # .backward() already diverges, so does it.
+    contract = Contract(retained_grads=True, draws=(KNOBS,), gap_cases=True, model_parts=True,
+                        judged_against="eager.accumulate")
+
+    def __init__(self, name: str, distopt: bool, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
+                 backend: str | None = None) -> None:
+        super().__init__(name, world_size, timeout, backend)
+        self.distopt, self.impl = distopt, impl
+
+    def availability(self) -> Availability:
+        if not installed():
+            return Availability(False, f"megatron-core is not installed here: {INSTALL}")
+        where = self.group_availability()
+        what = "reduce-scatter (distributed optimizer)" if self.distopt else "all-reduce"
+        return where if not where.ok else Availability(True, f"{where.reason}; megatron-core DDP, {what}")
+
+    def supports(self, case: Case) -> str | None:
+        s, world = case.schedule, self._world()
+        if s.events or s.retain_outputs or s.param_hooks:
+            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.optimizer or s.clip:
+            return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
+                    "training step is not run for it")
+        if s.grad_init != "none" or s.zero_grad == "keep":
+            return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
+                    "iteration (documented); .grad is a transient its hook adds and clears")
+        if not any(p.requires_grad for p in case.params):
+            return "every parameter is frozen: megatron's DDP has no grad buffer to reduce"
+        if knobs(case).fp32_reduce and case.dtype != "float32":
+            return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
+        if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
+            return (f"exact mode needs powers of two: megatron scales by 1/world size ({world}) and the loss by "
+                    f"1/microbatches ({s.microbatches}), which rounds otherwise")
+        return None
+
+    def run(self, case: Case) -> Observation:
+        outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.rank", "case": case.dumps(),
+                                      "distopt": self.distopt, "impl": self.impl}, self.timeout)
+        return assemble(self.name, case, outcome)
+
+    def repro(self, case: Case) -> Repro:
+        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
+                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+
+
+def paths(options: Options) -> list[MegatronPath]:
+    return [MegatronPath(f"megatron.{kind}.stock", distopt, STOCK, options.world_size, max(options.timeout, 60.0),
+                         options.backend) for kind, distopt in REDUCES.items()]

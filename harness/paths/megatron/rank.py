@@ -1,0 +1,146 @@
+"""What every rank of the megatron paths runs.
+
+Each rank builds the case's module and wraps it in megatron-core's
+``DistributedDataParallel`` (contiguous grad buffers, ``param.main_grad``)
+with the case's knobs (``data.ddp_config``), on the model-parallel state
+``parallel_state.initialize_model_parallel(1, 1)`` builds over the pool's
+group. It drives the case's microbatches as megatron's own
+no-pipelining schedule does (whose ``forward_backward_func`` hard-codes a
+CUDA tensor, so it is spelled out here): ``zero_grad_buffer()`` at a
+window's start, every microbatch but the last under ``no_sync()``, the
+loss divided by the number of microbatches, and ``finalize_model_grads``
+after the window's last backward.
+
+Every rank's grad output is its share times the world size times the
+microbatches, so megatron's mean over ranks and micro-steps is exactly the
+oracle's sum (``rankfacts.rank_data``; exact mode needs both factors to be
+powers of two). ``param.main_grad`` is read after every backward: inside a
+window it is each rank's own sum (their mean is the grad), at a boundary the
+reduced grad every rank must agree on. Under the distributed optimizer a
+rank owns only its shard of each bucket; the shards are gathered, which is
+what the optimizer steps on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.case.spec import Case
+from harness.materialize.tensors import Built
+from harness.materialize.units import CaseModule
+from harness.objects import load_object
+from harness.paths.megatron.cpu import on_cpu
+from harness.paths.megatron.data import ddp_config, knobs
+from harness.paths.rankfacts import encode, first_line, rank_data
+from harness.workers.host import Rank
+
+STOCK = "stock"
+
+
+def _parallel_state() -> Any:
+    """megatron's model-parallel state over the pool's group: tensor and pipeline size 1, so all ranks are data-parallel."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    return parallel_state
+
+
+def _tied(case: Case) -> set[str]:
+    uses = [u.ref for n in case.nodes for u in n.args] + [u.ref for u in case.outputs]
+    return {p.name for p in case.params if uses.count(p.name) > 1}
+
+
+def _wrap(case: Case, built: Built, distopt: bool, ctx: Rank) -> Any:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    _parallel_state()
+    module = CaseModule(built, built.params(), ctx.device, built.dtype)
+    if knobs(case).shared:
+        for name in _tied(case):
+            module.params()[name].shared_embedding = True
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+    return DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, distopt)), module)
+
+
+def _gathered(ddp: Any, buffer: Any) -> torch.Tensor:
+    """A grad buffer as the distributed optimizer sees it: every bucket's
+    reduced shard from the rank that owns it."""
+    out = buffer.grad_data.clone()
+    group, world = ddp.intra_dp_cp_group, ddp.intra_dp_cp_group.size()
+    for bucket in buffer.buckets:
+        flat = bucket.grad_data.view(-1)
+        pieces = list(flat.clone().chunk(world))
+        dist.all_gather(pieces, pieces[dist.get_rank(group)].clone(), group=group)
+        out[bucket.offset:bucket.offset + flat.numel()] = torch.cat(pieces)
+    return out
+
+
+def main_grads(ddp: Any, reduced: bool) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's ``main_grad``; after a distributed-optimizer reduce, its gathered shards."""
+    names = {p: n for n, p in ddp.module.params().items()}
+    out = {}
+    for buffer in ddp.buffers:
+        full = _gathered(ddp, buffer) if reduced and ddp.ddp_config.use_distributed_optimizer else buffer.grad_data
+        for p, (start, end, _) in buffer.param_index_map.items():
+            out[names[p]] = full[start:end].view(p.shape)
+    return out
+
+
+def _facts(case: Case, built: Built, k: int, ddp: Any, sync: bool, inputs: list[torch.Tensor],
+           outs: list[torch.Tensor]) -> dict[str, Any]:
+    grads = main_grads(ddp, sync)
+    pl = "R" if sync else "P(avg)"
+    return {"k": k, "sync": sync, "grads": {p.name: encode(grads.get(p.name), pl) for p in case.params},
+            "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
+            "outputs": [encode(o, "R") for o in outs],
+            "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()}}
+
+
+def _micro(case: Case, built: Built, k: int, ddp: Any, fault: Any, ctx: Rank) -> dict[str, Any]:
+    """Backward ``k`` as megatron's schedule runs a microbatch, then what it left."""
+    from megatron.core.distributed import finalize_model_grads
+
+    gas = case.schedule.microbatches
+    micro, sync = k % gas, k % gas == gas - 1
+    if micro == 0:
+        ddp.zero_grad_buffer()
+    inputs, cots = rank_data(case, built, k, ctx)
+    with ddp.no_sync() if not sync else contextlib.nullcontext():
+        outs = ddp(*inputs)
+        live = [(o, c * gas) for o, c in zip(outs, cots) if o.requires_grad]
+        if fault is not None:
+            fault.before_backward(ddp, micro, gas)
+        if live:
+            (sum((o * c).sum() for o, c in live) / gas).backward()
+    if sync:
+        finalize_model_grads([ddp])
+    return _facts(case, built, k, ddp, sync, inputs, outs)
+
+
+def run_case(ctx: Rank, case: Case, distopt: bool, impl: str) -> dict[str, Any]:
+    """One case on this rank. It never raises: the parent judges a failure next to its peers'."""
+    built = Built(case)
+    out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
+    k = -1
+    try:
+        with on_cpu(ctx.device):
+            fault = load_object(impl, "megatron impl") if impl != STOCK else None
+            ddp = _wrap(case, built, distopt, ctx)
+            for k in range(case.schedule.backwards):
+                out["steps"].append(_micro(case, built, k, ddp, fault, ctx))
+    except Exception as e:  # a rank that raises reports it; the parent judges
+        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
+                          "traceback": traceback.format_exc()[-4000:]}
+    return out
+
+
+def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
+    """One case on this rank (a ``call`` message from ``harness.paths.megatron.path``)."""
+    return run_case(ctx, Case.loads(msg["case"]), bool(msg["distopt"]), msg["impl"])

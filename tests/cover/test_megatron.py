@@ -1,0 +1,109 @@
+"""The megatron family: optional, honest when absent, its one CPU patch
+inert for every other gradient path, and, where megatron-core is installed
+(``pip install 'gradfuzz[megatron]'``), held to the oracle on both reduce
+kinds with its canary caught."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness.case.spec import Case, Input, Node, Param, Schedule, Use
+from harness.paths import resolve
+from harness.paths.megatron.cpu import PATCHED, on_cpu
+from harness.paths.megatron.data import Knobs, ddp_config
+from harness.paths.megatron.path import installed
+
+INSTALLED = installed()
+needs_megatron = pytest.mark.skipif(not INSTALLED, reason="megatron-core is not installed: pip install 'gradfuzz[megatron]'")
+
+
+def _nested(microbatches: int = 2) -> Case:
+    from tests.helpers import nested
+
+    return nested(microbatches=microbatches)
+
+
+def _two_params() -> Case:
+    """Two parameters, the second tied: under the distributed optimizer's
+    64-element alignment the second lands in rank 1's shard of the bucket."""
+    return Case(params=(Param("w0", (3, 3)), Param("w1", (3, 3))), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "matmul", (Use("n0"), Use("w1"))),
+                       Node("n2", "matmul", (Use("n1"), Use("w1")))),
+                outputs=(Use("n2"),), schedule=Schedule(microbatches=2, steps=2))
+
+
+def test_both_paths_are_listed_and_say_how_to_install_when_absent():
+    paths = resolve("megatron")
+    assert [p.name for p in paths] == ["megatron.ddp.stock", "megatron.distopt.stock"]
+    for p in paths:
+        a = p.availability()
+        assert a.ok == INSTALLED and (INSTALLED or "pip install 'gradfuzz[megatron]'" in a.reason)
+
+
+def test_the_knobs_are_case_data_that_reach_the_ddp_config():
+    case = _nested(4).with_data("megatron", Knobs(overlap=True, bucket=40, nan_check=True, shared=True))
+    assert Case.loads(case.dumps()) == case
+    cfg = ddp_config(case, True)
+    assert cfg["overlap_grad_reduce"] and cfg["bucket_size"] == 40 and cfg["use_distributed_optimizer"]
+    assert cfg["check_for_nan_in_grad"] and cfg["average_in_collective"] is False and not cfg["grad_reduce_in_fp32"]
+    assert ddp_config(_nested(), False)["bucket_size"] is None  # megatron's default
+    json.dumps(cfg)
+
+
+def test_contract_refuses_what_megatron_owns_or_the_harness_cannot_run():
+    ddp, _ = resolve("megatron")
+    case = _nested(2)
+    assert ddp.supports(case) is None
+    assert ddp.supports(replace(case, schedule=replace(case.schedule, zero_grad="keep")))
+    assert ddp.supports(replace(case, schedule=replace(case.schedule, optimizer="sgd")))
+    assert "powers of two" in ddp.supports(replace(case, schedule=replace(case.schedule, microbatches=3)))
+    wide = replace(case, dtype="float64").with_data("megatron", Knobs(fp32_reduce=True))
+    assert "grad_reduce_in_fp32" in ddp.supports(wide)
+
+
+def test_the_cpu_patch_replaces_only_its_attributes_and_only_while_in_force():
+    before = dict(vars(torch.cuda))
+    with on_cpu(torch.device("cpu")):
+        during = dict(vars(torch.cuda))
+        assert torch.cuda.current_device() == "cpu"
+    assert {n for n in before if during.get(n) is not before[n]} == set(PATCHED)
+    assert set(during) == set(before)
+    assert all(vars(torch.cuda)[n] is v for n, v in before.items())
+    with on_cpu(torch.device("cuda", 0)):  # a GPU rank is left as installed
+        assert all(vars(torch.cuda)[n] is v for n, v in before.items())
+
+
+def test_eager_grads_are_bitwise_the_same_under_the_cpu_patch():
+    (eager,) = resolve("eager.accumulate")
+    case = replace(_two_params(), exact=False, dtype="float32")
+    plain = eager.run(case)
+    with on_cpu(torch.device("cpu")):
+        patched = eager.run(case)
+    assert len(plain.steps) == len(patched.steps) == 4
+    for a, b in zip(plain.steps, patched.steps):
+        assert a.grads.keys() == b.grads.keys()
+        assert all(torch.equal(a.grads[n], b.grads[n]) for n in a.grads)
+        assert all(torch.equal(x, y) for x, y in zip(a.outputs, b.outputs))
+
+
+@needs_megatron
+def test_both_reduces_agree_with_the_oracle_and_every_knob_runs():
+    from harness.engine.check import check
+
+    for knobs in (None, Knobs(overlap=True, bucket=1, nan_check=True, shared=True), Knobs(fp32_reduce=True)):
+        for case in (_nested(2), _two_params(), replace(_two_params(), exact=False)):
+            case = case.with_data("megatron", knobs)
+            for p in resolve("megatron"):
+                assert p.supports(case) is None and check(case, p) == [], (p.name, knobs)
+
+
+@needs_megatron
+def test_the_canary_is_caught_from_a_cold_start():
+    from harness.canaries import all_canaries
+    from harness.gate.selfcheck import run_canary
+
+    (canary,) = [c for c in all_canaries() if c.name == "megatron_keeps_last_micro_step"]
+    result = run_canary(canary, seed=0)
+    assert result.caught and "expected g1 + g2" in result.detail, result.detail
