@@ -17,7 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 import pathlib
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -38,6 +38,42 @@ def covers(patterns: str, path: str) -> bool:
     return any(fnmatch.fnmatchcase(path, p.strip()) for p in patterns.split(","))
 
 
+def installed(package: str) -> str | None:
+    """The version of distribution ``package`` installed here, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _relation(spec: str, version: str) -> str:
+    v = Version(version.split("+")[0])
+    specs = SpecifierSet(spec, prereleases=True)
+    if v in specs:
+        return "in"
+    uppers = [Version(s.version) for s in specs if s.operator in ("<", "<=")]
+    return "after" if uppers and any(v >= u for u in uppers) else "before"
+
+
+def relation(torch_range: str, packages: dict[str, str], torch_version: str,
+             have: Callable[[str], str | None] = installed) -> str:
+    """Where this environment stands to an affected range: ``in`` it,
+    ``after`` it (fixed since) or ``before`` it. A range names torch and,
+    for bugs of a training stack, that stack's releases (``{"deepspeed":
+    ">=0.16,<0.18"}``); every part must hold. A stack not installed here is
+    ``before``: its bug cannot show. The one rule of the ledger, ``meta.expect``
+    and replay alike."""
+    rel = _relation(torch_range, torch_version)
+    for package, spec in sorted(packages.items()):
+        if rel != "in":
+            break
+        v = have(package)
+        rel = "before" if v is None else _relation(spec, v)
+    return rel
+
+
 @dataclass
 class Entry:
     case: Case
@@ -45,12 +81,11 @@ class Entry:
     file: str = ""
 
     def expected_on(self, path: str, torch_version: str) -> bool:
-        """Is a divergence of ``path`` on this torch version a known, expected one?"""
-        v = Version(torch_version.split("+")[0])
-        for e in self.meta.get("expect", []):
-            if covers(e.get("path", ""), path) and v in SpecifierSet(e.get("torch", ""), prereleases=True):
-                return True
-        return False
+        """Is a divergence of ``path`` on this torch version (and the stacks
+        installed here) a known, expected one?"""
+        return any(covers(e.get("path", ""), path)
+                   and relation(e.get("torch", ""), e.get("packages", {}), torch_version) == "in"
+                   for e in self.meta.get("expect", []))
 
     def to_json(self) -> dict[str, Any]:
         return {"gradfuzz_corpus": CORPUS_VERSION, "case": self.case.to_json(), "meta": self.meta}
@@ -59,10 +94,11 @@ class Entry:
 def _expect(v: Any, where: str) -> Any:
     for i, e in enumerate(sc.array(v, where, 64)):
         w = f"{where}[{i}]"
-        sc.obj(e, w, ("path",), ("torch", "note"))
+        sc.obj(e, w, ("path",), ("torch", "packages", "note"))
         sc.string(e["path"], f"{w}.path", max_len=256)
         sc.string(e.get("note", ""), f"{w}.note", max_len=sc.MAX_TEXT)
         sc.version_range(e.get("torch", ""), f"{w}.torch")
+        sc.package_ranges(e.get("packages", {}), f"{w}.packages")
     return v
 
 

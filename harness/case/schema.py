@@ -291,8 +291,24 @@ def safe_target(directory: str | os.PathLike, stem: str, suffix: str, *, signatu
     return target
 
 
+_PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def package_ranges(v: Any, where: str) -> dict[str, str]:
+    """Affected releases of training stacks: ``{"deepspeed": ">=0.16,<0.18"}``
+    (distribution names, PEP 440 specifiers)."""
+    if type(v) is not dict:
+        raise SpecError(where, f"expected an object of package: version range, got {_show(v)}")
+    if len(v) > 8:
+        raise SpecError(where, f"{len(v)} packages; at most 8")
+    for name, spec in v.items():
+        string(name, f"{where} key", max_len=64, pattern=_PACKAGE)
+        version_range(spec, f"{where}.{name}")
+    return v
+
+
 def version_range(v: Any, where: str) -> str:
-    """A PEP 440 specifier of torch versions (``"<2.13"``, ``">=2.11"``)."""
+    """A PEP 440 specifier of versions (``"<2.13"``, ``">=2.11"``)."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     string(v, where, max_len=64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from harness.artifacts.corpus import Entry, covers
+from harness.artifacts.corpus import Entry, covers, relation
 
 # The words of the summary line, in the order shown; every status but these is silent.
 SHOWN = ("known", "new", "fixed", "regression", "not_reproduced")
@@ -33,13 +33,10 @@ def status(entry: Entry, path: str, diverged: bool, version: str) -> str | None:
 
 
 def _after(expect: dict[str, Any], path: str, version: str) -> bool:
-    """Whether ``version`` is past the torch range of an expectation on ``path``
-    (the ledger's rule, ``Bug.relation``, so both say "fixed" alike)."""
-    from harness.gate.ledger import Bug
-
-    if not covers(expect.get("path", ""), path):
-        return False
-    return Bug(id="expect", path=expect["path"], torch=expect.get("torch", ""), summary="").relation(version) == "after"
+    """Whether this environment is past the range of an expectation on ``path``
+    (the ledger's rule, ``corpus.relation``, so both say "fixed" alike)."""
+    return covers(expect.get("path", ""), path) and \
+        relation(expect.get("torch", ""), expect.get("packages", {}), version) == "after"
 
 
 def line(counts: Counter, unavailable: int) -> str:

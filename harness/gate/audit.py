@@ -89,7 +89,7 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
         checked[b.id] = b
         if b.relation(version) == "in" and not shown and not any(
                 x.id == b.id and x is not b and x.relation(version) == "in" for x in checked.values()):
-            out.problems.append(Problem("silent", b.id, b.path, detail=f"torch {version} is in {b.torch}, "
+            out.problems.append(Problem("silent", b.id, b.path, detail=f"torch {version} is in {b.range}, "
                                         f"yet none of {len(b.cases)} case(s) diverges on {len(covered)} covered path(s)"))
     _file_signatures(out, led, seen_by, checked, version)
     return out

@@ -13,13 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.materialize import workarounds
 from harness.case import schema as sc
 from harness.case.spec import SpecError
-from harness.artifacts.corpus import CorpusError, covers
+from harness.artifacts.corpus import CorpusError, covers, relation
 from harness.gate.status import STATUSES
 from harness.observation import SIGNATURE_SCHEME
 
@@ -41,18 +40,21 @@ class Bug:
     # What a user does from outside to avoid the bug, by name (``harness.paths.workarounds``);
     # ``none``: nothing can be done from outside (upgrade torch).
     workaround: str = NO_WORKAROUND
+    # A training stack's affected releases, besides torch's (``{"deepspeed": ">=0.16,<0.18"}``).
+    packages: tuple[tuple[str, str], ...] = ()
 
     def covers(self, path: str) -> bool:
         return covers(self.path, path)
 
     def relation(self, version: str) -> str:
-        """``in`` the affected range, ``after`` it (fixed since) or ``before`` it."""
-        v = Version(version.split("+")[0])
-        spec = SpecifierSet(self.torch, prereleases=True)
-        if v in spec:
-            return "in"
-        uppers = [Version(s.version) for s in spec if s.operator in ("<", "<=")]
-        return "after" if uppers and any(v >= u for u in uppers) else "before"
+        """``in`` the affected range (torch ``version`` and the stacks
+        installed here), ``after`` it (fixed since) or ``before`` it."""
+        return relation(self.torch, dict(self.packages), version)
+
+    @property
+    def range(self) -> str:
+        """The affected range as one line: ``torch <2.13`` or ``torch >=2.11, deepspeed >=0.16``."""
+        return ", ".join(f"{name} {spec or 'any'}" for name, spec in (("torch", self.torch), *self.packages))
 
 
 @dataclass
@@ -87,7 +89,7 @@ def first(hits: list[Bug], version: str | None) -> Bug | None:
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_BUG_FIELDS = ("id", "path", "torch", "summary", "upstream", "cases", "signatures", "workaround")
+_BUG_FIELDS = ("id", "path", "torch", "packages", "summary", "upstream", "cases", "signatures", "workaround")
 MAX_BUGS = 10_000
 
 
@@ -117,6 +119,7 @@ def from_json(data: Any, file: str) -> Ledger:
                 raise SpecError(f"{where}.id", f"{b['id']!r} on {b['path']!r} is filed by an earlier entry too")
             ids.add((b["id"], b["path"]))
             sc.version_range(b["torch"], f"{where}.torch")
+            packages = tuple(sorted(sc.package_ranges(b.get("packages", {}), f"{where}.packages").items()))
             sc.string(b["summary"], f"{where}.summary", max_len=sc.MAX_TEXT)
             sc.string(b.get("upstream", ""), f"{where}.upstream", max_len=sc.MAX_TEXT)
             cases = tuple(_case_file(c, f"{where}.cases[{j}]") for j, c in enumerate(sc.array(b.get("cases", []), f"{where}.cases")))
@@ -124,7 +127,7 @@ def from_json(data: Any, file: str) -> Ledger:
                          for j, x in enumerate(sc.array(b.get("signatures", []), f"{where}.signatures", 1024)))
             wa = sc.string(b.get("workaround", NO_WORKAROUND), f"{where}.workaround",
                            choices=(NO_WORKAROUND, *workarounds.EFFECTS))
-            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa}))
+            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa, "packages": packages}))
     except SpecError as e:
         if not e.where:
             raise CorpusError(file, "expected a JSON object with gradfuzz_ledger and bugs") from None
@@ -195,8 +198,15 @@ def to_json(ledger: Ledger) -> dict[str, Any]:
     return {
         "gradfuzz_ledger": LEDGER_VERSION,
         "signature_scheme": SIGNATURE_SCHEME,
-        "bugs": [{k: list(v) if isinstance(v, tuple) else v for k, v in b.__dict__.items()} for b in ledger.bugs],
+        "bugs": [_entry(b) for b in ledger.bugs],
     }
+
+
+def _entry(bug: Bug) -> dict[str, Any]:
+    """An entry as the ledger file holds it (no ``packages`` for a torch-only bug)."""
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in bug.__dict__.items()}
+    packages = out.pop("packages")
+    return {**out, "packages": dict(packages)} if packages else out
 
 
 def signature_label(bug: Bug | None, version: str) -> str:
@@ -205,8 +215,8 @@ def signature_label(bug: Bug | None, version: str) -> str:
     if bug is None:
         return "not in ledger"
     return {"in": f"resembles {bug.id} (signature; `gradfuzz gate` checks its workaround)",
-            "after": f"regression? {bug.id} (fixed in its range {bug.torch})",
-            "before": f"range wrong? {bug.id} (its range {bug.torch} starts later)"}[bug.relation(version)]
+            "after": f"regression? {bug.id} (fixed in its range {bug.range})",
+            "before": f"range wrong? {bug.id} (its range {bug.range} starts later)"}[bug.relation(version)]
 
 
 def labeller(file: str | None = None):

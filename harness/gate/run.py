@@ -16,7 +16,6 @@ against the ledger and the installed torch version:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
@@ -332,7 +331,7 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
                 rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
         else:
             word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
-                    f"ledger says torch {b.torch} is affected, but its cases agree here"}[status]
+                    f"ledger says {b.range} is affected, but its cases agree here"}[status]
             rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
                             f"corpus {', '.join(b.cases)}", upstream=b.upstream))
     return rows

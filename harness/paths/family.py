@@ -86,6 +86,9 @@ class Family:
     user_impls: tuple[UserImpl, ...] = ()
     case_data: Any = None
     docs: str = ""
+    # The distribution of a third-party stack the family tests ("deepspeed"):
+    # its installed release is part of every verdict (ledger ranges, reports).
+    package: str = ""
 
 
 def lazy(ref: str) -> Callable[..., Any]:

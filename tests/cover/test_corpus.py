@@ -90,8 +90,9 @@ def test_ledger_and_case_expectations_agree():
         assert bug.cases or bug.signatures, f"{bug.id} has nothing to match"
         for rel in bug.cases:
             entry = corpus.load(os.path.join(ROOT, rel))
-            expects = [(e["path"], e["torch"]) for e in entry.meta.get("expect", [])]
-            assert (bug.path, bug.torch) in expects, f"{rel} does not expect {bug.path} {bug.torch} as {bug.id} says"
+            expects = [(e["path"], e["torch"], tuple(sorted(e.get("packages", {}).items())))
+                       for e in entry.meta.get("expect", [])]
+            assert (bug.path, bug.torch, bug.packages) in expects, f"{rel} does not expect {bug.path} {bug.range} as {bug.id} says"
             backed.add((os.path.normpath(rel), bug.path))
     for f in FILES:
         for e in corpus.load(f).meta.get("expect", []):

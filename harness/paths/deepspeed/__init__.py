@@ -16,4 +16,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",
+    package="deepspeed",
 )

@@ -1,0 +1,115 @@
+"""Versions are part of a verdict: a ledger range names a training stack's
+releases beside torch's, and ``gradfuzz versions`` finds that range by
+bisecting over the releases noxfile.py lists."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from harness.artifacts import corpus
+from harness.artifacts.corpus import relation
+from harness.cli import versions as v
+from harness.gate import ledger
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def have(**installed):
+    return lambda name: installed.get(name.replace("-", "_"))
+
+
+@pytest.mark.parametrize("packages,installed,expected", [
+    ({}, {}, "in"),
+    ({"deepspeed": ">=0.16,<0.18"}, {"deepspeed": "0.17.6"}, "in"),
+    ({"deepspeed": ">=0.16,<0.18"}, {"deepspeed": "0.18.0"}, "after"),
+    ({"deepspeed": ">=0.16,<0.18"}, {"deepspeed": "0.15.4"}, "before"),
+    ({"deepspeed": ">=0.16"}, {}, "before"),  # the stack is not installed: its bug cannot show
+    ({"deepspeed": ">=0.16", "megatron-core": "<0.15"}, {"deepspeed": "0.19.8", "megatron_core": "0.16.1"}, "after"),
+])
+def test_a_range_holds_only_when_torch_and_every_named_stack_are_in_it(packages, installed, expected):
+    assert relation(">=2.11", packages, "2.13.0+cpu", have(**installed)) == expected
+    assert relation("<2.11", packages, "2.13.0", have(**installed)) == "after"  # torch decides first
+
+
+def _ledger(tmp_path, packages):
+    bug = {"id": "ds-bug", "path": "deepspeed.zero3.stock", "torch": ">=2.11", "summary": "s", "packages": packages}
+    f = tmp_path / "ledger.json"
+    f.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": ledger.SIGNATURE_SCHEME, "bugs": [bug]}))
+    return f
+
+
+def test_ledger_entries_carry_package_ranges_and_write_them_back(tmp_path):
+    led = ledger.load(str(_ledger(tmp_path, {"deepspeed": ">=0.16,<0.18"})))
+    (bug,) = led.bugs
+    assert bug.packages == (("deepspeed", ">=0.16,<0.18"),)
+    assert bug.range == "torch >=2.11, deepspeed >=0.16,<0.18"
+    assert ledger.to_json(led)["bugs"][0]["packages"] == {"deepspeed": ">=0.16,<0.18"}
+
+
+@pytest.mark.parametrize("packages,field", [
+    ({"deepspeed": "not a range"}, "bugs[0].packages.deepspeed"),
+    ({"../evil": ">=1"}, "bugs[0].packages key"),
+    (["deepspeed"], "bugs[0].packages"),
+    ({f"p{i}": ">=1" for i in range(9)}, "bugs[0].packages"),
+])
+def test_bad_package_ranges_are_refused_naming_the_field(tmp_path, packages, field):
+    with pytest.raises(corpus.CorpusError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        ledger.load(str(_ledger(tmp_path, packages)))
+
+
+def test_bisection_runs_few_releases_and_finds_both_ends():
+    releases = [f"0.{i}.0" for i in range(10, 30)]
+    ran = []
+
+    def outcome(r):
+        ran.append(r)
+        return v.DIVERGES if "0.14.0" <= r < "0.23.0" else v.AGREES
+
+    seen = v.bisect(releases, outcome)
+    assert len(ran) == len(set(ran)) < len(releases)
+    spec = v.specifier(releases, v.filled(releases, seen))
+    assert spec == ">=0.14.0,<0.23.0"
+    assert "4 of 20" not in v.table("deepspeed", releases, seen)  # the count said is the real one
+    assert f"{len(seen)} of 20 releases run" in v.table("deepspeed", releases, seen)
+
+
+def test_ranges_open_at_the_ends_the_list_reaches_and_gaps_are_said():
+    rs = ["1.0", "1.1", "1.2", "1.3"]
+    assert v.specifier(rs, dict(zip(rs, [v.DIVERGES, v.DIVERGES, v.AGREES, v.AGREES]))) == "<1.2"
+    assert v.specifier(rs, dict(zip(rs, [v.AGREES, v.DIVERGES, v.DIVERGES, v.DIVERGES]))) == ">=1.1"
+    split = dict(zip(rs, [v.DIVERGES, v.AGREES, v.DIVERGES, v.AGREES]))
+    assert v.specifier(rs, split) is None and "not one stretch" in v.table("x", rs, split)
+    assert "no release of x" in v.table("x", rs, dict.fromkeys(rs, v.AGREES))
+    unknown = v.filled(rs, {"1.0": v.AGREES, "1.3": v.DIVERGES})
+    assert unknown["1.1"] == "unknown (not run)" and v.specifier(rs, unknown) is None
+
+
+def test_a_release_where_nothing_ran_is_no_answer_not_agreement():
+    assert v.verdict({"deepspeed.zero0.stock": "unavailable: not installed"}).startswith("no answer")
+    assert v.verdict({"a": v.AGREES, "b": v.DIVERGES}) == v.DIVERGES
+
+
+def test_the_release_list_is_noxfiles(tmp_path):
+    """One list: ``versions`` reads the releases from ``nox -l --json``."""
+    fake = tmp_path / "nox.py"
+    sessions = [{"name": "stack", "call_spec": {"package": "deepspeed", "release": r}} for r in ("0.19.8", "0.14.5")]
+    sessions.append({"name": "gate", "call_spec": {"torch": "2.13.0"}})
+    fake.write_text(f"print({json.dumps(json.dumps(sessions))})")
+    assert v.from_nox(f"{sys.executable} {fake}", "deepspeed") == ["0.14.5", "0.19.8"]
+    text = open(os.path.join(ROOT, "noxfile.py")).read()
+    assert '"deepspeed": [' in text and "def stack(" in text
+
+
+def test_here_replays_one_case_on_what_is_installed(tmp_path, capsys):
+    from harness.cli.main import main
+    from tests.helpers import nested
+
+    f = tmp_path / "case.json"
+    f.write_text(json.dumps(corpus.Entry(nested(), {}).to_json()))
+    assert main(["versions", str(f), "--here", "--paths", "eager.accumulate,deepspeed.zero0"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["eager.accumulate"] == v.AGREES
+    assert got["deepspeed.zero0.stock"] in (v.AGREES, "unavailable: deepspeed is not installed here: "
+                                            "pip install 'gradfuzz[deepspeed]'")
