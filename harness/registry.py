@@ -25,6 +25,7 @@ BUILTIN = (
     "parallel = harness.paths.parallel:FAMILY",
     "deepspeed = harness.paths.deepspeed:FAMILY",
     "megatron = harness.paths.megatron:FAMILY",
+    "torchtitan = harness.paths.torchtitan:FAMILY",
 )
 GROUP = "gradfuzz.paths"
 

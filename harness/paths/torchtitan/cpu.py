@@ -1,0 +1,75 @@
+"""torchtitan on CPU ranks (gloo): the one place the family adapts it.
+
+Two things stand between torchtitan's parallelize functions and a CPU rank;
+both are changed here, in the rank process only (``rank.parallelize`` calls
+this module; the parent never imports torchtitan):
+
+- **The reduce op.** torchtitan turns FSDP2's gradient division off
+  (``disable_fsdp_gradient_division``: ``set_gradient_divide_factor(1.0)``)
+  because its loss is already divided by the global token count. With a
+  factor set, FSDP2 reduce-scatters with ``ReduceOp.PREMUL_SUM(1 / factor)``,
+  which NCCL has and gloo has not ("Cannot use ReduceOp.PREMUL_SUM with
+  Gloo"). On gloo every FSDP module is told
+  ``set_force_sum_reduction_for_comms(True)``, a public FSDP2 switch
+  torchtitan itself sets for symmetric-memory runs: FSDP2 then reduces with
+  ``SUM`` and divides afterwards only by a factor other than 1. ``PREMUL_SUM
+  (1.0)`` and ``SUM`` give the same values bit for bit.
+- **A triton import.** ``apply_compile`` imports torchtitan's attention
+  module, whose MoE token dispatcher imports the expert-parallel kernels
+  (``torchtitan.distributed.minimal_async_ep.kernels``), written in triton,
+  which a CPU build lacks. That one module is replaced by a stand-in whose
+  every kernel raises; nothing on this family's paths calls them (MoE only).
+
+Nothing else is patched: the functions called here read neither
+torchtitan's device type nor its attention choice (those are the Llama
+model's and the trainer's). ``tests/cover/test_torchtitan.py`` holds both
+changes to "no gradient path changes".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import torch.distributed as dist
+
+KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
+
+
+def adapt(model: Any, group: Any) -> int:
+    """Make a torchtitan-parallelized ``model`` reduce on ``group``: on gloo,
+    SUM for PREMUL_SUM(1). Returns how many FSDP modules it changed (0 on NCCL)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if dist.get_backend(group) != "gloo":
+        return 0
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_force_sum_reduction_for_comms(True)
+    return len(units)
+
+
+class _GpuKernel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{KERNELS}.{self.name} is a triton kernel; this CPU rank has no triton")
+
+
+def without_triton() -> bool:
+    """Stand in for torchtitan's triton kernels where triton is absent; True if it did."""
+    if KERNELS in sys.modules or importlib.util.find_spec("triton") is not None:
+        return False
+    stub = types.ModuleType(KERNELS, "torchtitan's expert-parallel triton kernels, absent on CPU (gradfuzz)")
+
+    def kernel(name: str) -> _GpuKernel:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _GpuKernel(name)
+
+    stub.__getattr__ = kernel  # type: ignore[method-assign]
+    sys.modules[KERNELS] = stub
+    return True

@@ -1,0 +1,93 @@
+"""``torchtitan.<variant>.stock``: the case's module parallelized by
+torchtitan's own functions (``apply_fsdp_to_decoder`` with its reshard
+policy, and for the AC variants its ``FullAC`` or ``SelectiveAC`` per
+block), trained as torchtitan's ``Trainer.train_step`` accumulates: one
+forward and ``loss.backward()`` per microbatch, FSDP reducing every one, the
+loss divided by the step's global token count. On the worker pool's process
+group (gloo on CPU).
+
+Grads (``full_tensor()``), outputs and input grads are compared after every
+micro-step on every rank against the float64 eager oracle, in torchtitan's
+convention (sum over ranks, the loss over global tokens), which ``rank``
+undoes through the labels each rank is given.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+from harness.case.ops import draws_random
+from harness.case.spec import Case
+from harness.observation import Observation
+from harness.paths.assemble import observation as assemble
+from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.pooled import PooledPath
+from harness.paths.torchtitan.data import KNOBS, knobs
+
+STOCK = "stock"
+# variant -> (activation checkpointing policy, per-block compile), torchtitan's
+# ``activation_checkpoint`` and ``compile.enable``
+VARIANTS = {"fsdp": ("none", False), "fsdp_ac": ("full", False), "fsdp_sac": ("selective", False),
+            "fsdp_compile": ("none", True)}
+INSTALL = "pip install 'gradfuzz[torchtitan]'"
+
+
+class TorchtitanPath(PooledPath):
+    # Each block's and the root's unsharded grads accumulate through eager's
+    # AccumulateGrad within a backward: where plain .backward() already
+    # diverges, so does this.
+    contract = Contract(retained_grads=True, draws=(KNOBS,), model_parts=True, judged_against="eager.accumulate")
+
+    def __init__(self, name: str, ac: str, compiled: bool = False, impl: str = STOCK, world_size: int = 2,
+                 timeout: float = 10.0, backend: str | None = None) -> None:
+        super().__init__(name, world_size, timeout, backend)
+        self.ac, self.compiled, self.impl = ac, compiled, impl
+
+    def availability(self) -> Availability:
+        if importlib.util.find_spec("torchtitan") is None:
+            return Availability(False, f"torchtitan is not installed here: {INSTALL}")
+        version = importlib.metadata.version("torchtitan")
+        if tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) < (0, 3):
+            return Availability(False, f"torchtitan {version} has no torchtitan.distributed.fsdp (0.3 moved its "
+                                f"parallelize functions there): {INSTALL}")
+        where = self.group_availability()
+        return where if not where.ok else Availability(True, f"{where.reason}; torchtitan FSDP2, AC {self.ac}"
+                                                             f"{', compiled per block' if self.compiled else ''}")
+
+    def supports(self, case: Case) -> str | None:
+        s, world = case.schedule, self._world()
+        if s.events or s.retain_outputs or s.param_hooks:
+            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.optimizer or s.clip:
+            return "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
+        if s.grad_init != "none" or s.zero_grad == "keep":
+            return "torchtitan's train_step zeroes every grad at the start of each step (no prefilled or kept grads)"
+        if case.dtype != "float32":
+            return "torchtitan's FSDP mixed precision takes float32 or bfloat16 parameters, not float64"
+        if not any(p.requires_grad for p in case.params):
+            return "every parameter is frozen: there is nothing to train"
+        if self.ac != "none" and not knobs(case).preserve_rng and draws_random(case):
+            return ("activation checkpointing with preserve_rng_state=False redraws dropout in the recomputation "
+                    "(documented by torch.utils.checkpoint)")
+        if self.compiled and (case.hooks or case.retain_grad):
+            return ("torchtitan compiles each block with fullgraph=True, and dynamo cannot trace a tensor hook or "
+                    "retain_grad inside one without a graph break (fullgraph raises at any graph break)")
+        if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
+            return (f"exact mode needs powers of two: the loss is divided by the global token count "
+                    f"(world {world} x microbatches {s.microbatches}), which rounds otherwise")
+        return None
+
+    def run(self, case: Case) -> Observation:
+        outcome = self.group.request({"op": "call", "module": "harness.paths.torchtitan.rank", "case": case.dumps(),
+                                      "ac": self.ac, "compile": self.compiled, "impl": self.impl}, self.timeout)
+        return assemble(self.name, case, outcome)
+
+    def repro(self, case: Case) -> Repro:
+        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
+                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+
+
+def paths(options: Options) -> list[TorchtitanPath]:
+    return [TorchtitanPath(f"torchtitan.{v}.stock", ac, compiled, STOCK, options.world_size,
+                           max(options.timeout, 60.0), options.backend) for v, (ac, compiled) in VARIANTS.items()]
