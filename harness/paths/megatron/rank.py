@@ -24,6 +24,7 @@ what the optimizer steps on.
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
 from typing import Any
 
@@ -69,11 +70,12 @@ def _wrap(case: Case, built: Built, distopt: bool, ctx: Rank) -> Any:
     return DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, distopt)), module)
 
 
-def _gathered(ddp: Any, buffer: Any) -> torch.Tensor:
+def _gathered(buffer: Any) -> torch.Tensor:
     """A grad buffer as the distributed optimizer sees it: every bucket's
     reduced shard from the rank that owns it."""
     out = buffer.grad_data.clone()
-    group, world = ddp.intra_dp_cp_group, ddp.intra_dp_cp_group.size()
+    group = buffer.data_parallel_group
+    world = group.size()
     for bucket in buffer.buckets:
         flat = bucket.grad_data.view(-1)
         pieces = list(flat.clone().chunk(world))
@@ -87,7 +89,7 @@ def main_grads(ddp: Any, reduced: bool) -> dict[str, torch.Tensor]:
     names = {p: n for n, p in ddp.module.params().items()}
     out = {}
     for buffer in ddp.buffers:
-        full = _gathered(ddp, buffer) if reduced and ddp.ddp_config.use_distributed_optimizer else buffer.grad_data
+        full = _gathered(buffer) if reduced and ddp.ddp_config.use_distributed_optimizer else buffer.grad_data
         for p, (start, end, _) in buffer.param_index_map.items():
             out[names[p]] = full[start:end].view(p.shape)
     return out
@@ -124,6 +126,13 @@ def _micro(case: Case, built: Built, k: int, ddp: Any, fault: Any, ctx: Rank) ->
     return _facts(case, built, k, ddp, sync, inputs, outs)
 
 
+def _raised_at(e: BaseException) -> str:
+    """Where a bare ``assert`` fired (megatron has many without a message),
+    so its finding names the check instead of an empty message."""
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    return f"assert in {frame.name} ({os.path.basename(frame.filename)}: {(frame.line or '').strip()[:120]})"
+
+
 def run_case(ctx: Rank, case: Case, distopt: bool, impl: str) -> dict[str, Any]:
     """One case on this rank. It never raises: the parent judges a failure next to its peers'."""
     built = Built(case)
@@ -136,7 +145,7 @@ def run_case(ctx: Rank, case: Case, distopt: bool, impl: str) -> dict[str, Any]:
             for k in range(case.schedule.backwards):
                 out["steps"].append(_micro(case, built, k, ddp, fault, ctx))
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
+        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e) or _raised_at(e),
                           "traceback": traceback.format_exc()[-4000:]}
     return out
 
