@@ -50,6 +50,23 @@ def test_contract_refuses_what_torchtitan_owns_or_cannot_take():
     assert fsdp.supports(replace(case, retain_grad=("n0",))) is None
 
 
+def test_a_view_of_a_weight_handed_out_of_its_resharding_unit_is_refused():
+    """FSDP2 frees a unit's unsharded weights when its forward ends; a view of
+    one read later crashed the ranks (the 10-minute fuzz's one finding)."""
+    from harness.case.spec import Input, Node, Param, Schedule, Use
+
+    view = Node("n0", "expand", (Use("g0"),), (("shape", (2, 3)),))
+    case = Case(params=(Param("g0", (1, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(view, Node("n1", "mul", (Use("x0"), Use("n0")))), outputs=(Use("n1"),),
+                schedule=Schedule(microbatches=2))
+    (fsdp,) = resolve("torchtitan.fsdp.stock")
+    assert "n0 is a view" in fsdp.supports(case.with_data("torchtitan", Knobs(layers=(1,))))
+    assert fsdp.supports(case.with_data("torchtitan", Knobs(reshard="never", layers=(1,)))) is None
+    assert fsdp.supports(case) is None  # one block: the view stays inside the unit
+    as_output = replace(case, outputs=(Use("n0"), Use("n1")))  # the root reshards after forward too
+    assert "n0 is a view" in fsdp.supports(as_output.with_data("torchtitan", Knobs(reshard="never")))
+
+
 def test_the_gloo_reduce_op_is_premul_sum_of_one_turned_into_a_plain_sum():
     """cpu.adapt's claim, held against FSDP2 itself: with torchtitan's factor 1
     and sums forced, FSDP2 reduces with SUM and divides by nothing, where it

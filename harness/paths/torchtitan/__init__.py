@@ -18,4 +18,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.torchtitan.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/torchtitan/README.md",
+    package="torchtitan",
 )

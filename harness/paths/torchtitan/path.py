@@ -14,8 +14,10 @@ undoes through the labels each rank is given.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
+from typing import Any
 
 from harness.case.ops import draws_random
 from harness.case.spec import Case
@@ -73,6 +75,12 @@ class TorchtitanPath(PooledPath):
         if self.compiled and (case.hooks or case.retain_grad):
             return ("torchtitan compiles each block with fullgraph=True, and dynamo cannot trace a tensor hook or "
                     "retain_grad inside one without a graph break (fullgraph raises at any graph break)")
+        block_view, root_view = _views_handed_on(case)
+        held = root_view or (block_view if knobs(case).reshard != "never" else "")
+        if held:
+            return (f"{held} is a view of a weight of the FSDP unit that hands it on, which reshards after forward "
+                    f"(the root always does): its unsharded storage is freed under the view (a crash on torch "
+                    f"2.13; pytorch/pytorch PR #195862 makes it an error; benchmarks/torchtitan_reshard_view.py)")
         if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
             return (f"exact mode needs powers of two: the loss is divided by the global token count "
                     f"(world {world} x microbatches {s.microbatches}), which rounds otherwise")
@@ -86,6 +94,46 @@ class TorchtitanPath(PooledPath):
     def repro(self, case: Case) -> Repro:
         return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
                      f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+
+
+@functools.lru_cache(maxsize=64)
+def _views_handed_on(case: Case) -> tuple[str, str]:
+    """The first value a block hands to a later block or the outputs that
+    aliases a weight only that block holds, and the first output aliasing a
+    root weight ("" where none): FSDP2 frees those weights' unsharded storage
+    when the unit's forward ends. Found by running the blocks once eagerly."""
+    import torch
+
+    from harness.materialize.tensors import Built
+    from harness.paths.torchtitan.model import Decoder
+
+    built = Built(case)
+    model = Decoder(built, built.params(), torch.device("cpu"), built.dtype, knobs(case).layers)
+    env: dict = {n: t.to(built.dtype) for n, t in built.inputs(0).items()}
+    env.update({n: model.weight(n) for n, j in model.owner.items() if j < 0})
+    root = _storages(model.weight(n) for n, j in model.owner.items() if j < 0)
+    built.seed_rng()
+    block_view = ""
+    with torch.no_grad():
+        for block in model.blocks:
+            own = _storages(getattr(block, n) for n in model.owned_by(block))
+            got = block(env)
+            env.update(got)
+            later = {u.ref for n in case.nodes[block.span[1]:] for u in n.args} | {u.ref for u in case.outputs}
+            block_view = block_view or next((n for n in sorted(later & got.keys()) if _storages([got[n]]) & own), "")
+    root_view = next((u.ref for u in case.outputs if _storages([env[u.ref]]) & root), "")
+    return block_view, root_view
+
+
+def _storages(values: Any) -> set[int]:
+    import torch
+
+    out = set()
+    for v in values:
+        for t in v if isinstance(v, tuple) else (v,):
+            if isinstance(t, torch.Tensor):
+                out.add(t.untyped_storage().data_ptr())
+    return out
 
 
 def paths(options: Options) -> list[TorchtitanPath]:
