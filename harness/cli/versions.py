@@ -123,16 +123,31 @@ def here(case: str, paths: str | None) -> dict[str, str]:
         a = p.availability()
         reason = None if not a.ok else p.supports(entry.case)
         out[p.name] = (f"unavailable: {a.reason}" if not a.ok else f"outside its contract: {reason}" if reason
-                       else DIVERGES if runner.check(entry.case, p) else AGREES)
+                       else _outcome(runner.check(entry.case, p)))
     return out
+
+
+def _outcome(divergences: list) -> str:
+    """``agrees``, or ``diverges`` with the first finding (a timeout is not a wrong grad)."""
+    if not divergences:
+        return AGREES
+    d = divergences[0]
+    return f"{DIVERGES}: {d.kind} [{d.signature}] {' '.join(d.detail.split())[:160]}"
 
 
 def verdict(per_path: dict[str, str]) -> str:
     """One release's outcome: diverges if any path does, agrees if all that ran agree."""
-    ran = [v for v in per_path.values() if v in (DIVERGES, AGREES)]
+    ran = {k: v for k, v in per_path.items() if v == AGREES or v.startswith(DIVERGES)}
     if not ran:
         return "no answer: " + "; ".join(f"{k} {v}" for k, v in per_path.items())[:300]
-    return DIVERGES if DIVERGES in ran else AGREES
+    hit = [f"{k}{v[len(DIVERGES):]}" for k, v in ran.items() if v != AGREES]
+    return f"{DIVERGES} on {len(hit)} of {len(ran)} paths: {hit[0]}" if hit else AGREES
+
+
+def outcome_class(outcome: str) -> str:
+    """``diverges``, ``agrees`` or ``unknown``: what the bisection and the range look at."""
+    word = outcome.split(" ")[0].rstrip(":")
+    return word if word in (DIVERGES, AGREES) else "unknown"
 
 
 def bisect(releases: list[str], outcome: Callable[[str], str], samples: int = SAMPLES) -> dict[str, str]:
@@ -142,7 +157,7 @@ def bisect(releases: list[str], outcome: Callable[[str], str], samples: int = SA
     seen = {i: outcome(releases[i]) for i in sorted({round(k * (n - 1) / max(samples - 1, 1)) for k in range(samples)})}
     while True:
         run = sorted(seen)
-        gaps = [(a, b) for a, b in zip(run, run[1:]) if b - a > 1 and seen[a] != seen[b]]
+        gaps = [(a, b) for a, b in zip(run, run[1:]) if b - a > 1 and outcome_class(seen[a]) != outcome_class(seen[b])]
         if not gaps:
             return {releases[i]: seen[i] for i in run}
         for a, b in gaps:
@@ -159,8 +174,8 @@ def filled(releases: list[str], seen: dict[str, str]) -> dict[str, str]:
             continue
         lo = [x for x in run if Version(x) < Version(r)]
         hi = [x for x in run if Version(x) > Version(r)]
-        same = lo and hi and seen[lo[-1]] == seen[hi[0]]
-        out[r] = f"{seen[lo[-1]]} (not run)" if same else "unknown (not run)"
+        same = lo and hi and outcome_class(seen[lo[-1]]) == outcome_class(seen[hi[0]]) != "unknown"
+        out[r] = f"{outcome_class(seen[lo[-1]])} (not run)" if same else "unknown (not run)"
     return out
 
 
@@ -168,7 +183,7 @@ def specifier(releases: list[str], outcomes: dict[str, str]) -> str | None:
     """The affected range as a PEP 440 specifier, if the diverging releases
     are one stretch between releases that agree; open at an end the list
     reaches. None: no divergence, or a pattern one range cannot say."""
-    flags = [outcomes[r].split(" ")[0] for r in releases]
+    flags = [outcome_class(outcomes[r]) for r in releases]
     hit = [i for i, f in enumerate(flags) if f == DIVERGES]
     if not hit or any(flags[i] != DIVERGES for i in range(hit[0], hit[-1] + 1)):
         return None

@@ -167,10 +167,13 @@ def _version(v: Any, where: str) -> str:
 def report_from_json(data: Any, file: str) -> dict[str, Any]:
     """A gate report another run wrote: the fields ``table`` and ``--baseline`` use, checked."""
     try:
-        sc.obj(data, "", ("torch", "rows"), ("schema", "passed", "seconds", "examples", "counts", "selfcheck"))
+        sc.obj(data, "", ("torch", "rows"), ("schema", "passed", "seconds", "examples", "counts", "selfcheck",
+                                             "packages"))
         if "schema" in data:
             sc.integer(data["schema"], "schema", 1, 1)
         _version(data["torch"], "torch")
+        for name, release in sc.package_ranges(data.get("packages", {}), "packages").items():
+            _version(release, f"packages.{name}")
         opt_text = lambda x, w: x if x is None else sc.string(x, w, max_len=sc.MAX_TEXT)  # noqa: E731
         for i, row in enumerate(sc.array(data["rows"], "rows", 100_000)):
             w = f"rows[{i}]"

@@ -222,7 +222,12 @@ def headline(rep: dict[str, Any]) -> str:
     fails, rest = _counted(rep, True), _counted(rep, False)
     why = (f"{', '.join(fails)} fail the gate" if fails else "nothing fails the gate") + (
         f"; {', '.join(rest)}" if rest else "")
-    return f"gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on torch {rep['torch']}: {why}"
+    return f"gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on {on(rep)}: {why}"
+
+
+def on(rep: dict[str, Any]) -> str:
+    """What the verdict is about: torch, and the training stacks installed (``torch 2.13.0, deepspeed 0.19.8``)."""
+    return ", ".join([f"torch {rep['torch']}"] + [f"{k} {v}" for k, v in (rep.get("packages") or {}).items()])
 
 
 def _facts(rep: dict[str, Any]) -> str:
@@ -236,7 +241,7 @@ def _facts(rep: dict[str, Any]) -> str:
 def verdict(rep: dict[str, Any]) -> str:
     """The last line on the terminal, pytest style."""
     parts = _counted(rep, True) + _counted(rep, False)
-    text = f" gradfuzz gate on torch {rep['torch']}: {'PASSED' if rep['passed'] else 'FAILED'} ({', '.join(parts) or 'nothing to report'}) in {rep['seconds']:.0f}s "
+    text = f" gradfuzz gate on {on(rep)}: {'PASSED' if rep['passed'] else 'FAILED'} ({', '.join(parts) or 'nothing to report'}) in {rep['seconds']:.0f}s "
     return text.center(max(len(text) + 8, 79), "=")
 
 

@@ -59,6 +59,7 @@ class GateReport:
     examples: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     schema: int = SCHEMA
+    packages: dict[str, str] = field(default_factory=dict)  # the training stacks installed: part of the verdict
 
     @property
     def failed(self) -> bool:
@@ -68,6 +69,7 @@ class GateReport:
         return {
             "schema": self.schema,
             "torch": self.torch,
+            "packages": self.packages,
             "passed": not self.failed,
             "seconds": round(self.seconds, 2),
             "examples": self.examples,
@@ -75,6 +77,15 @@ class GateReport:
             "rows": [asdict(r) for r in self.rows],
             "selfcheck": [asdict(c) for c in self.selfcheck],
         }
+
+
+def stacks_installed() -> dict[str, str]:
+    """The release of every family's training stack installed here (``Family.package``)."""
+    from harness.artifacts.corpus import installed
+    from harness.paths import families
+
+    found = {f.package: installed(f.package) for f in families() if getattr(f, "package", "")}
+    return {k: v for k, v in sorted(found.items()) if v}
 
 
 def _classify(bug: ledger_mod.Bug, version: str, reproduced: bool) -> str:
@@ -107,7 +118,7 @@ def run_gate(
     processes); it takes the live paths and ``fuzz``'s budget keywords."""
     start = time.monotonic()
     version = torch.__version__
-    report = GateReport(torch=version)
+    report = GateReport(torch=version, packages=stacks_installed())
     led = ledger_mod.load(ledger_file)
     entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
     if run_selfcheck:

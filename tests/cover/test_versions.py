@@ -88,7 +88,13 @@ def test_ranges_open_at_the_ends_the_list_reaches_and_gaps_are_said():
 
 def test_a_release_where_nothing_ran_is_no_answer_not_agreement():
     assert v.verdict({"deepspeed.zero0.stock": "unavailable: not installed"}).startswith("no answer")
-    assert v.verdict({"a": v.AGREES, "b": v.DIVERGES}) == v.DIVERGES
+    got = v.verdict({"a": v.AGREES, "b": "diverges: timeout [t-1] the case hung"})
+    assert got == "diverges on 1 of 2 paths: b: timeout [t-1] the case hung" and v.outcome_class(got) == v.DIVERGES
+    assert v.outcome_class("no answer: the session failed") == "unknown"
+    # the bisection compares classes: two releases that diverge differently are not a change
+    rs = ["1.0", "1.1", "1.2", "1.3", "1.4"]
+    seen = v.bisect(rs, lambda r: f"diverges on 1 of 1 paths: p: value [{r}]", samples=2)
+    assert sorted(seen) == ["1.0", "1.4"] and v.specifier(rs, v.filled(rs, seen)) == ""
 
 
 def test_the_release_list_is_noxfiles(tmp_path):

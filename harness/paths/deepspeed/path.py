@@ -22,6 +22,8 @@ from harness.paths.pooled import PooledPath
 STOCK = "stock"
 STAGES = (0, 1, 2, 3)
 INSTALL = "pip install 'gradfuzz[deepspeed]'"
+WARM_TIMEOUT = 900.0  # the first compile of DeepSpeed's shared-memory op on a loaded 2-core machine
+_WARM: set[int] = set()  # the pool groups whose ranks have started DeepSpeed's communication once
 
 
 class DeepSpeedPath(PooledPath):
@@ -58,9 +60,20 @@ class DeepSpeedPath(PooledPath):
         return None
 
     def run(self, case: Case) -> Observation:
+        self._warm()
         outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "case": case.dumps(),
                                       "stage": self.stage, "impl": self.impl}, self.timeout)
         return assemble(self.name, case, outcome)
+
+    def _warm(self) -> None:
+        """DeepSpeed's first start on a machine compiles a C++ op (tens of
+        seconds, minutes under load). That happens here, once per group and
+        outside any case's time limit, so a first case is never a false hang."""
+        group = self.group
+        if id(group) in _WARM:
+            return
+        _WARM.add(id(group))
+        self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "warm": True}, WARM_TIMEOUT)
 
     def repro(self, case: Case) -> Repro:
         return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "

@@ -38,12 +38,32 @@ def _deepspeed(ctx: Rank) -> Any:
     rank from the launcher's variables, which the pool's ranks (started by
     gradfuzz, not a launcher) set here."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if ctx.device.type == "cpu" else "cuda")
+    _clear_stale_build_locks()
     for var, value in (("RANK", ctx.rank), ("LOCAL_RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size),
                        ("LOCAL_WORLD_SIZE", ctx.world_size)):
         os.environ.setdefault(var, str(value))
     import deepspeed
 
     return deepspeed
+
+
+STALE_LOCK_S = 900.0  # a first compile takes tens of seconds; a lock this old outlived the process that took it
+
+
+def _clear_stale_build_locks() -> None:
+    """torch's extension builder waits forever on the lock file of a build
+    whose process was killed (an interrupted first start), so every later
+    DeepSpeed run would hang: a lock older than any build is removed."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    try:
+        lock = os.path.join(_get_build_directory("deepspeed_shm_comm", verbose=False), "lock")
+        if time.time() - os.stat(lock).st_mtime > STALE_LOCK_S:
+            os.remove(lock)
+    except (OSError, AttributeError):
+        pass  # no lock (the usual case), or a torch without this helper: nothing to clear
 
 
 def _engine(case: Case, built: Built, stage: int, ctx: Rank) -> Any:
@@ -94,5 +114,10 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str) -> dict[str, Any]:
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.deepspeed.path``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.deepspeed.path``),
+    or the warm-up before the first: DeepSpeed's communication started once,
+    which builds its op (``path._warm``)."""
+    if msg.get("warm"):
+        _deepspeed(ctx).comm.init_distributed()
+        return {"rank": ctx.rank, "warm": True}
     return run_case(ctx, Case.loads(msg["case"]), int(msg["stage"]), msg["impl"])
