@@ -336,7 +336,7 @@ class TorchrunGroup:
         self._next_id = 0
         self._stopped = False
         if self.rank == 0:
-            atexit.register(self.close)
+            atexit.register(self.stop)
 
     @property
     def pids(self) -> list[int]:
@@ -367,6 +367,11 @@ class TorchrunGroup:
         pass
 
     def close(self) -> None:
+        """Nothing: the launcher's group outlives every phase of a command
+        (the gate closes its paths after the replay, then fuzzes on them);
+        the other ranks are told to stop when rank 0 exits (``stop``)."""
+
+    def stop(self) -> None:
         import torch.distributed as dist
 
         if self._stopped or self.rank != 0 or not dist.is_initialized():

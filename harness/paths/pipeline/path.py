@@ -58,18 +58,21 @@ LAYOUTS = {1: "", 2: "ranks2."}  # world size -> the infix in path names
 
 
 
-_probed: dict[int, dict[str, Any]] = {}
+_probed: dict[tuple[int, str | None], dict[str, Any]] = {}
 
 
-def _group(world_size: int) -> Any:
-    from harness.workers import pool  # one pool per world size, shared with the DTensor paths
+def _group(world_size: int, backend: str | None = None) -> Any:
+    """The pool of this world size and backend (``--backend``; None: NCCL with
+    a GPU per rank, else gloo), shared with the other process-group families."""
+    from harness.workers import pool
 
-    return pool.group(world_size)
+    return pool.group(world_size, backend)
 
 
-def _ask(world_size: int, msg: dict[str, Any], what: str, timeout: float) -> dict[str, Any]:
+def _ask(world_size: int, msg: dict[str, Any], what: str, timeout: float, backend: str | None = None) -> dict[str, Any]:
     """Rank 0's reply to a ``pipeline_rank.handle`` message, or why ``what`` failed."""
-    outcome = _group(world_size).request({"op": "call", "module": "harness.paths.pipeline.rank", **msg}, timeout)
+    outcome = _group(world_size, backend).request({"op": "call", "module": "harness.paths.pipeline.rank", **msg},
+                                                  timeout)
     reply = outcome.replies.get(0, {})
     if outcome.status != "ok" or "error" in reply:
         raise RuntimeError(f"probing {what} on {world_size} rank(s) failed: "
@@ -77,17 +80,18 @@ def _ask(world_size: int, msg: dict[str, Any], what: str, timeout: float) -> dic
     return reply
 
 
-def probe(world_size: int, timeout: float = 120.0) -> dict[str, Any]:
-    """The layouts of every schedule with this many ranks (cached per process)."""
-    if world_size not in _probed:
-        _probed[world_size] = _ask(world_size, {"what": "probe"}, "the schedules", timeout)
-    return _probed[world_size]
+def probe(world_size: int, timeout: float = 120.0, backend: str | None = None) -> dict[str, Any]:
+    """The layouts of every schedule with this many ranks (cached per process and backend)."""
+    if (world_size, backend) not in _probed:
+        _probed[(world_size, backend)] = _ask(world_size, {"what": "probe"}, "the schedules", timeout, backend)
+    return _probed[(world_size, backend)]
 
 
-_same_rank: dict[tuple[int, str], dict[str, Any]] = {}
+_same_rank: dict[tuple, dict[str, Any]] = {}  # (world size, stage class[, backend given by --backend])
 
 
-def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, timeout: float = 120.0) -> str | None:
+def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, timeout: float = 120.0,
+                        backend: str | None = None) -> str | None:
     """The error if this torch's runtime for ``schedule``, with the stage
     class ``impl``, sends between two stages held by one rank through the
     process group, else None: found once per process, world size and stage
@@ -95,21 +99,23 @@ def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, t
     backend that world size's cases run on (on one GPU the one-rank pool is
     NCCL, which reaches itself, while two ranks share the CPU over gloo,
     which does not)."""
-    key = (world_size, impl)
+    key: tuple = (world_size, impl) if backend is None else (world_size, impl, backend)
     if key not in _same_rank:
-        reply = _ask(world_size, {"what": "same_rank", "impl": impl}, "two stages on one rank", timeout)
+        reply = _ask(world_size, {"what": "same_rank", "impl": impl}, "two stages on one rank", timeout, backend)
         _same_rank[key] = {"works": reply.get("works", []), "self_send": reply.get("self_send", {})}
     return _same_rank[key]["self_send"].get(schedule)
 
 
 class PipelinePath:
-    def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0, name: str = "") -> None:
+    def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0, name: str = "",
+                 backend: str | None = None) -> None:
         flavour = "stock" if impl == STOCK else "fixed" if impl == FIXED else "custom"
         self.name = name or f"pipeline.{schedule}.{LAYOUTS.get(world_size, f'ranks{world_size}.')}{flavour}"
         self.schedule = schedule
         self.impl = impl
         self.world_size = world_size
         self.timeout = timeout
+        self.backend = backend  # --backend; None: NCCL with a GPU per rank, else gloo
 
     @property
     def layouts(self) -> tuple[tuple[int, int], ...]:
@@ -128,7 +134,7 @@ class PipelinePath:
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
         """The (stages, microbatches) the schedule's constructor takes here."""
-        return tuple(sorted(tuple(x) for x in probe(self.world_size)["layouts"].get(self.schedule, ())))
+        return tuple(sorted(tuple(x) for x in probe(self.world_size, backend=self.backend)["layouts"].get(self.schedule, ())))
 
     def _unrunnable(self) -> dict[tuple[int, int], str]:
         """Layouts the schedule takes that this torch cannot run here, with why:
@@ -136,14 +142,14 @@ class PipelinePath:
         this stage class sends between them through gloo
         (``same_rank_self_send``: stock on torch 2.11; the fixed stage drops
         those sends)."""
-        placement = probe(self.world_size)["placement"].get(self.schedule, {})
+        placement = probe(self.world_size, backend=self.backend)["placement"].get(self.schedule, {})
         out: dict[tuple[int, int], str] = {}
         for n, m in self._layouts():
             where = list(placement.get(n, ()))
             pair = next(((i, r) for i, (r, q) in enumerate(zip(where, where[1:])) if r == q), None)
             if pair is None:
                 continue
-            error = same_rank_self_send(self.schedule, self.impl, self.world_size)
+            error = same_rank_self_send(self.schedule, self.impl, self.world_size, 120.0, self.backend)
             if error is None:
                 return {}
             i, r = pair
@@ -160,6 +166,9 @@ class PipelinePath:
 
         if not dist.is_available() or not dist.is_gloo_available():
             return Availability(False, "torch.distributed with the gloo backend is needed")
+        if self.backend == "nccl" and (not dist.is_nccl_available() or torch.cuda.device_count() < self.world_size):
+            return Availability(False, f"nccl needs {self.world_size} GPU(s) and a CUDA build of torch, found "
+                                       f"{torch.cuda.device_count()} GPU(s)")
         if self.world_size > 1:
             # Stages on other ranks exchange their shapes with send_object_list,
             # which needs NumPy ("Numpy is not available" on the first step).
@@ -168,7 +177,7 @@ class PipelinePath:
             except ImportError:
                 return Availability(False, "stages on several ranks need NumPy (pip install 'gradfuzz[pipeline]')")
         try:
-            info = probe(self.world_size)
+            info = probe(self.world_size, backend=self.backend)
         except Exception as e:
             return Availability(False, str(e)[:300])
         layouts = info["layouts"].get(self.schedule)
@@ -215,17 +224,27 @@ class PipelinePath:
         return None
 
     def run(self, case: Case) -> Observation:
-        info = probe(self.world_size)
+        info = probe(self.world_size, backend=self.backend)
         where = info["placement"][self.schedule][len(stage_cuts(case)) + 1]
-        outcome = _group(self.world_size).request(
+        group = _group(self.world_size, self.backend)
+        outcome = group.request(
             {"op": "call", "module": "harness.paths.pipeline.rank", "case": case.dumps(), "schedule": self.schedule,
              "impl": self.impl, "placement": list(where), "wait": max(1.0, min(3.0, self.timeout / 3))}, self.timeout)
+        if self.world_size > 1 and getattr(group, "backend", None) == "nccl" and \
+                any(isinstance(r, dict) and (r.get("failure") or "error" in r) for r in outcome.replies.values()):
+            # A rank that raised mid-schedule leaves its peer's send or recv
+            # unmatched. On gloo that op times out and the rank goes on (the
+            # p2p group is replaced, ``pipeline_rank._group``); on NCCL its
+            # kernel stays on the GPU, and the next case's new_group blocks
+            # behind it: every case after a failing one hung (18 of 18 NCCL
+            # timeouts on 2 H200s, issue 31). Fresh ranks for the next case.
+            group.close()
         return observation(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
         stages = len(stage_cuts(case)) + 1
         try:
-            placement = tuple(probe(self.world_size)["placement"][self.schedule][stages])
+            placement = tuple(probe(self.world_size, backend=self.backend)["placement"][self.schedule][stages])
         except Exception:  # no pool here: the looped placement, which most schedules use
             placement = tuple(i % self.world_size for i in range(stages))
         return Repro(template="pipeline", family=Machinery(self.schedule, self.impl, placement, self.world_size))
@@ -233,7 +252,7 @@ class PipelinePath:
     def close(self) -> None:
         from harness.workers import pool
 
-        pool.close_group(self.world_size)
+        pool.close_group(self.world_size, self.backend)
 
 
 def _failures(obs: Observation, replies: dict[int, Any], M: int) -> list[tuple[bool, int, int, Failure]]:
@@ -334,7 +353,8 @@ def paths(options: Options) -> list[PipelinePath]:
     made = []
     for ws in LAYOUTS:
         for schedule in discover():
-            made += [PipelinePath(schedule, STOCK, ws, timeout), PipelinePath(schedule, FIXED, ws, timeout)]
+            made += [PipelinePath(schedule, STOCK, ws, timeout, backend=options.backend),
+                     PipelinePath(schedule, FIXED, ws, timeout, backend=options.backend)]
     return made
 
 
