@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from harness.materialize.names import case_name
 from oracles.dtensor_fixed import optimizer_step  # noqa: F401  (the step: grads of its own for the optimizer)
 
 
@@ -78,7 +79,7 @@ class FixedDDP(torch.nn.Module):
         # on every rank and the all-reduces pair up in this fixed order.
         for name, p in self.module.named_parameters():
             if p.requires_grad and p.grad is not None:
-                self.reduce_one(name.rsplit(".", 1)[-1], p.grad)  # "blocks.0.w1" -> "w1"
+                self.reduce_one(case_name(name), p.grad)  # "blocks.0.p_w1" -> "w1"
 
     def reduce_one(self, name: str, grad: torch.Tensor) -> None:
         dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
+from harness.materialize.names import case_name
 from oracles.dtensor_fixed import optimizer_step  # noqa: F401  (the step: grads of its own for the optimizer)
 
 
@@ -62,8 +63,8 @@ class FixedFSDP(torch.nn.Module):
                     DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride()),
                     requires_grad=p.requires_grad)
                 owner._parameters[name] = sharded
-                self.full_shapes[name] = full.shape
-                self.acc[name] = None
+                self.full_shapes[case_name(name)] = full.shape
+                self.acc[case_name(name)] = None
 
     def set_requires_gradient_sync(self, sync: bool) -> None:
         self.sync = sync
@@ -72,7 +73,7 @@ class FixedFSDP(torch.nn.Module):
         """Nothing to keep: this wrapper gathers before every forward."""
 
     def _sharded(self) -> dict[str, torch.nn.Parameter]:
-        return {n.rsplit(".", 1)[-1]: p for n, p in self.module.named_parameters()}
+        return {case_name(n): p for n, p in self.module.named_parameters()}
 
     def _gather(self, p: torch.Tensor, name: str) -> torch.Tensor:
         n = self.full_shapes[name][0]

@@ -27,6 +27,7 @@ import torch
 
 from harness.case.ops import OPS
 from harness.case.spec import Case, Node, Use
+from harness.materialize.names import attribute
 
 MAX_STAGES = 4
 
@@ -101,21 +102,27 @@ class StageModule(torch.nn.Module):
         self.spec = spec
         dtype = getattr(torch, case.dtype)
         frozen = {p.name for p in case.params if not p.requires_grad}
-        self.weights = torch.nn.ParameterDict({
-            n: torch.nn.Parameter(values[n].to(device, dtype), requires_grad=n not in frozen) for n in spec.params
-        })
+        for n in spec.params:
+            self.register_parameter(attribute(n), torch.nn.Parameter(values[n].to(device, dtype),
+                                                                     requires_grad=n not in frozen))
         self.hooks = {h.node: h for h in case.hooks}
+
+    @property
+    def weights(self) -> dict[str, torch.nn.Parameter]:
+        """This stage's parameters by case name (registered under ``names.attribute``)."""
+        return {n: getattr(self, attribute(n)) for n in self.spec.params}
 
     def forward(self, *args: torch.Tensor) -> Any:
         spec = self.spec
         if len(args) != len(spec.inputs):
             raise TypeError(f"stage {spec.index} takes {len(spec.inputs)} inputs, got {len(args)}")
         received = {(v.ref, v.index): t for v, t in zip(spec.inputs, args)}
+        weights = self.weights
         local: dict[str, Any] = {}
 
         def get(u: Use) -> torch.Tensor:
-            if u.ref in self.weights:
-                t = self.weights[u.ref]
+            if u.ref in weights:
+                t = weights[u.ref]
             elif u.ref in local:
                 t = local[u.ref] if u.index is None else local[u.ref][u.index]
             else:

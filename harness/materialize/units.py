@@ -9,7 +9,8 @@ used in two blocks (a tied weight) is the root's, as FSDP users tie them.
 With ``recompute`` each block is an activation-checkpointed region
 (non-reentrant ``torch.utils.checkpoint``), as large runs combine them.
 
-Every forward reads parameters by name through ``weight(name)`` at the
+Parameters are registered under ``names.attribute(name)``, never the case's
+name itself, which may be ``cuda`` or ``training``. Every forward reads parameters by name through ``weight(name)`` at the
 moment of use, because FSDP2 swaps its sharded parameters for unsharded
 ones around each unit's forward; ``weights=`` hands the whole forward other
 tensors instead (a reference implementation's gathered parameters).
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from harness.materialize.names import attribute
 from harness.materialize.stages import bounds
 from harness.materialize.tensors import Built
 
@@ -87,7 +89,7 @@ class CaseModule(torch.nn.Module):
             [Block(built, span, self, recompute) for span in bounds(case, units)] if units else [])
         for p in case.params:
             holder = self if self.owner[p.name] < 0 else self.blocks[self.owner[p.name]]
-            holder.register_parameter(p.name, torch.nn.Parameter(values[p.name].to(device, dtype),
+            holder.register_parameter(attribute(p.name), torch.nn.Parameter(values[p.name].to(device, dtype),
                                                                  requires_grad=p.requires_grad))
         self.override: dict[str, torch.Tensor] | None = None
 
@@ -97,14 +99,14 @@ class CaseModule(torch.nn.Module):
     def weight(self, name: str) -> torch.Tensor:
         if self.override is not None:
             return self.override[name]
-        return getattr(self.holder(name), name)
+        return getattr(self.holder(name), attribute(name))
 
     def owned_by(self, block: Block) -> list[str]:
         return [n for n, j in self.owner.items() if j >= 0 and self.blocks[j] is block]
 
     def params(self) -> dict[str, torch.Tensor]:
         """The registered parameters by case name (sharded ones, under FSDP2)."""
-        return {p.name: getattr(self.holder(p.name), p.name) for p in self.built.case.params}
+        return {p.name: getattr(self.holder(p.name), attribute(p.name)) for p in self.built.case.params}
 
     def forward(self, *inputs: torch.Tensor, weights: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         case = self.built.case

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness.materialize.tensors import Built
+from harness.materialize.names import attribute
 from harness.materialize.units import CaseModule
 from harness.paths.parallel.canaries import canaries
 from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
@@ -60,7 +61,7 @@ def test_units_put_a_weight_used_in_two_of_them_in_the_root():
     built = Built(tied())
     m = CaseModule(built, built.params(), "cpu", torch.float32, units=(2,))
     assert m.owner == {"w0": -1, "b1": 0, "g2": 1}
-    assert [n for n, _ in m.blocks[1].named_parameters()] == ["g2"]
+    assert [n for n, _ in m.blocks[1].named_parameters()] == [attribute("g2")]
 
 
 @pytest.mark.parametrize("name", ["ddp.fixed", "fsdp2.fixed", "ddp.stock", "fsdp2.stock"])

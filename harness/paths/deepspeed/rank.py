@@ -81,7 +81,7 @@ def _facts(case: Case, built: Built, k: int, engine: Any, boundary: bool, inputs
     ZeRO stage keeps its own partial state, so grads are read at boundaries."""
     from deepspeed.utils import safe_get_full_grad
 
-    grads = {n: encode(safe_get_full_grad(p), "R") for n, p in engine.module.named_parameters()} if boundary else {}
+    grads = {n: encode(safe_get_full_grad(p), "R") for n, p in engine.module.params().items()} if boundary else {}
     return {"k": k, "sync": boundary, "observable": boundary, "grads": grads,
             "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
             "outputs": [encode(o, "R") for o in outs],

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from harness.objects import load_object
 from harness.workers.host import Rank
 from harness.materialize.tensors import Built
+from harness.materialize.names import attribute
 from harness.workers.collectives import CollectiveCounter
 from harness.paths.rankfacts import code, encode, first_line, layout_facts, shard_piece, share
 from harness.case.spec import Case
@@ -282,11 +283,11 @@ def _parallel_linears(case: Case, values: dict[str, torch.Tensor], tp: dict[str,
         with torch.no_grad():
             lin.weight.copy_(w.mT)
         lin.weight.requires_grad_(wanted[name])
-        holder.add_module(name, lin)
-    plan = {n: ColwiseParallel(use_local_output=False) if style == "colwise" else RowwiseParallel(use_local_output=False)
-            for n, style in tp.items()}
+        holder.add_module(attribute(name), lin)
+    plan = {attribute(n): ColwiseParallel(use_local_output=False) if style == "colwise"
+            else RowwiseParallel(use_local_output=False) for n, style in tp.items()}
     parallelize_module(holder, ctx.mesh, plan)
-    return {n: getattr(holder, n) for n in tp}
+    return {n: getattr(holder, attribute(n)) for n in tp}
 
 
 def _oriented(name: str, tp: dict[str, str], enc: dict[str, Any] | None) -> dict[str, Any] | None:

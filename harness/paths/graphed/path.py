@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from harness.materialize.names import PREFIX, attribute
 from harness.materialize.tensors import Built
 from harness.workers.isolation import IsolatedPath, progress
 from harness.objects import LoadError, Ref, load_object
@@ -59,13 +60,13 @@ class CaseModule(torch.nn.Module):
     def __init__(self, built: Built, params: dict[str, torch.nn.Parameter], input_names: list[str]) -> None:
         super().__init__()
         for n, p in params.items():
-            self.register_parameter(n, p)
+            self.register_parameter(attribute(n), p)
         self._built = built
         self._param_names = list(params)
         self._input_names = list(input_names)
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values = {n: getattr(self, n) for n in self._param_names}
+        values = {n: getattr(self, attribute(n)) for n in self._param_names}
         values.update(zip(self._input_names, xs))
         return tuple(self._built.forward(values))
 
@@ -231,10 +232,10 @@ class CaseModule(torch.nn.Module):
     def __init__(self, params):
         super().__init__()
         for n, p in params.items():
-            self.register_parameter(n, p)
+            self.register_parameter({PREFIX!r} + n, p)  # never the name itself: it may be "cuda"
 
     def forward(self, *xs):
-        v = {{n: getattr(self, n) for n in PARAMS}}
+        v = {{n: getattr(self, {PREFIX!r} + n) for n in PARAMS}}
         v.update(zip(INPUT_GRAD, xs))
         return tuple(forward(v))
 

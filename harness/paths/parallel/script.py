@@ -15,6 +15,7 @@ keep the ``none`` template: their script says to replay the corpus file.
 
 from __future__ import annotations
 
+from harness.materialize.names import PREFIX
 from harness.materialize.tensors import Built
 from harness.case.spec import Case
 from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
@@ -31,6 +32,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
     data = [
         f"TITLE = {str(title)!r}",
         f"KIND = {kind!r}",
+        f"PREFIX = {PREFIX!r}",
         f"OPTIONS = {sorted(set(switches(case).options) & SCRIPTED)!r}",
         *schedule_data(case, b),
     ]
@@ -62,12 +64,15 @@ _RUNNER = EAGER_WINDOWS + '''
 class Module(torch.nn.Module):
     def __init__(self, device):
         super().__init__()
-        for n, t in PARAMS.items():
-            self.register_parameter(n, torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=device),
-                                                          requires_grad=n not in FROZEN))
+        for n, t in PARAMS.items():  # under PREFIX + n, never n itself: it may be "cuda"
+            self.register_parameter(PREFIX + n, torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=device),
+                                                                   requires_grad=n not in FROZEN))
+
+    def weights(self):
+        return {n: getattr(self, PREFIX + n) for n in PARAMS}
 
     def forward(self, *inputs):
-        return tuple(forward({**dict(self.named_parameters()), **dict(zip(INPUT_NAMES, inputs))}))
+        return tuple(forward({**self.weights(), **dict(zip(INPUT_NAMES, inputs))}))
 
 
 def main():
@@ -94,7 +99,7 @@ def main():
         from torch.distributed.fsdp import fully_shard
         reshard = False if "keep_unsharded" in OPTIONS else 1 if "reshard_int" in OPTIONS else True
         model = fully_shard(module, mesh=init_device_mesh(device.type, (world,)), reshard_after_forward=reshard)
-    params = dict(module.named_parameters())
+    params = module.weights()
     if GRAD_INIT != "none":
         for n, p in params.items():
             if n not in FROZEN:

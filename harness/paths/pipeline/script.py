@@ -11,9 +11,8 @@ when stages share it) and of every input.
 
 from __future__ import annotations
 
-import keyword
-
 from harness.objects import Ref
+from harness.materialize.names import attribute
 from harness.materialize.tensors import Built
 from harness.case.ops import OPS
 from harness.materialize.source import checked, factor_literal, forward_source, function_helpers, literal
@@ -21,11 +20,6 @@ from harness.paths.base import Repro
 from harness.case.spec import Case, Use
 from harness.materialize.stages import StageSpec, cut
 from harness.paths.pipeline.data import stage_cuts
-
-
-def _attr(name: str) -> str:
-    reserved = set(dir(__import__("torch").nn.Module)) | set(keyword.kwlist)
-    return f"p_{name}" if name in reserved else name
 
 
 def stage_source(case: Case, spec: StageSpec) -> str:
@@ -37,7 +31,7 @@ def stage_source(case: Case, spec: StageSpec) -> str:
 
     def ref(u: Use) -> str:
         if u.ref in spec.params:
-            s = f"self.{_attr(u.ref)}"
+            s = f"self.{attribute(u.ref)}"
         elif u.ref in local:
             s = u.ref if u.index is None else f"{u.ref}[{u.index}]"
         else:
@@ -50,7 +44,7 @@ def stage_source(case: Case, spec: StageSpec) -> str:
              "    def __init__(self):",
              "        super().__init__()"]
     for n in spec.params:
-        lines.append(f"        self.{_attr(n)} = torch.nn.Parameter(torch.tensor(PARAMS[{n!r}], dtype=DTYPE), "
+        lines.append(f"        self.{attribute(n)} = torch.nn.Parameter(torch.tensor(PARAMS[{n!r}], dtype=DTYPE), "
                      f"requires_grad={n!r} not in FROZEN)")
     lines += ["", f"    def forward(self{''.join(', ' + a for a in args)}):"]
     for n in spec.nodes:
