@@ -18,4 +18,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.megatron.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/megatron/README.md",
+    package="megatron-core",
 )

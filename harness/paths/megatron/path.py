@@ -17,6 +17,7 @@ from harness.case.spec import Case
 from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.engine_rules import engine_owned, exact_mean
 from harness.paths.megatron.data import KNOBS, knobs
 from harness.paths.pooled import PooledPath
 
@@ -50,23 +51,18 @@ class MegatronPath(PooledPath):
         return where if not where.ok else Availability(True, f"{where.reason}; megatron-core DDP, {what}")
 
     def supports(self, case: Case) -> str | None:
-        s, world = case.schedule, self._world()
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        s = case.schedule
+        if reason := engine_owned(case, "megatron's DDP"):
+            return reason
         if s.optimizer or s.clip:
             return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
                     "training step is not run for it")
         if s.grad_init != "none" or s.zero_grad == "keep":
             return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
                     "iteration (documented); .grad is a transient its hook adds and clears")
-        if not any(p.requires_grad for p in case.params):
-            return "every parameter is frozen: megatron's DDP has no grad buffer to reduce"
         if knobs(case).fp32_reduce and case.dtype != "float32":
             return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
-        if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
-            return (f"exact mode needs powers of two: megatron scales by 1/world size ({world}) and the loss by "
-                    f"1/microbatches ({s.microbatches}), which rounds otherwise")
-        return None
+        return exact_mean(case, self._world(), "megatron averages")
 
     def run(self, case: Case) -> Observation:
         outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.rank", "case": case.dumps(),

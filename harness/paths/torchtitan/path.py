@@ -24,6 +24,7 @@ from harness.case.spec import Case
 from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.engine_rules import engine_owned, exact_mean
 from harness.paths.pooled import PooledPath
 from harness.paths.torchtitan.data import KNOBS, knobs
 
@@ -58,17 +59,15 @@ class TorchtitanPath(PooledPath):
                                                              f"{', compiled per block' if self.compiled else ''}")
 
     def supports(self, case: Case) -> str | None:
-        s, world = case.schedule, self._world()
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        s = case.schedule
+        if reason := engine_owned(case, "torchtitan's trainer"):
+            return reason
         if s.optimizer or s.clip:
             return "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
         if s.grad_init != "none" or s.zero_grad == "keep":
             return "torchtitan's train_step zeroes every grad at the start of each step (no prefilled or kept grads)"
         if case.dtype != "float32":
             return "torchtitan's FSDP mixed precision takes float32 or bfloat16 parameters, not float64"
-        if not any(p.requires_grad for p in case.params):
-            return "every parameter is frozen: there is nothing to train"
         if self.ac != "none" and not knobs(case).preserve_rng and draws_random(case):
             return ("activation checkpointing with preserve_rng_state=False redraws dropout in the recomputation "
                     "(documented by torch.utils.checkpoint)")
@@ -81,10 +80,7 @@ class TorchtitanPath(PooledPath):
             return (f"{held} is a view of a weight of the FSDP unit that hands it on, which reshards after forward "
                     f"(the root always does): its unsharded storage is freed under the view (a crash on torch "
                     f"2.13; pytorch/pytorch PR #195862 makes it an error; benchmarks/torchtitan_reshard_view.py)")
-        if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
-            return (f"exact mode needs powers of two: the loss is divided by the global token count "
-                    f"(world {world} x microbatches {s.microbatches}), which rounds otherwise")
-        return None
+        return exact_mean(case, self._world(), "the loss is divided by the global token count, summed")
 
     def run(self, case: Case) -> Observation:
         outcome = self.group.request({"op": "call", "module": "harness.paths.torchtitan.rank", "case": case.dumps(),

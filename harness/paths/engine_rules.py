@@ -1,0 +1,29 @@
+"""Contract rules shared by the families that hand the training loop to a
+stack's engine (DeepSpeed, megatron-core, torchtitan). Each is written once
+here, with its reason, so the three families refuse alike and a change to a
+rule reaches all of them."""
+
+from __future__ import annotations
+
+from harness.case.spec import Case
+
+
+def engine_owned(case: Case, engine: str) -> str | None:
+    """What no engine-driven loop can take: buffer-lifetime schedules, and a
+    model with nothing to train."""
+    s = case.schedule
+    if s.events or s.retain_outputs or s.param_hooks:
+        return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+    if not any(p.requires_grad for p in case.params):
+        return f"every parameter is frozen: {engine} has nothing to train"
+    return None
+
+
+def exact_mean(case: Case, world: int, divides: str) -> str | None:
+    """Exact mode compares bit for bit; an engine that averages over ranks and
+    micro-steps is exact only when both counts are powers of two."""
+    n = case.schedule.microbatches
+    if case.exact and (world & (world - 1) or n & (n - 1)):
+        return (f"exact mode needs powers of two: {divides} over the world size ({world}) and the micro-steps "
+                f"({n}), which rounds otherwise")
+    return None
