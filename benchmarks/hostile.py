@@ -147,6 +147,33 @@ def event_bomb() -> dict[str, Any]:
     return e
 
 
+def built_case(params: list, nodes: list, outputs: list, **schedule: Any) -> dict[str, Any]:
+    """A corpus entry around the given parts: the files of issue 32 that were
+    small and valid yet built far more than their elements."""
+    e = base_entry()
+    e["case"].update(params=params, nodes=nodes, outputs=outputs, hooks=[],
+                     inputs=[{"name": "x0", "shape": [1], "requires_grad": False}])
+    e["case"]["schedule"].update(microbatches=1, **schedule)
+    return e
+
+
+def use(ref: str, index: int | None = None) -> dict[str, Any]:
+    return {"ref": ref, "transpose": False, "index": index}
+
+
+def chunk_views() -> dict[str, Any]:
+    """Three nodes cutting one 2**20-element parameter into 2**20 views each (2.5 GB before)."""
+    return built_case([{"name": "w0", "shape": [2**20], "requires_grad": True}],
+                      [{"name": f"n{i}", "op": "chunk", "args": [use("w0")], "attrs": [["chunks", 2**20]]}
+                       for i in range(3)], [use(f"n{i}", 0) for i in range(3)])
+
+
+def big_script() -> dict[str, Any]:
+    """One 2**21-element parameter: a 27 MB repro script before."""
+    return built_case([{"name": "w0", "shape": [2**20, 2], "requires_grad": True}],
+                      [{"name": "n0", "op": "sum", "args": [use("w0")], "attrs": []}], [use("n0")])
+
+
 # --- the batteries -------------------------------------------------------------------
 
 @dataclass
@@ -273,6 +300,10 @@ def corpus_items() -> list[Item]:
         c("counts_huge", "meta.counts: {w: 1e300}", put(b, "meta.counts", {"w": 1e300}), "meta.counts", commands=("replay", "merge")),
         c("flaky_no", 'meta.flaky: "no"', put(b, "meta.flaky", "no"), "meta.flaky"),
         c("title_10mb", "meta.title of 10 MB", put(b, "meta.title", "A" * 10_000_000), ""),  # refused by size
+        c("chunk_views", "3 nodes of 2**20 chunk views of one parameter (issue 32)", chunk_views(), "case.nodes[0].attrs",
+          commands=("replay", "repro")),
+        c("big_script", "a 2**21-element parameter: 27 MB script (issue 32)", big_script(), "case.params[0].shape",
+          commands=("replay", "repro")),
     ]
     return items
 

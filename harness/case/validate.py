@@ -1,16 +1,16 @@
 """Validation of a Case: every error names the field it is about.
 
-Beyond shapes, the memory a case may take is bounded here, from shapes
-alone, before any tensor exists: each tensor at most ``MAX_NUMEL``
-elements, the whole case (oracle in float64 over every backward, grads,
-buffer-pressure events) at most ``CASE_MEMORY_BUDGET`` bytes.
+Beyond shapes, what a case builds is bounded here, from shapes alone,
+before any tensor exists: each tensor at most ``MAX_NUMEL`` elements, each
+forward at most ``budget.MAX_TENSORS`` tensor objects (counted before a
+node's results are even listed), and the whole case by ``budget.check``.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from harness.case import budget
 from harness.case.ops import OPS, Result, Shape, ShapeError
 from harness.case.vocab import DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, ZERO_GRADS, SpecError
 
@@ -40,7 +40,6 @@ def _use_shape(use: Any, known: dict[str, Result], where: str) -> Shape:
 
 
 MAX_NUMEL = 2**22  # elements in one tensor
-CASE_MEMORY_BUDGET = 256 * 2**20  # bytes a case may ask for, estimated from shapes
 EVENTS_MAX_ELEMENTS = 2**24  # all alloc events of a schedule together
 
 # The attributes each op takes, and their type: "int", "int?" (or null), "shape", "layout".
@@ -83,26 +82,25 @@ def _check_attrs(op: str, attrs: tuple, where: str) -> None:
 
 
 def _numel(shape: Result) -> int:
-    if shape and isinstance(shape[0], tuple):
-        return sum(math.prod(s) for s in shape)  # type: ignore[arg-type]
-    return math.prod(shape)  # type: ignore[arg-type]
+    return budget.numel(shape)
 
 
 def check_budget(case: Any, known: dict[str, Result]) -> int:
-    """Bytes the case asks for (estimated from shapes); a SpecError above the budget."""
-    params = sum(_numel(p.shape) for p in case.params)
-    per_backward = sum(_numel(known[x.name]) for x in case.inputs) + sum(_numel(known[n.name]) for n in case.nodes)
-    s = case.schedule
-    events = sum(sum(e.sizes) for e in s.events)
+    """Bytes the case builds (``harness.case.budget``); a SpecError above a limit."""
+    events = sum(sum(e.sizes) for e in case.schedule.events)
     if events > EVENTS_MAX_ELEMENTS:
         raise SpecError("schedule.events", f"alloc events hold {events} elements together; at most {EVENTS_MAX_ELEMENTS}")
-    # float64 oracle and the path in the case dtype, a grad per value, every backward held (retained outputs).
-    need = 8 * (4 * params + 4 * per_backward * s.backwards + events)
-    if need > CASE_MEMORY_BUDGET:
-        raise SpecError("case", f"needs about {need / 2**20:.0f} MiB ({params} parameter elements, {per_backward} "
-                                f"per backward x {s.backwards} backwards, {events} event elements); a case may use "
-                                f"{CASE_MEMORY_BUDGET // 2**20} MiB: make the shapes smaller")
-    return need
+    return budget.check(case, known)
+
+
+def _results(node: Any, op: Any, where: str, made: int) -> int:
+    """Tensor objects a node makes, refused before they are listed (a chunk
+    count of a million would build a million shapes just to be counted)."""
+    n = op.outputs if op.outputs >= 0 else dict(node.attrs).get("chunks", 2)
+    if isinstance(n, int) and made + n > budget.MAX_TENSORS:
+        raise SpecError(f"{where}.attrs", f"{node.op} makes {n} tensors, {made + n} in the forward so far; "
+                                          f"a case may make {budget.MAX_TENSORS}")
+    return n if isinstance(n, int) else 1
 
 
 def infer_shapes(case: Any) -> dict[str, Result]:
@@ -127,6 +125,7 @@ def infer_shapes(case: Any) -> dict[str, Result]:
         _check_placement(p.placement, len(p.shape), f"params[{i}].placement")
     for i, x in enumerate(case.inputs):
         declare(x.name, x.shape, f"inputs[{i}]")
+    made = len(case.params) + len(case.inputs)
     for i, node in enumerate(case.nodes):
         where = f"nodes[{i}]"
         op = OPS.get(node.op)
@@ -136,6 +135,7 @@ def infer_shapes(case: Any) -> dict[str, Result]:
             raise SpecError(f"{where}.args", f"{node.op} takes {op.min_args}..{op.max_args} operands, got {len(node.args)}")
         shapes = [_use_shape(u, known, f"{where}.args[{j}]") for j, u in enumerate(node.args)]
         _check_attrs(node.op, node.attrs, where)
+        made += _results(node, op, where, made)
         try:
             result = op.shape(shapes, dict(node.attrs))
         except ShapeError as e:

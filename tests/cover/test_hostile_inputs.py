@@ -227,6 +227,55 @@ def test_memory_budget_is_checked_before_any_tensor():
         corpus.from_json(data, "f.json")
 
 
+def _use(ref: str, index: int | None = None) -> dict:
+    return {"ref": ref, "transpose": False, "index": index}
+
+
+def _case(params: list, nodes: list, outputs: list, **schedule) -> dict:
+    """A corpus entry around the given parts (one input, one backward unless told)."""
+    case = {"version": 2, "dtype": "float32", "exact": True, "seed": 0, "params": params,
+            "inputs": [{"name": "x0", "shape": [1], "requires_grad": False}], "nodes": nodes, "outputs": outputs,
+            "hooks": [], "retain_grad": [],
+            "schedule": {"microbatches": 1, "steps": 1, "grad_init": "none", "zero_grad": "set_to_none", **schedule}}
+    return {"gradfuzz_corpus": 1, "case": case, "meta": {}}
+
+
+def chunk_views(chunks: int = 2**20, nodes: int = 3) -> dict:
+    """Issue 32: 901 bytes; three nodes cut one 2**20-element parameter into
+    2**20 views each. Under the element budget (128 MiB); it built 2.5 GB
+    of tensor objects on eager alone (22.8 s) before the count of tensors."""
+    return _case([{"name": "w0", "shape": [2**20], "requires_grad": True}],
+                 [{"name": f"n{i}", "op": "chunk", "args": [_use("w0")], "attrs": [["chunks", chunks]]} for i in range(nodes)],
+                 [_use(f"n{i}", 0) for i in range(nodes)])
+
+
+def big_script() -> dict:
+    """Issue 32: 567 bytes, one 2**21-element parameter: inside the element
+    budget, and a 27 MB repro script (8 s, 540 MB) before script size was budgeted."""
+    return _case([{"name": "w0", "shape": [2**20, 2], "requires_grad": True}],
+                 [{"name": "n0", "op": "sum", "args": [_use("w0")], "attrs": []}], [_use("n0")])
+
+
+def retained_views() -> dict:
+    """4,000 views a forward, 128 backwards held: within the tensor count, over the memory budget."""
+    return _case([{"name": "w0", "shape": [4000], "requires_grad": True}],
+                 [{"name": "n0", "op": "chunk", "args": [_use("w0")], "attrs": [["chunks", 4000]]}],
+                 [_use("n0", 0)], microbatches=16, steps=8)
+
+
+@pytest.mark.parametrize("make, field, words", [
+    (chunk_views, "case.nodes[0].attrs", "a case may make 4096"),
+    (big_script, "case.params[0].shape", "repro script would be about"),
+    (retained_views, "case.nodes[0]", "a case may build 256 MiB"),
+])
+def test_what_is_really_built_is_budgeted_before_it_is(make, field, words):
+    start = time.monotonic()
+    with pytest.raises(corpus.CorpusError) as info:
+        corpus.from_json(make(), "f.json")
+    assert f"field {field}" in str(info.value) and words in str(info.value), str(info.value)
+    assert time.monotonic() - start < 1
+
+
 # --- repro scripts: data, never code ------------------------------------------------
 
 def _skeleton(text: str) -> str:
