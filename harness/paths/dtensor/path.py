@@ -106,9 +106,12 @@ class DTensorPath(PooledPath):
             if plain:
                 return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
                         f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
-            if any(n.op == "sdpa" for n in case.nodes) and self.backend != "nccl":
-                return ("scaled_dot_product_attention on CPU DTensors falls back to the math kernel, which builds "
-                        "a plain attention bias: DTensor refuses mixed operands")
+            if any(n.op == "sdpa" for n in case.nodes):
+                # On every backend: on CUDA too, shapes the fused kernels do not take (fp32, causal, tiny heads)
+                # fall back to the math kernel, and one rule keeps the cases drawn the same under gloo and NCCL.
+                return ("scaled_dot_product_attention falls back to the math kernel (always on CPU, on CUDA for "
+                        "shapes the fused kernels do not take), which builds a plain attention bias: DTensor "
+                        "refuses mixed operands")
             if any((p.placement or "partial") == "partial" for p in case.params):
                 return "mixes to_local/Partial parameters with DTensor-placed ones"
             if any(p.placement in ("colwise", "rowwise") and not tp_eligible(case, p.name) for p in case.params):
