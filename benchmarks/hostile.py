@@ -376,10 +376,12 @@ HARNESS_DIR: str | None = None  # --harness: run that checkout's harness (e.g. t
 
 
 def gradfuzz_exe() -> list[str]:
+    # -P: the run directory is not put on the path (the env battery plants modules there)
+    module = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m", "harness"]
     if HARNESS_DIR:
-        return [sys.executable, "-m", "harness"]
+        return module
     exe = shutil.which("gradfuzz")
-    return [exe] if exe else [sys.executable, "-m", "harness"]
+    return [exe] if exe else module
 
 
 def run_bounded(cmd: list[str], cwd: str, timeout: float, mem_cap_gb: float,
@@ -714,6 +716,28 @@ def redis_runs(sandbox: Path, args: argparse.Namespace) -> list[Run]:
     return runs
 
 
+def env_runs(sandbox: Path, args: argparse.Namespace) -> list[Run]:
+    """Modules planted in the directory gradfuzz runs from (a checkout under
+    review): none may run in gradfuzz's workers (issue 32: the compile and
+    graphed workers put it first on their path)."""
+    runs = []
+    for paths in ("compile.aot_eager", "split.fixed"):
+        work = sandbox / "env" / paths
+        work.mkdir(parents=True, exist_ok=True)
+        for module in ("sitecustomize", "usercustomize", "torch", "harness"):
+            (work / f"{module}.py").write_text(f"open({str(work / PAYLOAD_MARK)!r} + '_{module}', 'w').close()\n")
+        case = work / "case.json"
+        case.write_text(json.dumps(base_entry()))
+        rc, out, err, rss, secs = run_bounded(gradfuzz_exe() + ["replay", str(case), "--paths", paths], str(work),
+                                              args.timeout, args.mem_cap_gb)
+        marks = sorted(p.name for p in work.iterdir() if p.name.startswith(PAYLOAD_MARK))
+        notes = [f"PAYLOAD RAN ({', '.join(marks)})"] if marks else ["nothing planted ran"]
+        runs.append(Run("env", f"planted modules, {paths}", "sitecustomize/torch/harness .py in the run directory",
+                        "replay", rc, first_message(out, err)[:160], round(rss, 1), round(secs, 2),
+                        rc == 0 and not marks, notes))
+    return runs
+
+
 def table(runs: list[Run]) -> str:
     head = "| battery | file | attack | cmd | rc | clean | RSS MB | s | message | notes |"
     rows = [head, "|" + " --- |" * 10]
@@ -743,8 +767,8 @@ def summary(runs: list[Run]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="corpus,ledger,report,cli,redis,signal",
-                    help="comma-separated batteries: corpus, ledger, report, cli, redis, signal")
+    ap.add_argument("--only", default="corpus,ledger,report,cli,redis,signal,env",
+                    help="comma-separated batteries: corpus, ledger, report, cli, redis, signal, env")
     ap.add_argument("--commands", default="replay,repro,merge", help="corpus commands to run")
     ap.add_argument("--match", default="", help="only inputs whose name contains this")
     ap.add_argument("--paths", default="split.fixed", help="paths for replay/repro/gate (default split.fixed)")
@@ -775,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.rss_mb:.0f} MB {r.seconds:.1f}s {'clean' if r.clean else 'NOT CLEAN'} {r.message[:100]} "
                       f"{'; '.join(r.notes)}", file=sys.stderr, flush=True)
             runs += new
-        for battery, fn in (("cli", cli_runs), ("redis", redis_runs), ("signal", signal_runs)):
+        for battery, fn in (("cli", cli_runs), ("redis", redis_runs), ("signal", signal_runs), ("env", env_runs)):
             if battery in only and not args.match:
                 new = fn(sandbox, args)
                 for r in new:

@@ -24,6 +24,7 @@ from harness.engine.check import Replayed, replay_entries
 from harness.observation import Divergence
 from harness.artifacts import corpus
 from harness.paths import Options, Path, close_paths, resolve
+from harness.workers.interpreter import python
 from harness.workers.jobs import Ended, run_jobs
 
 def job_key(name: str) -> str:
@@ -65,7 +66,7 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
             spec = os.path.join(d, f"{key}.spec.json")
             with open(spec, "w") as fh:
                 json.dump({"paths": names, "files": files, "options": dataclasses.asdict(options)}, fh)
-            argvs.append((key, [sys.executable, "-m", "harness.engine.replay_pool", spec, out(key)]))
+            argvs.append((key, python("harness.engine.replay_pool", spec, out(key))))
         run_jobs(argvs, workers, d, ended, tick)
     if failures:
         raise ReplayError("; ".join(failures))

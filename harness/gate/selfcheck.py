@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 from harness.canaries import Canary, all_canaries, resolve_base
 from harness.engine.runner import Result, fuzz_path
+from harness.workers.interpreter import python
 from harness.workers.jobs import Ended, run_jobs
 
 
@@ -127,6 +127,6 @@ def _in_processes(todo: list[Canary], seed: int, workers: int, progress) -> list
             done[e.key] = r
             _say(progress, r, len(done), len(todo))
 
-        run_jobs([(c.name, [sys.executable, "-m", "harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
-                            "--json", out(c.name)]) for c in todo], workers, d, ended)
+        run_jobs([(c.name, python("harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
+                                  "--json", out(c.name))) for c in todo], workers, d, ended)
     return [done[c.name] for c in todo]

@@ -36,6 +36,7 @@ from typing import Any
 from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
+from harness.workers.interpreter import python
 
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
 STARTUP_TIMEOUT = 180.0
@@ -87,11 +88,9 @@ class IsolatedPath:
     def _start(self) -> None:
         self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
-        env = {**os.environ, PROGRESS_ENV: "1", "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), root, *filter(None, [env.get("PYTHONPATH")])])
+        env = {**os.environ, PROGRESS_ENV: "1"}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.workers.isolation"],
+            python("harness.workers.isolation"),  # the parent's path, never the working directory's files
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
         )
         self._send(("init", self.recipe))

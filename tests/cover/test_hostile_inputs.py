@@ -483,3 +483,41 @@ def test_a_named_corpus_file_gets_no_importable_script(tmp_path):
         with pytest.raises(SpecError):
             corpus.save(tmp_path, bad, entry)
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["nested.json"]
+
+
+# --- the directory gradfuzz runs in ------------------------------------------------------
+
+PLANTED = ("sitecustomize", "usercustomize", "torch", "harness", "hypothesis")
+
+
+def _plant(where, mark) -> None:
+    """Modules a checkout under review could hold: each would leave a mark if it ran."""
+    for module in PLANTED:
+        (where / f"{module}.py").write_text(f"open({str(mark)!r} + '_{module}', 'w').close()\n")
+
+
+def test_a_worker_runs_nothing_from_the_directory_it_starts_in(tmp_path, monkeypatch):
+    """Issue 32: the compile and graphed workers put the working directory
+    first on their path, so a sitecustomize.py there ran inside them."""
+    from harness.paths.compile.path import SharedWorker
+
+    run_dir = tmp_path / "checkout"
+    run_dir.mkdir()
+    _plant(run_dir, tmp_path / "PWNED")
+    monkeypatch.chdir(run_dir)
+    monkeypatch.setenv("PYTHONPATH", str(run_dir))  # set after this process started: reaches no child
+    worker = SharedWorker()
+    try:
+        worker._start()
+        assert worker._proc is not None and worker._proc.poll() is None
+    finally:
+        worker.close()
+    assert not list(tmp_path.glob("PWNED*")), sorted(p.name for p in tmp_path.glob("PWNED*"))
+
+
+def test_child_commands_start_isolated_with_absolute_paths_only():
+    from harness.workers.interpreter import import_path, python
+
+    argv = python("harness", "selfcheck")
+    assert argv[1] == "-I" and json.loads(argv[4]) == import_path()
+    assert all(os.path.isabs(p) for p in import_path())

@@ -1,0 +1,34 @@
+"""How the harness starts a Python child: with the parent's import path, set
+explicitly, and nothing from the directory it was started in.
+
+A plain ``python -m module`` puts the working directory first on its path,
+and the workers used to add it to ``PYTHONPATH`` too, so a ``sitecustomize.py``
+(run by every interpreter at startup) or a ``torch.py`` in the directory a
+user runs gradfuzz from, such as a checkout of a pull request, ran inside
+the worker. A child is therefore started isolated (``-I``: no working
+directory, no ``PYTHONPATH``, no user site at startup) and then given the
+parent's own path, which already holds whatever the user installed or named
+on ``PYTHONPATH``; only absolute entries are passed, never ``""`` (the
+working directory, wherever that is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# Run in the child by ``python -I -c``: argv is [path as JSON, module, its args].
+_BOOT = ("import faulthandler, json, runpy, sys; faulthandler.enable(); sys.path[:] = json.loads(sys.argv[1]); "
+         "module = sys.argv[2]; sys.argv[:] = [module, *sys.argv[3:]]; "
+         "runpy.run_module(module, run_name='__main__', alter_sys=True)")
+
+
+def import_path() -> list[str]:
+    """This process's import path without its relative entries (``""`` is the working directory)."""
+    return [p for p in sys.path if p and os.path.isabs(p)]
+
+
+def python(module: str, *args: str) -> list[str]:
+    """argv that runs ``module`` as ``__main__`` in a child with this process's import path."""
+    return [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path()), module, *args]
