@@ -686,6 +686,7 @@ def redis_runs(sandbox: Path, args: argparse.Namespace) -> list[Run]:
             ("redis_not_json", "Redis item that is not JSON", b"\xff{", ""),
             ("redis_entry_list", "Redis item entry: []", {"signature": "split.fixed-value-0123456789", "entry": [], "script": None}, "entry"),
             ("redis_script_num", "Redis item script: 5", {"signature": "split.fixed-value-0123456789", "entry": {"case": b["case"], "meta": b["meta"]}, "script": 5}, "script"),
+            ("redis_huge", "Redis items of 5 MB each (issue 32: read before measured)", b"{" + b" " * 5_000_000 + b"}", "bytes"),
         ]
         for name, what, item, fld in attacks:
             client.delete("gradfuzz:findings")
@@ -738,6 +739,33 @@ def env_runs(sandbox: Path, args: argparse.Namespace) -> list[Run]:
     return runs
 
 
+def tree_runs(sandbox: Path, args: argparse.Namespace) -> list[Run]:
+    """Corpus directories that are not plain trees of files (issue 32): a FIFO
+    named *.json hung replay and merge, 10,000 nested folders ended in a
+    RecursionError."""
+    runs = []
+    fifo = sandbox / "tree" / "fifo"
+    fifo.mkdir(parents=True, exist_ok=True)
+    (fifo / "ok.json").write_text(json.dumps(base_entry()))
+    os.mkfifo(fifo / "pipe.json")
+    deepest = sandbox / "tree" / "deep"
+    here = deepest
+    deepest.mkdir(exist_ok=True)
+    for _ in range(1_500):  # deeper than rglob's recursion goes; a path still under PATH_MAX
+        here = here / "d"
+        here.mkdir(exist_ok=True)
+    (here / "x.json").write_text(json.dumps(base_entry()))
+    for name, target, cmd, fld in (("fifo", fifo, "replay", "pipe.json"), ("fifo", fifo, "merge", "pipe.json"),
+                                   ("deep tree", deepest, "replay", "folders below")):
+        argv = (["replay", str(target), "--paths", args.paths] if cmd == "replay"
+                else ["merge", str(target), "--into", str(sandbox / "tree" / "into")])
+        rc, out, err, rss, secs = run_bounded(gradfuzz_exe() + argv, str(sandbox / "tree"), args.timeout, args.mem_cap_gb)
+        msg = first_message(out, err)
+        runs.append(Run("tree", name, f"a {name} in a corpus directory", cmd, rc, msg[:160], round(rss, 1),
+                        round(secs, 2), rc == 2 and fld in msg))
+    return runs
+
+
 def table(runs: list[Run]) -> str:
     head = "| battery | file | attack | cmd | rc | clean | RSS MB | s | message | notes |"
     rows = [head, "|" + " --- |" * 10]
@@ -767,8 +795,8 @@ def summary(runs: list[Run]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="corpus,ledger,report,cli,redis,signal,env",
-                    help="comma-separated batteries: corpus, ledger, report, cli, redis, signal, env")
+    ap.add_argument("--only", default="corpus,ledger,report,cli,redis,signal,env,tree",
+                    help="comma-separated batteries: corpus, ledger, report, cli, redis, signal, env, tree")
     ap.add_argument("--commands", default="replay,repro,merge", help="corpus commands to run")
     ap.add_argument("--match", default="", help="only inputs whose name contains this")
     ap.add_argument("--paths", default="split.fixed", help="paths for replay/repro/gate (default split.fixed)")
@@ -799,7 +827,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.rss_mb:.0f} MB {r.seconds:.1f}s {'clean' if r.clean else 'NOT CLEAN'} {r.message[:100]} "
                       f"{'; '.join(r.notes)}", file=sys.stderr, flush=True)
             runs += new
-        for battery, fn in (("cli", cli_runs), ("redis", redis_runs), ("signal", signal_runs), ("env", env_runs)):
+        for battery, fn in (("cli", cli_runs), ("redis", redis_runs), ("signal", signal_runs), ("env", env_runs),
+                            ("tree", tree_runs)):
             if battery in only and not args.match:
                 new = fn(sandbox, args)
                 for r in new:
@@ -808,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs += new
     finally:
         if not args.sandbox:
-            shutil.rmtree(sandbox, ignore_errors=True)
+            subprocess.run(["rm", "-rf", str(sandbox)], check=False)  # rmtree recurses: the deep tree is too deep
     print(table(runs))
     print()
     print(summary(runs))

@@ -16,6 +16,11 @@ from harness.artifacts import corpus
 
 FINDINGS_KEY = "gradfuzz:findings"
 MAX_ITEMS = 100_000  # finds one merge reads from a campaign's log
+MAX_LOG_BYTES = 256 * 2**20  # all of them together
+BATCH = 64  # items fetched at a time, once their sizes are known
+
+# The length of every item, computed by the server: nothing is sent until its size is checked.
+_LENGTHS = "local r = {} for i, v in ipairs(redis.call('LRANGE', KEYS[1], 0, ARGV[1])) do r[i] = #v end return r"
 
 
 class DatabaseError(ValueError):
@@ -43,6 +48,25 @@ def publish_finding(spec: str | None, signature: str, entry_json: dict[str, Any]
     client.rpush(FINDINGS_KEY, json.dumps({"signature": signature, "entry": entry_json, "script": script}))
 
 
+def _items(client: Any, spec: str) -> Any:
+    """The log's items, each read only after the server said how large it is
+    (a log of large items once ended in a MemoryError before any check)."""
+    lengths = [int(n) for n in client.eval(_LENGTHS, 1, FINDINGS_KEY, MAX_ITEMS - 1)]
+    for i, n in enumerate(lengths):
+        if n > sc.MAX_ITEM_BYTES:
+            raise DatabaseError(f"{spec} {FINDINGS_KEY}[{i}]: {n} bytes; an item may be {sc.MAX_ITEM_BYTES}")
+    if sum(lengths) > MAX_LOG_BYTES:
+        raise DatabaseError(f"{spec} {FINDINGS_KEY}: {sum(lengths)} bytes in {len(lengths)} items; "
+                            f"one merge reads at most {MAX_LOG_BYTES}")
+    for start in range(0, len(lengths), BATCH):
+        batch = client.lrange(FINDINGS_KEY, start, min(start + BATCH, len(lengths)) - 1)
+        for j, raw in enumerate(batch):  # the list may have changed since: check again
+            if len(raw) > sc.MAX_ITEM_BYTES:
+                raise DatabaseError(f"{spec} {FINDINGS_KEY}[{start + j}]: {len(raw)} bytes; "
+                                    f"an item may be {sc.MAX_ITEM_BYTES}")
+            yield raw
+
+
 def fetch_findings(spec: str) -> list[tuple[str, Any, str | None]]:
     """Every find in the campaign's log: (signature, corpus Entry, repro script).
 
@@ -52,11 +76,9 @@ def fetch_findings(spec: str) -> list[tuple[str, Any, str | None]]:
     DatabaseError naming the item and the field."""
     client = redis_client(spec)
     out = []
-    for i, raw in enumerate(client.lrange(FINDINGS_KEY, 0, MAX_ITEMS - 1)):
+    for i, raw in enumerate(_items(client, spec)):
         where = f"{spec} {FINDINGS_KEY}[{i}]"
         try:
-            if len(raw) > sc.MAX_ITEM_BYTES:
-                raise SpecError("item", f"{len(raw)} bytes; at most {sc.MAX_ITEM_BYTES}")
             item = sc.obj(sc.parse_json(raw, "finding"), "", ("signature", "entry"), ("script",))
             sig = sc.signature(item["signature"], "signature")
             script = item.get("script")

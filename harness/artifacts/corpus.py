@@ -222,7 +222,7 @@ def discover(targets: Iterable[str | os.PathLike], skipped: list[str] | None = N
     for t in targets:
         p = pathlib.Path(t)
         if p.is_dir():
-            for f in sorted(p.rglob("*.json")):
+            for f in sorted(_json_files(p)):
                 rel = f.relative_to(p).parts
                 # ledger.json is the known-bug ledger beside the cases, not a case.
                 if any(part.startswith(".") for part in rel) or f.name == "ledger.json":
@@ -238,6 +238,35 @@ def discover(targets: Iterable[str | os.PathLike], skipped: list[str] | None = N
             found.append(str(p))
         else:
             raise CorpusError(p, "no such file or directory")
+    return found
+
+
+MAX_TREE_DEPTH = 32  # folders below a corpus directory (the corpus uses 1)
+MAX_TREE_ENTRIES = 200_000  # files and folders one discovery looks at
+
+
+def _json_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """``*.json`` under ``root``, walked with a stack, not recursion (a tree
+    10,000 folders deep ended in RecursionError), bounded in depth and size,
+    without following links to folders (no cycles). Whatever is named
+    ``*.json`` is listed; reading refuses what is not a regular file."""
+    found, stack, seen = [], [(root, 0)], 0
+    while stack:
+        folder, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            raise CorpusError(folder, f"more than {MAX_TREE_DEPTH} folders below {root}; a corpus is shallower")
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as e:
+            raise CorpusError(folder, f"cannot list the folder: {e.strerror}") from None
+        seen += len(entries)
+        if seen > MAX_TREE_ENTRIES:
+            raise CorpusError(root, f"more than {MAX_TREE_ENTRIES} files and folders; is this a corpus?")
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                stack.append((pathlib.Path(e.path), depth + 1))
+            elif e.name.endswith(".json"):
+                found.append(pathlib.Path(e.path))
     return found
 
 

@@ -23,6 +23,7 @@ import keyword
 import math
 import os
 import re
+import stat
 from pathlib import Path as FsPath
 from typing import Any, Iterable
 
@@ -58,17 +59,37 @@ class FileError(ValueError):
 
 def read_json(file: str | os.PathLike, max_bytes: int, what: str) -> Any:
     """A JSON file, read within ``max_bytes``, strict UTF-8, nesting within MAX_DEPTH."""
-    try:
-        with open(file, "rb") as fh:
-            raw = fh.read(max_bytes + 1)
-    except OSError as e:
-        raise FileError(file, f"cannot read {what}: {e.strerror}") from None
-    if len(raw) > max_bytes:
-        raise FileError(file, f"larger than the {max_bytes // 2**20} MiB a {what} may be; is this a {what}?")
+    raw = read_regular(file, max_bytes, what)
     try:
         return parse_json(raw, what)
     except SpecError as e:
         raise FileError(file, message(e)) from None
+
+
+def read_regular(file: str | os.PathLike, max_bytes: int, what: str) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``. Opened without
+    blocking and checked before a byte is read: a FIFO named ``*.json`` would
+    otherwise wait for a writer forever, and ``/dev/zero`` never ends."""
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise FileError(file, f"cannot read {what}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileError(file, f"not a regular file ({_file_kind(info.st_mode)}); a {what} is a plain file")
+        if info.st_size > max_bytes:
+            raise FileError(file, f"larger than the {max_bytes // 2**20} MiB a {what} may be; is this a {what}?")
+        raw = fh.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise FileError(file, f"larger than the {max_bytes // 2**20} MiB a {what} may be; is this a {what}?")
+    return raw
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    return next((k for test, k in kinds.items() if test(mode)), "not a plain file")
 
 
 def parse_json(raw: bytes | str, what: str) -> Any:

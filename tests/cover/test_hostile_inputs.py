@@ -521,3 +521,57 @@ def test_child_commands_start_isolated_with_absolute_paths_only():
     argv = python("harness", "selfcheck")
     assert argv[1] == "-I" and json.loads(argv[4]) == import_path()
     assert all(os.path.isabs(p) for p in import_path())
+
+
+# --- what is read: regular files only, bounded trees, sizes before bytes ---------------
+
+def test_a_fifo_named_json_is_refused_not_waited_on(tmp_path, capsys):
+    """Issue 32: a FIFO named *.json in a corpus directory hung replay and merge."""
+    from harness.cli.main import main
+
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "ok.json").write_text(json.dumps(BASE_ENTRY))
+    os.mkfifo(tmp_path / "cases" / "pipe.json")
+    for argv in (["replay", str(tmp_path / "cases"), "--paths", "split.fixed"],
+                 ["merge", str(tmp_path / "cases"), "--into", str(tmp_path / "into")]):
+        start = time.monotonic()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "pipe.json: not a regular file (a FIFO)" in err, err
+        assert time.monotonic() - start < 5
+    assert not list(tmp_path.glob("into/*.json"))  # checked whole before anything is written
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/stdin"])
+def test_a_device_is_not_a_corpus_file(special):
+    if not os.path.exists(special):
+        pytest.skip(f"no {special}")
+    with pytest.raises(corpus.CorpusError, match="not a regular file|cannot read"):
+        corpus.load(special)
+
+
+def test_a_deep_corpus_tree_is_refused_without_recursion(tmp_path):
+    """Issue 32: 10,000 nested folders ended in RecursionError."""
+    here = tmp_path
+    for _ in range(corpus.MAX_TREE_DEPTH + 5):
+        here = here / "d"
+    here.mkdir(parents=True)
+    (here / "x.json").write_text("{}")
+    with pytest.raises(corpus.CorpusError, match="folders below"):
+        corpus.discover([tmp_path])
+
+
+def test_a_redis_item_is_measured_before_it_is_read(tmp_path, monkeypatch):
+    """Issue 32: merge read every item of the log before checking sizes (a MemoryError)."""
+    redis = pytest.importorskip("redis")
+    from harness.artifacts import campaign
+
+    with redis_server(tmp_path) as url:
+        client = redis.Redis.from_url(url)
+        client.rpush(campaign.FINDINGS_KEY, b"{" + b" " * (schema.MAX_ITEM_BYTES + 1) + b"}")
+        fetched: list = []
+        real = redis.Redis.lrange
+        monkeypatch.setattr(redis.Redis, "lrange", lambda self, *a: fetched.append(a) or real(self, *a))
+        with pytest.raises(campaign.DatabaseError, match=r"findings\[0\]: \d+ bytes; an item may be"):
+            findings.merge([url], str(tmp_path / "into"))
+        assert fetched == []  # the size came from the server, not from the item
