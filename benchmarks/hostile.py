@@ -235,6 +235,8 @@ def corpus_items() -> list[Item]:
         c("shape_64d", "64-dim shape of ones", put(b, "case.params[0].shape", [1] * 64), "case.params[0].shape"),
         c("preq_false_str", 'params[0].requires_grad: "false"', put(b, "case.params[0].requires_grad", "false"), "case.params[0].requires_grad"),
         c("placement_num", "params[0].placement: 7", put(b, "case.params[0].placement", 7), "case.params[0].placement"),
+        c("placement_sup", 'params[0].placement: "shard\u00b2" (a superscript digit, issue 32)', put(b, "case.params[0].placement", "shard\u00b2"), "case.params[0].placement"),
+        c("placement_arabic", 'params[0].placement: "shard\u0661" (an Arabic-Indic digit, issue 32)', put(b, "case.params[0].placement", "shard\u0661"), "case.params[0].placement"),
         c("ireq_no", 'inputs[0].requires_grad: "no"', put(b, "case.inputs[0].requires_grad", "no"), "case.inputs[0].requires_grad"),
         c("ishape_float", "inputs[0].shape [2.0, 3]", put(b, "case.inputs[0].shape", [2.0, 3]), "case.inputs[0].shape"),
         c("op_list", 'nodes[0].op: ["matmul"]', put(b, "case.nodes[0].op", ["matmul"]), "case.nodes[0].op"),

@@ -256,6 +256,16 @@ def to_line(text: str, max_len: int = 1000) -> str:
     return " ".join("".join(c for c in str(text) if c.isspace() or not _control(c)).split())[:max_len]
 
 
+_ASCII_INT = re.compile(r"[0-9]{1,9}")
+
+
+def ascii_int(text: str) -> int | None:
+    """The number ASCII digits spell, else None. ``str.isdigit`` takes "²" (then
+    ``int`` raises) and "١" (``int`` reads 1 and other code reads nothing): a
+    number in text is ASCII digits only, and at most nine of them."""
+    return int(text) if _ASCII_INT.fullmatch(text) else None
+
+
 def path_name(v: Any, where: str) -> str:
     """A path's name (``split.stock``, ``pipeline.GPipe.ranks2.fixed``)."""
     string(v, where, max_len=128)

@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.case import budget
 from harness.case.ops import OPS, Result, Shape, ShapeError
+from harness.case.schema import ascii_int
 from harness.case.vocab import DTYPES, EVENT_KINDS, EVENT_MAX_ELEMENTS, GRAD_INITS, HOOK_KINDS, PARAM_HOOKS, ZERO_GRADS, SpecError
 
 # The case under check (``harness.case.spec.Case``) is typed Any: the spec
@@ -203,7 +204,8 @@ def _check_placement(placement: str, ndim: int, where: str) -> None:
         return
     if placement in ("colwise", "rowwise") and ndim == 2:
         return
-    if placement.startswith("shard") and placement[5:].isdigit() and int(placement[5:]) < ndim:
+    dim = ascii_int(placement[5:]) if placement.startswith("shard") else None
+    if dim is not None and dim < ndim:
         return
     raise SpecError(where, f"unknown placement {placement!r}; one of partial, replicate, shard0..shard{ndim - 1}"
                            + (", colwise, rowwise" if ndim == 2 else ""))

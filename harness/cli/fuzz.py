@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from harness.case.schema import ascii_int
 from harness.paths import Options, UsageError
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     if args.examples is not None and args.minutes is not None:
         raise UsageError("give --examples or --minutes, not both")
     n = args.numprocesses
-    if n is not None and n != "auto" and not (n.isdigit() and int(n) >= 0):
+    if n is not None and n != "auto" and ascii_int(n) is None:
         raise UsageError(f"-n {n!r}: expected a number of processes or 'auto'")
     try:
         if n is None or n == "0":

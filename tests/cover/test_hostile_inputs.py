@@ -212,6 +212,9 @@ def test_oversized_file_is_refused_before_it_is_read(tmp_path):
     (("meta", "signature"), "torch", "meta.signature"),
     (("meta", "found_with"), {"path": "split.stock\nimport os"}, "meta.found_with.path"),
     (("meta", "expect", 0, "torch"), 2.13, "meta.expect[0].torch"),
+    (("case", "params", 0, "placement"), "shard\u00b2", "case.params[0].placement"),  # int() raised ValueError
+    (("case", "params", 0, "placement"), "shard\u0661", "case.params[0].placement"),  # int() read 1
+    (("case", "params", 0, "placement"), "shard" + "0" * 40 + "1", "case.params[0].placement"),
 ])
 def test_hostile_fields_are_named(where, value, field):
     with pytest.raises(corpus.CorpusError) as info:
