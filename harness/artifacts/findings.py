@@ -110,7 +110,7 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
         meta = {k: v for k, v in entry.meta.items() if k not in ("count", "counts")}
         now = _now()
         if old is None:
-            c = _bounded(dict(counts) if counts is not None else {_key(writer_id()): 1})
+            c = _countable(_bounded(dict(counts) if counts is not None else {_key(writer_id()): 1}), target)
             meta.update(signature=signature, count=sum(c.values()), counts=c,
                         first_seen=entry.meta.get("first_seen", now), last_seen=entry.meta.get("last_seen", now))
             corpus.save(directory, signature, corpus.Entry(entry.case, meta), script)
@@ -123,7 +123,7 @@ def record(directory: str | os.PathLike, signature: str, entry: corpus.Entry, sc
             for w, n in counts.items():
                 w = _key(w)
                 c[w] = max(c.get(w, 0), int(n))
-        c = _bounded(c)
+        c = _countable(_bounded(c), target)
         keep_new = case_size(entry.case) < case_size(old.case)
         kept = meta if keep_new else {k: v for k, v in old.meta.items() if k not in ("count", "counts")}
         first_seen = min(filter(None, (old.meta.get("first_seen"), entry.meta.get("first_seen"), now)))
@@ -150,6 +150,18 @@ def _key(writer: str) -> str:
     if len(writer) <= MAX_KEY:
         return writer
     return f"{writer[:MAX_KEY - 18]}~{hashlib.sha1(writer.encode()).hexdigest()[:16]}"
+
+
+def _countable(c: dict[str, int], target: pathlib.Path) -> dict[str, int]:
+    """Counts whose total the corpus schema reads back (at most 2**53, exact
+    in a JSON reader's float): refused here, before writing, not later by
+    the next reader of the file (merged counts of many writers once summed
+    past it)."""
+    total = sum(c.values())
+    if total > corpus.MAX_COUNT:
+        raise corpus.CorpusError(target, f"field meta.count: the merged counts sum to {total}; "
+                                         f"a corpus file holds at most {corpus.MAX_COUNT}")
+    return c
 
 
 def _bounded(c: dict[str, int]) -> dict[str, int]:

@@ -578,3 +578,19 @@ def test_a_redis_item_is_measured_before_it_is_read(tmp_path, monkeypatch):
         with pytest.raises(campaign.DatabaseError, match=r"findings\[0\]: \d+ bytes; an item may be"):
             findings.merge([url], str(tmp_path / "into"))
         assert fetched == []  # the size came from the server, not from the item
+
+
+def test_merged_counts_past_2_53_are_refused_before_writing(tmp_path):
+    """Issue 32: two files each within 2**53 merged into a file gradfuzz then refused to read."""
+    for name in ("a", "b"):
+        src = tmp_path / name
+        src.mkdir()
+        data = _replace(_replace(BASE_ENTRY, ("meta", "counts"), {f"{name}:w": 2**53}), ("meta", "count"), 2**53)
+        (src / "f.json").write_text(json.dumps(data))
+    findings.merge([str(tmp_path / "a")], str(tmp_path / "into"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "into").glob("*.json")}
+    with pytest.raises(corpus.CorpusError, match="field meta.count: the merged counts sum to"):
+        findings.merge([str(tmp_path / "b")], str(tmp_path / "into"))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "into").glob("*.json")} == before
+    for f in (tmp_path / "into").glob("*.json"):
+        corpus.load(f)  # what was written still reads
