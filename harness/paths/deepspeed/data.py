@@ -27,15 +27,17 @@ def knobs(case: Case) -> Knobs:
     return case.data("deepspeed") or Knobs()
 
 
-def config(case: Case, stage: int, batch: int) -> dict:
-    """The DeepSpeed config of a case: its accumulation, the stage, its knobs."""
+def config(case: Case, stage: int, batch: int, gas: int | None = None) -> dict:
+    """The DeepSpeed config of a case: its accumulation (``gas``, else its
+    microbatches), the stage, its knobs."""
     k = knobs(case)
     zero = {"stage": stage, "contiguous_gradients": k.contiguous, "overlap_comm": k.overlap,
             "reduce_scatter": k.scatter}
     if k.bucket:
         zero["reduce_bucket_size"] = k.bucket
         zero["allgather_bucket_size"] = max(k.bucket, 2)
-    return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": case.schedule.microbatches,
+    return {"train_micro_batch_size_per_gpu": batch,
+            "gradient_accumulation_steps": case.schedule.microbatches if gas is None else gas,
             "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
             "wall_clock_breakdown": False}
 
@@ -51,3 +53,13 @@ CASE_DATA = DataNamespace("deepspeed", Knobs, {
     "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "contiguous": sc.boolean, "overlap": sc.boolean, "scatter": sc.boolean,
 })
+
+
+def pipe_config(case: Case, stage: int) -> dict:
+    """The pipeline engine's config: one sample a microbatch, the case's
+    microbatches as accumulation steps, ZeRO ``stage`` (0 or 1: the engine
+    refuses 2 and 3). Clipping off: DeepSpeed clips to norm 1.0 by default,
+    in place, before the optimizer step where these grads are read."""
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": case.schedule.microbatches,
+            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
+            "steps_per_print": 10**9, "wall_clock_breakdown": False}

@@ -1,8 +1,11 @@
 """``deepspeed.zero<N>.stock``: the case's module under a DeepSpeed engine at
 ZeRO stage N (0 to 3), with gradient accumulation over the case's
 microbatches, on the worker pool's process group (gloo on CPU).
+``.manual`` and ``.nosync`` accumulate by hand around the engine, in the two
+ways DeepSpeed documents (``rank.DRIVES``).
 
-Grads are compared at every accumulation boundary, on every rank, against
+Grads are compared at every accumulation boundary (and, for stages 0 and
+1, after every micro-step: each rank's own running sum), on every rank, against
 the float64 eager oracle in DeepSpeed's own convention (mean over ranks and
 micro-steps, undone by the grad outputs each rank is given, ``rank``).
 Outputs and input grads are compared after every micro-step.
@@ -11,6 +14,7 @@ Outputs and input grads are compared after every micro-step.
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from harness.case.spec import Case
 from harness.observation import Observation
@@ -21,9 +25,10 @@ from harness.paths.pooled import PooledPath
 
 STOCK = "stock"
 STAGES = (0, 1, 2, 3)
+NO_SYNC_STAGES = (0, 1)  # engine.no_sync() refuses the stages that partition grads
 INSTALL = "pip install 'gradfuzz[deepspeed]'"
 WARM_TIMEOUT = 900.0  # the first compile of DeepSpeed's shared-memory op on a loaded 2-core machine
-_WARM: set[int] = set()  # the pool groups whose ranks have started DeepSpeed's communication once
+_WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process ids) that have started DeepSpeed's communication once
 
 
 class DeepSpeedPath(PooledPath):
@@ -32,9 +37,9 @@ class DeepSpeedPath(PooledPath):
     contract = Contract(retained_grads=True, draws=(KNOBS,), model_parts=True, judged_against="eager.accumulate")
 
     def __init__(self, name: str, stage: int, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, drive: str = "auto") -> None:
         super().__init__(name, world_size, timeout, backend)
-        self.stage, self.impl = stage, impl
+        self.stage, self.impl, self.drive = stage, impl, drive
 
     def availability(self) -> Availability:
         if importlib.util.find_spec("deepspeed") is None:
@@ -60,26 +65,34 @@ class DeepSpeedPath(PooledPath):
         return None
 
     def run(self, case: Case) -> Observation:
-        self._warm()
+        warm(self.group)
         outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "case": case.dumps(),
-                                      "stage": self.stage, "impl": self.impl}, self.timeout)
+                                      "stage": self.stage, "impl": self.impl, "drive": self.drive}, self.timeout)
         return assemble(self.name, case, outcome)
-
-    def _warm(self) -> None:
-        """DeepSpeed's first start on a machine compiles a C++ op (tens of
-        seconds, minutes under load). That happens here, once per group and
-        outside any case's time limit, so a first case is never a false hang."""
-        group = self.group
-        if id(group) in _WARM:
-            return
-        _WARM.add(id(group))
-        self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "warm": True}, WARM_TIMEOUT)
 
     def repro(self, case: Case) -> Repro:
         return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
                      f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
 
 
-def paths(options: Options) -> list[DeepSpeedPath]:
-    return [DeepSpeedPath(f"deepspeed.zero{s}.stock", s, STOCK, options.world_size, max(options.timeout, 60.0),
-                          options.backend) for s in STAGES]
+def warm(group: Any) -> None:
+    """DeepSpeed's first start on a machine compiles a C++ op (tens of
+    seconds, minutes under load). That happens here, once per group and
+    outside any case's time limit, so a first case is never a false hang.
+    Keyed by the ranks' process ids: ranks restarted after a hang load the
+    op again (minutes when a loaded machine has another build holding the lock)."""
+    if (id(group), tuple(group.pids)) in _WARM:
+        return
+    group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "warm": True}, WARM_TIMEOUT)
+    _WARM.add((id(group), tuple(group.pids)))
+
+
+def paths(options: Options) -> list[Any]:
+    from harness.paths.deepspeed.pipe import paths as pipe_paths
+
+    def made(stage: int, variant: str, drive: str) -> DeepSpeedPath:
+        return DeepSpeedPath(f"deepspeed.zero{stage}.{variant}", stage, STOCK, options.world_size,
+                             max(options.timeout, 60.0), options.backend, drive)
+
+    return ([made(s, STOCK, "auto") for s in STAGES] + [made(s, "manual", "manual") for s in STAGES]
+            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES] + pipe_paths(options))

@@ -15,6 +15,7 @@ accessor, ``deepspeed.utils.safe_get_full_grad``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from typing import Any
@@ -30,6 +31,15 @@ from harness.paths.rankfacts import encode, first_line, rank_data
 from harness.workers.host import Rank
 
 STOCK = "stock"
+# How the loop around the engine accumulates, each as DeepSpeed documents it:
+# ``auto``: engine.step() after every micro-step, the engine counts the window
+# (gradient_accumulation_steps); ``manual``: set_gradient_accumulation_boundary
+# before each micro-step, one step() per window (its docstring's example);
+# ``nosync``: gradient_accumulation_steps 1, every backward but a window's
+# last under engine.no_sync() (stages 0 and 1), the loss a plain sum.
+AUTO, MANUAL, NOSYNC = "auto", "manual", "nosync"
+DRIVES = (AUTO, MANUAL, NOSYNC)
+MID_WINDOW = (0, 1)  # the ZeRO stages that keep each rank's own sum in .grad between micro-steps
 
 
 def _deepspeed(ctx: Rank) -> Any:
@@ -38,6 +48,7 @@ def _deepspeed(ctx: Rank) -> Any:
     rank from the launcher's variables, which the pool's ranks (started by
     gradfuzz, not a launcher) set here."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if ctx.device.type == "cpu" else "cuda")
+    _own_extensions_dir()
     _clear_stale_build_locks()
     for var, value in (("RANK", ctx.rank), ("LOCAL_RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size),
                        ("LOCAL_WORLD_SIZE", ctx.world_size)):
@@ -45,6 +56,20 @@ def _deepspeed(ctx: Rank) -> Any:
     import deepspeed
 
     return deepspeed
+
+
+def _own_extensions_dir() -> None:
+    """One build of DeepSpeed's ops per release: torch's extension cache is
+    keyed by the op's name only, so a ``gradfuzz versions`` session of
+    another release rebuilt ``deepspeed_shm_comm`` under ranks of this one,
+    which then loaded a module without the functions they call (a false
+    AttributeError at start). Unless the user chose a directory."""
+    from importlib.metadata import version
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                          os.path.join(get_default_build_root(), f"deepspeed-{version('deepspeed')}"))
 
 
 STALE_LOCK_S = 900.0  # a first compile takes tens of seconds; a lock this old outlived the process that took it
@@ -66,47 +91,60 @@ def _clear_stale_build_locks() -> None:
         pass  # no lock (the usual case), or a torch without this helper: nothing to clear
 
 
-def _engine(case: Case, built: Built, stage: int, ctx: Rank) -> Any:
+def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> Any:
     deepspeed = _deepspeed(ctx)
     module = CaseModule(built, built.params(), ctx.device, built.dtype)
     trainable = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.0)
-    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config(case, stage, 1))
+    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config(case, stage, 1, gas))
     return engine
 
 
-def _facts(case: Case, built: Built, k: int, engine: Any, boundary: bool, inputs: list[torch.Tensor],
+def _facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: bool, inputs: list[torch.Tensor],
            outs: list[torch.Tensor]) -> dict[str, Any]:
-    """What micro-step ``k`` left that the user can read. Inside a window a
-    ZeRO stage keeps its own partial state, so grads are read at boundaries."""
+    """What micro-step ``k`` left that the user can read. At a boundary the
+    reduced grads (``safe_get_full_grad``, the same on every rank). Inside a
+    window stages 0 and 1 leave each rank's own running sum in ``.grad``
+    (their mean is the grad so far); stages 2 and 3 keep partial state of
+    their own, so there grads are read at boundaries only."""
     from deepspeed.utils import safe_get_full_grad
 
-    grads = {n: encode(safe_get_full_grad(p), "R") for n, p in engine.module.params().items()} if boundary else {}
-    return {"k": k, "sync": boundary, "observable": boundary, "grads": grads,
+    params = engine.module.params()
+    if boundary:
+        grads = {n: encode(safe_get_full_grad(p), "R") for n, p in params.items()}
+    else:
+        grads = {n: encode(p.grad, "P(avg)") for n, p in params.items()} if stage in MID_WINDOW else {}
+    return {"k": k, "sync": boundary, "observable": boundary or stage in MID_WINDOW, "grads": grads,
             "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
             "outputs": [encode(o, "R") for o in outs],
             "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()}}
 
 
-def run_case(ctx: Rank, case: Case, stage: int, impl: str) -> dict[str, Any]:
-    """One case on this rank. It never raises: the parent judges a failure next to its peers'."""
+def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) -> dict[str, Any]:
+    """One case on this rank, driven as ``drive`` says (``DRIVES``). It never
+    raises: the parent judges a failure next to its peers'."""
     built = Built(case)
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     k = -1
     try:
         fault = load_object(impl, "deepspeed impl") if impl != STOCK else None
-        engine = _engine(case, built, stage, ctx)
         gas = case.schedule.microbatches
+        engine = _engine(case, built, stage, ctx, 1 if drive == NOSYNC else gas)
         for k in range(case.schedule.backwards):
+            boundary = k % gas == gas - 1
+            if drive == MANUAL:
+                engine.set_gradient_accumulation_boundary(boundary)
             inputs, cots = rank_data(case, built, k, ctx)
             outs = engine(*inputs)
             live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
             if fault is not None:
                 fault.before_backward(engine, k % gas)
             if live:
-                engine.backward(sum((o * c).sum() for o, c in live) * gas)
-            out["steps"].append(_facts(case, built, k, engine, k % gas == gas - 1, inputs, outs))
-            engine.step()
+                with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
+                    engine.backward(sum((o * c).sum() for o, c in live) * (1 if drive == NOSYNC else gas))
+            out["steps"].append(_facts(case, built, k, engine, stage, boundary, inputs, outs))
+            if drive == AUTO or boundary:
+                engine.step()
     except Exception as e:  # a rank that raises reports it; the parent judges
         out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
                           "traceback": traceback.format_exc()[-4000:]}
@@ -120,4 +158,4 @@ def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
     if msg.get("warm"):
         _deepspeed(ctx).comm.init_distributed()
         return {"rank": ctx.rank, "warm": True}
-    return run_case(ctx, Case.loads(msg["case"]), int(msg["stage"]), msg["impl"])
+    return run_case(ctx, Case.loads(msg["case"]), int(msg["stage"]), msg["impl"], msg.get("drive", AUTO))
