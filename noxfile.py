@@ -20,7 +20,8 @@ TORCH = ["2.11.0", "2.13.0", "2.14.1"]
 # Releases of each training stack, oldest first: older ones included, so a
 # bug's range has a start. ``gradfuzz versions`` reads this list (nox -l --json).
 STACKS = {
-    "deepspeed": ["0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.8"],
+    "deepspeed": ["0.14.5", "0.15.4", *(f"0.16.{i}" for i in range(10)), *(f"0.17.{i}" for i in range(7)),
+                  *(f"0.18.{i}" for i in range(10)), *(f"0.19.{i}" for i in range(9))],
     "megatron-core": ["0.12.3", "0.13.1", "0.14.0", "0.15.3", "0.16.1"],
     "torchtitan": ["0.2.0", "0.2.2", "0.3.0"],
 }
