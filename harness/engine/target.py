@@ -41,6 +41,7 @@ from hypothesis.errors import Flaky
 
 from harness.engine.check import CaseCheck, Profile
 from harness.engine.database import MaskingDatabase
+from harness.materialize.lifetime import FrozenHeap
 from harness.observation import Divergence
 from harness.paths import Path
 from harness.engine.result import Result, Tally
@@ -274,6 +275,7 @@ class TargetRun:
         self.started = time.monotonic()
         self._next_beat = 0.0
         self.tallies = {p.name: result.paths.setdefault(p.name, Tally()) for p in target.paths}
+        self.heap: FrozenHeap | None = None  # set while ``run`` runs
 
     # -- the per-example body ------------------------------------------------
 
@@ -305,6 +307,8 @@ class TargetRun:
             self.drawn += 1
             if self.record is not None:
                 self.record.append(case)
+        if self.heap is not None:
+            self.heap.between_cases()
         t0 = time.process_time()
         masked: list[bool] = []
         try:
@@ -384,6 +388,15 @@ class TargetRun:
         return True
 
     def run(self) -> list[Finding]:
+        """The rounds, the heap frozen before each case (``FrozenHeap``:
+        a full collection in a case walks only what the case made)."""
+        with FrozenHeap() as self.heap:
+            try:
+                return self._rounds()
+            finally:
+                self.heap = None
+
+    def _rounds(self) -> list[Finding]:
         target = self.target
         round_no = 0
         try:

@@ -26,6 +26,47 @@ SENTINEL = 12345.0  # what pressure allocations hold; exact in every float dtype
 HOOK_SEEN = {"hook": "register_hook", "hook_keep": "register_hook", "post_accumulate": "post_accumulate_grad_hook"}
 
 
+class FrozenHeap:
+    """Freeze what is alive before each case, so that a full collection walks
+    only what the case made.
+
+    An ``empty_cache`` event runs a full ``gc.collect()``, which walks every
+    tracked object: torch, Hypothesis (its tree of every choice drawn grows
+    with the run) and the resolved paths make that 0.2 s on 2 CPU cores, 95%
+    of checkpoint.fixed's time. ``between_cases`` freezes everything alive
+    before a case: nothing the case makes is frozen, so each collection in
+    it still frees all of the case's cyclic garbage. Earlier garbage waits
+    for the next thaw (a full collection every ``thaw_every`` cases, and
+    on leaving). A process already frozen (a pool worker,
+    ``harness.workers.isolation``) is left as it is."""
+
+    def __init__(self, thaw_every: int = 256) -> None:
+        self.thaw_every = thaw_every
+        self.owned = False
+        self.cases = 0
+
+    def __enter__(self) -> "FrozenHeap":
+        if not gc.get_freeze_count():
+            gc.collect()
+            gc.freeze()
+            self.owned = True
+        return self
+
+    def between_cases(self) -> None:
+        if not self.owned:
+            return
+        self.cases += 1
+        if self.cases % self.thaw_every == 0:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owned:
+            gc.unfreeze()
+            self.owned = False
+
+
 class Lifetime:
     """Hooks, held outputs and allocator events for one run of one case.
 
