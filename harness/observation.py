@@ -21,6 +21,42 @@ def snap(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().to("cpu", torch.float64, copy=True)
 
 
+# Every kind of fact a path can be held to, named once. A family's
+# ``Contract.blind`` names the ones its machinery cannot show, each with the
+# reason; every other one it must observe (``tests/cover/test_observations.py``
+# looks at what a path's Observation actually holds). The names are what a
+# contract writes, the texts what a reader is told.
+GRAD_VALUES = "grad values"
+GRAD_NONE = "None versus zeros"
+INPUT_GRAD = "input .grad"
+RETAINED = "retained grads"
+HOOK_KEPT = "hook-kept grads"
+OPTIMIZER_STATE = "optimizer state"
+PLACEMENT = "placement"
+LAYOUT = "layout"
+MUTATION = "mutation"
+LIFETIME = "lifetime"
+RECOMPUTATION = "recomputation count"
+HOOK_FIRING = "hook-firing count"
+RNG_STATE = "RNG state"
+OBSERVATIONS: dict[str, str] = {
+    GRAD_VALUES: "each parameter's .grad after every backward the machinery lets the user read",
+    GRAD_NONE: "a .grad that eager leaves None is None, not a zero tensor (stateful optimizers and "
+               "set_to_none logic tell them apart)",
+    INPUT_GRAD: "a leaf input's .grad, or the input grad a stage hands back",
+    RETAINED: "an intermediate's .grad from retain_grad",
+    HOOK_KEPT: "what a parameter's register_hook / post-accumulate-grad hook saw",
+    OPTIMIZER_STATE: "parameters, clipped grads and the total norm after clip_grad_norm_ and optimizer.step()",
+    PLACEMENT: "a grad's DTensor placements and the collectives accumulating it issued",
+    LAYOUT: "a .grad's strides against its parameter's",
+    MUTATION: "inputs, grad outputs, held grads and frozen parameters nobody wrote to stay as they were",
+    LIFETIME: "the forward's saved tensors are freed once its backward returns",
+    RECOMPUTATION: "how many times a checkpointed region runs its forward per backward",
+    HOOK_FIRING: "how many times each case tensor hook fires per backward",
+    RNG_STATE: "the RNG state after the forward and backward equals eager's",
+}
+
+
 @dataclass
 class Step:
     """Everything observed right after backward number ``k``."""

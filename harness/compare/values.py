@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.materialize.tensors import magnitude_bounds
-from harness.observation import Divergence, Observation, keys, message_words
+from harness.observation import GRAD_NONE, Divergence, Observation, keys, message_words
 from harness.case.spec import Case
 from harness.materialize.schedule import first_inexact
 
@@ -79,8 +79,11 @@ class _LazyTolerance(Tolerance):
 
 
 def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads: bool = True,
-            tol: Tolerance | None = None) -> list[Divergence]:
-    """``retained_grads``: whether the path promises intermediate ``.grad`` from ``retain_grad``."""
+            tol: Tolerance | None = None, blind: frozenset[str] = frozenset()) -> list[Divergence]:
+    """``retained_grads``: whether the path promises intermediate ``.grad`` from ``retain_grad``.
+    ``blind``: the observations (``harness.observation.OBSERVATIONS``) the
+    path's contract says its machinery cannot show; compare does not hold it to them."""
+    none_matters = GRAD_NONE not in blind
     tol = tol or Tolerance.for_case(case)
     found = _events(case, obs)
     found += _hook_counts(obs.path, oracle, obs, retained_grads)
@@ -109,7 +112,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
                 if role == "input grad" and name.endswith(".grad") and name not in actual:
                     continue  # a leaf input's .grad: observed only where the path's contract says
                 a = actual.get(name)
-                d = _value(case, obs.path, role, name, k, e, a, tol, oracle, relative)
+                d = _value(case, obs.path, role, name, k, e, a, tol, oracle, relative, none_matters)
                 if d is not None:
                     done.add(key)
                     found.append(d)
@@ -152,15 +155,27 @@ def case_names(case: Case) -> frozenset[str]:
     return frozenset(x.name for x in (*case.params, *case.inputs, *case.nodes))
 
 
+def _none_vs_zeros(path: str, role: str, label: str, k: int, eager_none: bool) -> Divergence:
+    """A grad that is None on one side and all zeros on the other. They are
+    not the same to a user: a stateful optimizer skips a None grad but counts
+    a step (AdamW's step, momentum buffers) for a zero one, and
+    ``set_to_none`` logic reads None as "nothing arrived"."""
+    where = f"None in eager, a zero tensor on {path}" if eager_none else f"a zero tensor in eager, None on {path}"
+    detail = (f"{label} is {where} after backward {k} (a stateful optimizer steps a zero grad and skips a "
+              f"None one)")
+    return Divergence(path, "value", label, k, 0.0, None, None, detail,
+                      **keys(path, "value", f"{role} {'zeros for None' if eager_none else 'None for zeros'}"))
+
+
 def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
-           relative: float | None = None) -> Divergence | None:
+           relative: float | None = None, none_matters: bool = True) -> Divergence | None:
     label = name if role in ("param", "output") else f"{role} {name}"
     if e is None and a is None:
         return None
     if e is None or a is None:
         present = a if e is None else e
         if float(present.abs().max()) == 0 if present.numel() else True:
-            return None  # None and an all-zero grad mean the same to a user
+            return _none_vs_zeros(path, role, label, k, e is None) if none_matters else None
         if a is None:
             detail = f"{label}: no grad after backward {k}, expected max |grad| {float(e.abs().max()):g}"
             return Divergence(path, "value", label, k, float(e.abs().max()), 1.0, 0.0, detail,

@@ -18,7 +18,22 @@ from typing import Any, Protocol, runtime_checkable
 from harness.generate import Draw
 from harness.materialize.schedule import Observe
 from harness.case.spec import Case
-from harness.observation import Observation
+from harness.observation import (HOOK_FIRING, HOOK_KEPT, LIFETIME, MUTATION, PLACEMENT, RECOMPUTATION, RNG_STATE,
+                                  Observation)
+
+# Blind spots several families share, each reason written once. A family
+# composes its ``Contract.blind`` from these and its own.
+NO_RECOMPUTATION = (RECOMPUTATION, "the machinery runs no user forward a second time: there is no count to compare")
+PLAIN_GRADS = (PLACEMENT, "one process and plain tensors: a grad has no placements and accumulating it issues no "
+                          "collective")
+RNG_NOT_COMPARED = (RNG_STATE, "not compared yet: no path records the RNG state after its call (issue 33 item 3)")
+# The rank loops (dtensor, ddp, fsdp2) build their own microbatch loop, not run_schedule's.
+RANK_LOOP = (
+    (HOOK_KEPT, "the rank loop registers no parameter hooks (lifetime schedules are not drawn for rank families)"),
+    (HOOK_FIRING, "the rank loop does not count the case's tensor hooks per backward"),
+    (MUTATION, "the rank loop holds no user tensors between backwards (run_schedule's Held is single-process)"),
+    (LIFETIME, "the rank loop watches no saved tensors: a rank's graph lifetime is not checked"),
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,15 @@ class Contract:
     # where that path diverges from the oracle too, a divergence is not held
     # against this one. The engine runs it, with the case's own tolerance.
     judged_against: str = ""
+    # The observations (``harness.observation.OBSERVATIONS``) this path's
+    # machinery cannot show, each with the reason (the documentation that
+    # says so): ``(name, why)`` pairs. Every other observation the path must
+    # make; compare does not hold it to these.
+    blind: tuple[tuple[str, str], ...] = ()
+
+    def blind_to(self) -> frozenset[str]:
+        """The names of the observations this path cannot make."""
+        return frozenset(name for name, _ in self.blind)
 
     def strategy_flags(self) -> tuple[tuple[str, object], ...]:
         """The generator keywords this contract asks for; paths with equal

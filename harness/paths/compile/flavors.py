@@ -5,14 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.generate import PLACEMENTS
-from harness.paths.base import Contract
+from harness.observation import LIFETIME, RECOMPUTATION
+from harness.paths.base import PLAIN_GRADS, RNG_NOT_COMPARED, Contract
 
 # The compile paths promise everything eager does (retained grads too), and
 # want parameter hooks (drawn with the lifetime schedules) and training steps
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
 # draws are ignored here), and the model parts (dropout included: see
 # ``CompilePath.config`` and ``structure_key``).
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(PLACEMENTS,), model_parts=True)
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(PLACEMENTS,), model_parts=True, blind=(
+    PLAIN_GRADS, RNG_NOT_COMPARED,
+    (RECOMPUTATION, "what a compiled graph recomputes is the partitioner's choice (AOTAutograd's min-cut partitioner "
+                    "recomputes cheap ops by design), not a count the user can see"),
+    (LIFETIME, "not watched: graph_freed is off for the compile family")))
 
 
 @dataclass(frozen=True)

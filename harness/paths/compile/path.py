@@ -278,10 +278,12 @@ class _Run:
         with self._config():
             outs = self._timed(lambda: self.artifact.forward(values))
         built.retained = dict(self.artifact.built.retained)  # retain_grad happened on the structure's Built
+        self.built = built  # the case hooks count on the structure's Built: backward hands the counts over
         return list(outs)
 
     def backward(self, outs, cots, inputs, params) -> Grads:
         live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+        self.artifact.built.fired = {}
         if live:
             os_, cs = [o for o, _ in live], [c for _, c in live]
             bwd = self.artifact.backward
@@ -290,6 +292,7 @@ class _Run:
                     self._timed(lambda: bwd(os_, cs))
                 else:
                     self._timed(lambda: torch.autograd.backward(os_, cs))
+        self.built.fired.update(self.artifact.built.fired)  # what run_schedule reads as this backward's fires
         self.k += 1
         return {n: t.grad for n, t in inputs.items()}
 

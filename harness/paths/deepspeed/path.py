@@ -17,7 +17,7 @@ import importlib.util
 from typing import Any
 
 from harness.case.spec import Case
-from harness.observation import Observation
+from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.data import KNOBS
@@ -31,10 +31,21 @@ WARM_TIMEOUT = 900.0  # the first compile of DeepSpeed's shared-memory op on a l
 _WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process ids) that have started DeepSpeed's communication once
 
 
+# ZeRO keeps every parameter's gradient in flat fp32 partitions and
+# safe_get_full_grad assembles a parameter's grad from them (DeepSpeed docs,
+# "Debugging" in zero3.html: safe_get_full_grad returns the fp32 gradient of
+# a parameter, partitioned or not): a parameter that got no grad reads back
+# as its slice of the flat buffer, so None versus zeros is not DeepSpeed's to show.
+SAFE_GET_FULL_GRAD_BLIND = (GRAD_NONE, "grads are read with deepspeed.utils.safe_get_full_grad, which assembles them "
+                            "from ZeRO's flat fp32 gradient partitions (DeepSpeed docs, ZeRO-3 \"Debugging\": "
+                            "safe_get_full_grad); those hold a slice for every parameter, used or not")
+
+
 class DeepSpeedPath(PooledPath):
     # Stage 0 accumulates through eager's AccumulateGrad: where plain
     # .backward() already diverges (accumulategrad-steals-views), so does it.
-    contract = Contract(retained_grads=True, draws=(KNOBS,), model_parts=True, judged_against="eager.accumulate")
+    contract = Contract(retained_grads=True, draws=(KNOBS,), model_parts=True, judged_against="eager.accumulate",
+                        blind=(SAFE_GET_FULL_GRAD_BLIND,))
 
     def __init__(self, name: str, stage: int, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None, drive: str = "auto") -> None:

@@ -29,6 +29,7 @@ from harness.materialize.tensors import Built
 from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.deepspeed.path import SAFE_GET_FULL_GRAD_BLIND
 from harness.paths.pooled import PooledPath
 
 GAS = (1, 2, 3, 4)
@@ -125,7 +126,7 @@ class DeepSpeedPipePath(PooledPath):
     # where plain .backward() already diverges (accumulategrad-steals-views
     # over two microbatches), so does the engine.
     contract = Contract(retained_grads=False, draws=(STAGES,), model_parts=True, leaf_input_grads=False,
-                        random_ops=False, judged_against="eager.accumulate")
+                        random_ops=False, judged_against="eager.accumulate", blind=(SAFE_GET_FULL_GRAD_BLIND,))
 
     def __init__(self, name: str, stage: int, timeout: float = 60.0, backend: str | None = None) -> None:
         super().__init__(name, 2, timeout, backend)

@@ -40,7 +40,7 @@ import torch
 
 from harness.observation import Observation
 from harness.generate import PLACEMENTS
-from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.assemble import observation
 from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
@@ -67,7 +67,8 @@ def _has_strategy(op: Any) -> bool:
 
 
 class DTensorPath(PooledPath):
-    contract = Contract(retained_grads=True, draws=(PLACEMENTS,), model_parts=True)
+    contract = Contract(retained_grads=True, draws=(PLACEMENTS,), model_parts=True,
+                        blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED))
 
     def __init__(self, name: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 from harness.case.spec import Case
-from harness.observation import Observation
+from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.engine_rules import engine_owned, exact_mean
@@ -36,7 +36,12 @@ class MegatronPath(PooledPath):
     # (megatron's hook adds param.grad, then clears it): where plain
     # .backward() already diverges, so does it.
     contract = Contract(retained_grads=True, draws=(KNOBS,), gap_cases=True, model_parts=True,
-                        judged_against="eager.accumulate")
+                        judged_against="eager.accumulate",
+                        blind=((GRAD_NONE, "grads are read from param.main_grad, a view into the contiguous grad "
+                                "buffer megatron's DistributedDataParallel keeps for every trainable parameter "
+                                "(megatron-core API docs, core.distributed.distributed_data_parallel: \"DDP wrapper "
+                                "which stores grads in contiguous buffers\"), so an unused parameter's grad is a "
+                                "zero slice by design, never None"),))
 
     def __init__(self, name: str, distopt: bool, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

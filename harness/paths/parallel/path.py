@@ -29,7 +29,7 @@ from typing import Any
 
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
-from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.parallel.data import Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
@@ -55,7 +55,8 @@ def _unreached(case: Case) -> list[str]:
 
 
 class DataParallelPath(PooledPath):
-    contract = Contract(retained_grads=True, draws=(SWITCHES,), gap_cases=True, model_parts=True)
+    contract = Contract(retained_grads=True, draws=(SWITCHES,), gap_cases=True, model_parts=True,
+                        blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED))
 
     def __init__(self, name: str, kind: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

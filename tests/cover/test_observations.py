@@ -1,0 +1,120 @@
+"""The observation list (``harness.observation.OBSERVATIONS``) and what each
+path holds to it: None versus zeros is a finding, and a contract that is
+blind to an observation says why."""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import torch
+
+from harness.case.spec import Case, Input, Node, Param, Schedule, Use
+from harness.compare.values import compare
+from harness.engine.check import check
+from harness.observation import GRAD_NONE, OBSERVATIONS
+from harness.paths.split.path import SplitPath
+from oracles import split_fixed
+from oracles.eager import observe
+
+
+def _unused_case() -> Case:
+    """``x0 @ w0`` beside a trainable ``u1`` that never reaches the output: eager leaves ``u1.grad`` None."""
+    return Case(params=(Param("w0", (3, 3)), Param("u1", (3, 3))),
+                inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),),
+                schedule=Schedule(microbatches=2))
+
+
+def _split_with(weight) -> SplitPath:
+    path = SplitPath("split.probe", "unused", stock_contract=False)
+    path._impl = types.SimpleNamespace(stage_backward_input=split_fixed.stage_backward_input,
+                                       stage_backward_weight=weight)
+    return path
+
+
+def test_a_zero_grad_where_eager_leaves_none_is_a_finding():
+    def materializing(weights, groups, retain_graph=False):
+        weights = list(weights)
+        before = split_fixed.stage_backward_weight(weights, groups, retain_graph)
+        for w in weights:
+            if w.requires_grad and w.grad is None:
+                w.grad = torch.zeros_like(w)  # the bucket-style "every parameter gets a grad"
+        return before
+
+    found = check(_unused_case(), _split_with(materializing))
+    assert [d.param for d in found] == ["u1"], found
+    assert "u1 is None in eager, a zero tensor on split.probe" in found[0].detail
+
+
+def test_none_where_eager_has_a_zero_grad_is_a_finding_unless_the_contract_is_blind_to_it():
+    case = _unused_case()
+    oracle = observe(case)
+    zeros = copy.deepcopy(oracle)
+    for step in zeros.steps:
+        step.grads["u1"] = torch.zeros(3, 3, dtype=torch.float64)
+    zeros.path = "probe"
+    found = compare(case, zeros, oracle)
+    assert [d.param for d in found] == ["u1"] and "a zero tensor in eager, None on oracle" in found[0].detail
+    assert compare(case, zeros, oracle, blind=frozenset({GRAD_NONE})) == []
+
+
+def test_every_declared_blind_spot_names_an_observation_and_a_reason():
+    from harness.paths import resolve
+
+    for path in resolve("eager,split,checkpoint,ddp,fsdp2,dtensor,compile,pipeline"):
+        for name, why in path.contract.blind:
+            assert name in OBSERVATIONS, (path.name, name)
+            assert len(why) > 20, (path.name, name, why)
+
+
+def _probe_case() -> Case:
+    """One case that gives every observation visible in an Observation's
+    content something to show: an unused parameter, a retained and hooked
+    intermediate, parameter hooks and an optimizer step."""
+    from harness.case.spec import Hook
+
+    case = _unused_case()
+    return Case(**{**case.__dict__, "hooks": (Hook("n0"),), "retain_grad": ("n0",),
+                   "schedule": Schedule(microbatches=2, param_hooks=("hook",), optimizer="sgd")})
+
+
+# Each observation whose making shows in what a path returns, and how it shows.
+_SHOWS = {
+    "grad values": lambda obs: any(s.grads and s.grads.get("w0") is not None for s in obs.steps),
+    GRAD_NONE: lambda obs: all(s.grads is None or "u1" in s.grads and s.grads["u1"] is None for s in obs.steps),
+    "input .grad": lambda obs: any(g is not None for s in obs.steps for g in s.input_grads.values()),
+    "retained grads": lambda obs: any(s.retained.get("n0") is not None for s in obs.steps),
+    "hook-kept grads": lambda obs: any(s.seen for s in obs.steps),
+    "optimizer state": lambda obs: any(s.after_step for s in obs.steps),
+    "hook-firing count": lambda obs: any(s.fired and "n0 tensor_hook" in s.fired for s in obs.steps),
+}
+
+
+def test_a_path_makes_exactly_the_observations_its_contract_does_not_declare_blind():
+    """The probe's Observation shows which observations a path made: one it
+    skips without declaring it blind is the silent blind spot issue 33 is
+    about. (A blind one may still be recorded: split records retained grads
+    that compare, by its contract, does not hold it to.)"""
+    from harness.paths import resolve
+
+    case = _probe_case()
+    for path in resolve("eager.accumulate,split.fixed,compile.aot_eager,checkpoint.fixed"):
+        assert path.supports(case) is None, (path.name, path.supports(case))
+        obs = path.run(case)
+        assert obs.failure is None, (path.name, obs.failure)
+        blind = path.contract.blind_to()
+        made = {name for name, shows in _SHOWS.items() if shows(obs)}
+        assert set(_SHOWS) - blind <= made, (path.name, sorted(set(_SHOWS) - blind - made))
+
+
+def test_contract_flags_and_blind_spots_agree():
+    """The older Contract switches say the same as the blind list."""
+    from harness.observation import LAYOUT, LIFETIME, RETAINED
+    from harness.paths import resolve
+
+    for path in resolve("eager,split,checkpoint,ddp,fsdp2,dtensor,compile"):
+        c, blind = path.contract, path.contract.blind_to()
+        assert (RETAINED in blind) == (not c.retained_grads), path.name
+        assert (LAYOUT in blind) == (not c.grad_layout), path.name
+        assert (LIFETIME in blind) == (not c.graph_freed), path.name
