@@ -186,10 +186,37 @@ class Item:
     commands: tuple[str, ...] = ()  # default per kind when empty
     run_script: bool = False  # run the printed/merged repro script and look for the marker
     sidecar: bytes | None = None  # a .py beside the corpus file
+    valid: bool = False  # a valid file: clean is exit 0 with nothing raw on the terminal
 
 
 def J(doc: Any) -> bytes:
     return json.dumps(doc, allow_nan=True).encode()
+
+
+# Clear the screen, set the terminal's title, back to the line's start (issue 32, item 6).
+ESC = "\x1b[2J\x1b]0;title\x07\r"
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: str) -> str:
+    """``text`` as a reader's terminal must get it: control characters as
+    their escapes (written here again, not imported: the battery judges the
+    harness, and --harness runs an older one)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def raw_controls(text: str) -> list[str]:
+    return sorted(set(_CONTROL.findall(text)))
+
+
+def with_key(doc: dict[str, Any], where: tuple[Any, ...], key: str) -> dict[str, Any]:
+    """Copy of ``doc`` with ``key`` added at ``where`` (``put`` cannot spell such keys)."""
+    doc = copy.deepcopy(doc)
+    cur = doc
+    for k in where:
+        cur = cur[k]
+    cur[key] = 1
+    return doc
 
 
 INJECT = ("1)\n    __import__('pathlib').Path('" + PAYLOAD_MARK + "_factor').touch()\n    (0")
@@ -306,6 +333,15 @@ def corpus_items() -> list[Item]:
           commands=("replay", "repro")),
         c("big_script", "a 2**21-element parameter: 27 MB script (issue 32)", big_script(), "case.params[0].shape",
           commands=("replay", "repro")),
+        c("esc_key", "a top-level key of terminal escapes (issue 32)", with_key(b, (), "k" + ESC), shown("k" + ESC)),
+        c("esc_case_key", "a case key of terminal escapes", with_key(b, ("case",), "k" + ESC), "case." + shown("k" + ESC)),
+        c("esc_param_key", "a parameter key of terminal escapes", with_key(b, ("case", "params", 0), "k" + ESC),
+          "case.params[0]." + shown("k" + ESC)),
+        c("esc_title", "meta.title of terminal escapes", put(b, "meta.title", "t" + ESC), "meta.title",
+          commands=("replay", "merge")),
+        c("esc_pname", "a parameter name of terminal escapes", put(b, "case.params[0].name", "w" + ESC),
+          "case.params[0].name"),
+        c("esc_file" + ESC, "a file name of terminal escapes", put(b, "case.seed", -1), "case.seed"),
     ]
     return items
 
@@ -340,6 +376,11 @@ def ledger_items() -> list[Item]:
         c("L_missing_id", "bugs[0].id missing", put(b, "bugs[0].id", DELETE), "bugs[0].id"),
         c("L_dup_id", "two bugs with one id", put(b, "bugs", b["bugs"] * 2), "bugs[1].id"),
         c("L_200k", "200,000 bugs (40 MB)", put(b, "bugs", [dict(b["bugs"][0], id=f"b{i}") for i in range(200_000)]), ""),
+        c("L_esc_key", "a bug key of terminal escapes (issue 32)", with_key(b, ("bugs", 0), "k" + ESC),
+          "bugs[0]." + shown("k" + ESC)),
+        c("L_esc_id", "bugs[0].id of terminal escapes", put(b, "bugs[0].id", "i" + ESC), "bugs[0].id"),
+        Item("L_esc_summary", "bugs[0].summary of terminal escapes (a valid ledger)", J(put(b, "bugs[0].summary", "s" + ESC)),
+             "", kind="ledger", valid=True),
     ]
 
 
@@ -355,6 +396,10 @@ def report_items() -> list[Item]:
         c("R_status_bad", 'rows[0].status: "evil"', put(b, "rows[0].status", "evil"), "rows[0].status"),
         c("R_path_missing", "rows[0].path missing", put(b, "rows[0].path", DELETE), "rows[0].path"),
         c("R_deep", "100,000-deep nesting", deep(100_000).encode(), ""),
+        c("R_esc_key", "a report key of terminal escapes (issue 32)", with_key(b, (), "k" + ESC), shown("k" + ESC)),
+        c("R_esc_torch", "torch: a version and terminal escapes", put(b, "torch", "2.13" + ESC), "torch"),
+        Item("R_esc_row", "rows[0].bug and detail of terminal escapes (a valid report)",
+             J(put(put(b, "rows[0].bug", "b" + ESC), "rows[0].detail", "d" + ESC)), "", kind="report", valid=True),
     ]
 
 
@@ -452,6 +497,16 @@ def first_message(stdout: str, stderr: str) -> str:
     return out[0] if out else ""
 
 
+def verdict(item: Item, file: Path, rc: int | None, msg: str, out: str, err: str) -> tuple[bool, list[str]]:
+    """Clean: exit 2 naming the file and the field (a valid file: exit 0), and
+    no control character reaching the terminal raw either way."""
+    raw = raw_controls(out + err)
+    notes = [f"RAW CONTROL CHARACTERS {', '.join(shown(c) for c in raw)} in the output"] if raw else []
+    if item.valid:
+        return rc == 0 and not raw, notes
+    return rc == 2 and shown(file.name) in msg and (not item.field or item.field in msg) and not raw, notes
+
+
 def extract_script(stdout: str) -> str | None:
     i = stdout.find("#!/usr/bin/env python")
     return stdout[i:] if i >= 0 else None
@@ -527,9 +582,9 @@ def run_item(item: Item, sandbox: Path, args: argparse.Namespace) -> list[Run]:
                         ast.parse(text)
                     except SyntaxError as e:
                         notes.append(f"script SyntaxError line {e.lineno}")
-            clean = rc == 2 and f.name in msg and (not item.field or item.field in msg)
+            clean, raw = verdict(item, f, rc, msg, out, err)
             runs.append(Run(item.kind, f.name, item.attack, cmd_name, rc, msg[:160], round(rss, 1), round(secs, 2),
-                            clean, notes))
+                            clean, notes + raw))
             shutil.rmtree(into, ignore_errors=True)
     elif item.kind == "ledger":
         f = work / f"{item.name}.json"
@@ -539,9 +594,9 @@ def run_item(item: Item, sandbox: Path, args: argparse.Namespace) -> list[Run]:
                     "--paths", args.paths, "--save", str(work / "found")]
         rc, out, err, rss, secs = run_bounded(cmd, str(work), args.timeout, args.mem_cap_gb)
         msg = first_message(out, err)
-        clean = rc == 2 and f.name in msg and (not item.field or item.field in msg)
+        clean, raw = verdict(item, f, rc, msg, out, err)
         runs.append(Run("ledger", f.name, item.attack, "gate", rc, msg[:160], round(rss, 1), round(secs, 2), clean,
-                        [f"KILLED at the {args.timeout:.0f} s limit"] if rc is None else []))
+                        ([f"KILLED at the {args.timeout:.0f} s limit"] if rc is None else []) + raw))
     else:
         f = work / f"{item.name}.json"
         f.write_bytes(item.content)
@@ -550,9 +605,9 @@ def run_item(item: Item, sandbox: Path, args: argparse.Namespace) -> list[Run]:
         for cmd_name, cmd in (("table", gf + ["table", str(good), str(f)]),):
             rc, out, err, rss, secs = run_bounded(cmd, str(work), args.timeout, args.mem_cap_gb)
             msg = first_message(out, err)
-            clean = rc == 2 and f.name in msg and (not item.field or item.field in msg)
+            clean, raw = verdict(item, f, rc, msg, out, err)
             runs.append(Run("report", f.name, item.attack, cmd_name, rc, msg[:160], round(rss, 1), round(secs, 2),
-                            clean))
+                            clean, raw))
     return runs
 
 
@@ -772,8 +827,8 @@ def table(runs: list[Run]) -> str:
     head = "| battery | file | attack | cmd | rc | clean | RSS MB | s | message | notes |"
     rows = [head, "|" + " --- |" * 10]
     for r in runs:
-        msg = r.message.replace("|", "\\|")
-        rows.append(f"| {r.battery} | {r.file} | {r.attack.replace('|', '/')} | {r.command} | {r.rc} | "
+        msg = shown(r.message).replace("|", "\\|")
+        rows.append(f"| {r.battery} | {shown(r.file)} | {r.attack.replace('|', '/')} | {r.command} | {r.rc} | "
                     f"{'yes' if r.clean else 'NO'} | {r.rss_mb:.0f} | {r.seconds:.1f} | {msg} | {'; '.join(r.notes)} |")
     return "\n".join(rows)
 
@@ -791,6 +846,7 @@ def summary(runs: list[Run]) -> str:
             f"over 5 s {sum(r.seconds > 5 for r in rs)}, max RSS {max((r.rss_mb for r in rs), default=0):.0f} MB, "
             f"max {max((r.seconds for r in rs), default=0):.1f} s, "
             f"payload ran {sum(any('PAYLOAD RAN' in n for n in r.notes) for r in rs)}, "
+            f"raw escapes {sum(any('RAW CONTROL' in n for n in r.notes) for r in rs)}, "
             f"wrote outside/module {sum(any('WROTE' in n for n in r.notes) for r in rs)}")
     return "\n".join(lines)
 
@@ -825,8 +881,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, item in enumerate(items):
             new = run_item(item, sandbox, args)
             for r in new:
-                print(f"[{i + 1}/{len(items)} {time.monotonic() - t0:.0f}s] {r.file} {r.command}: rc {r.rc} "
-                      f"{r.rss_mb:.0f} MB {r.seconds:.1f}s {'clean' if r.clean else 'NOT CLEAN'} {r.message[:100]} "
+                print(f"[{i + 1}/{len(items)} {time.monotonic() - t0:.0f}s] {shown(r.file)} {r.command}: rc {r.rc} "
+                      f"{r.rss_mb:.0f} MB {r.seconds:.1f}s {'clean' if r.clean else 'NOT CLEAN'} {shown(r.message[:100])} "
                       f"{'; '.join(r.notes)}", file=sys.stderr, flush=True)
             runs += new
         for battery, fn in (("cli", cli_runs), ("redis", redis_runs), ("signal", signal_runs), ("env", env_runs),
@@ -834,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
             if battery in only and not args.match:
                 new = fn(sandbox, args)
                 for r in new:
-                    print(f"[{battery}] {r.file}: rc {r.rc} {r.seconds:.1f}s {r.message[:100]} {'; '.join(r.notes)}",
+                    print(f"[{battery}] {r.file}: rc {r.rc} {r.seconds:.1f}s {shown(r.message[:100])} {'; '.join(r.notes)}",
                           file=sys.stderr, flush=True)
                 runs += new
     finally:

@@ -1,19 +1,26 @@
-"""Text for people: one line, cut at a word, with no path of this machine.
+"""Text for people: one line, cut at a word, with no path of this machine,
+and nothing a terminal would act on.
 
 Reports and progress lines are read on another machine (a CI summary, a
 pasted log), where the absolute paths of the machine that ran the gate are
 noise at best and a leak at worst, and a cell or line cut mid-word reads as
-a different message. Both forms go through here.
+a different message. Both forms go through here. So does everything the CLI
+prints: its streams escape control characters (``escaped_output``), because
+keys, titles, summaries and report rows come from strangers' files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
 import sys
 import sysconfig
+from typing import IO, Any, Iterable, Iterator
+
+from harness.case.vocab import printable
 
 ELLIPSIS = "…"
 _BREAK_AFTER = " ,;:/)]"  # where a cut may fall when there is no space late enough
@@ -23,8 +30,8 @@ PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 
 def one_line(text: str) -> str:
-    """Whitespace runs (newlines included) as one space."""
-    return " ".join(str(text).split())
+    """Whitespace runs (newlines included) as one space, control characters escaped."""
+    return printable(" ".join(str(text).split()))
 
 
 def shorten(text: str, width: int) -> str:
@@ -65,7 +72,10 @@ def _roots(cwd: str) -> list[tuple[re.Pattern[str], str]]:
 def scrub(text: str) -> str:
     """``text`` without absolute paths of this machine: known roots made
     relative, and any other absolute directory cut to its corpus folder
-    (``cases/split/``) or else to its last part (``…/found/``)."""
+    (``cases/split/``) or else to its last part (``…/found/``); control
+    characters but newline and tab escaped (reports written to files are
+    read with ``cat`` too)."""
+    text = printable(str(text), layout=True)
     for root, to in _roots(os.getcwd()):
         text = root.sub(lambda m: to if m.group(1) else to.rstrip("/") or "<project>", text)
     return _ABSOLUTE_DIR.sub(_cut_dir, text)
@@ -94,3 +104,40 @@ def terminal_width(default: int = 100) -> int:
     ``default`` (a CI log has no width, but a line longer than a screen is
     unread); never under 40."""
     return max(40, shutil.get_terminal_size((default, 24)).columns)
+
+
+class EscapedStream:
+    """A text stream that passes on what it is given with control characters
+    escaped (newline and tab kept): every line the CLI prints, whoever built
+    it, reaches the terminal as text. ``unescaped`` is the stream below, for
+    a display that draws with escapes of its own (rich's live view)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.unescaped = stream
+
+    def write(self, text: str) -> int:
+        self.unescaped.write(printable(text, layout=True))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for text in lines:
+            self.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.unescaped, name)
+
+
+def unescaped(stream: IO[str]) -> IO[str]:
+    """The stream below an ``EscapedStream`` (any other stream as it is)."""
+    return getattr(stream, "unescaped", stream)
+
+
+@contextlib.contextmanager
+def escaped_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` escaped while the block runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapedStream(sys.stdout), EscapedStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

@@ -27,7 +27,7 @@ import stat
 from pathlib import Path as FsPath
 from typing import Any, Iterable
 
-from harness.case.vocab import SpecError
+from harness.case.vocab import CONTROL, SpecError, printable
 
 # Bounds. Generated cases stay far inside them (the generator's largest is a
 # few dozen nodes); they exist so a hostile file is refused before it costs.
@@ -51,7 +51,7 @@ class FileError(ValueError):
     """A file (or Redis item) that cannot be read as what it claims to be."""
 
     def __init__(self, file: str | os.PathLike, message: str) -> None:
-        super().__init__(f"{file}: {message}")
+        super().__init__(f"{printable(str(file))}: {printable(message)}")  # a file's name is a stranger's text too
         self.file = str(file)
 
 
@@ -237,7 +237,7 @@ def name(v: Any, where: str) -> str:
 
 
 def _control(c: str) -> bool:
-    return ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in "\u2028\u2029"
+    return CONTROL.match(c) is not None
 
 
 def line(v: Any, where: str, max_len: int = 1000) -> str:

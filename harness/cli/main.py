@@ -19,6 +19,7 @@ warnings.filterwarnings("ignore", message=".*NumPy.*")
 from harness.artifacts import corpus
 from harness.artifacts import repro
 from harness.artifacts.corpus import CorpusError
+from harness.artifacts.text import escaped_output
 from harness.paths import Options, UsageError, resolve
 from harness.case.spec import SCHEMA_VERSION, SpecError
 
@@ -499,12 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     if pool.torchrun_env() and int(os.environ["RANK"]) != 0:
         # Under torchrun, ranks other than 0 follow rank 0's cases and exit when it is done.
         return pool.follow_torchrun(getattr(args, "backend", None))
-    try:
-        check_args(args)
-        return args.func(args)
-    except (UsageError, CorpusError, SpecError) as e:
-        print(f"gradfuzz: error: {e}", file=sys.stderr)
-        return 2
+    with escaped_output():  # names, titles and rows of strangers' files reach the terminal as text
+        try:
+            check_args(args)
+            return args.func(args)
+        except (UsageError, CorpusError, SpecError) as e:
+            print(f"gradfuzz: error: {e}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

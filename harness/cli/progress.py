@@ -14,7 +14,7 @@ import threading
 import time
 from typing import IO, Any, Callable
 
-from harness.artifacts.text import scrub, shorten, terminal_width
+from harness.artifacts.text import scrub, shorten, terminal_width, unescaped
 
 View = dict[str, Any]
 
@@ -257,7 +257,7 @@ class Display:
         from rich.live import Live
         from rich.markup import escape
 
-        console = Console(file=self.stream)
+        console = Console(file=unescaped(self.stream))  # rich draws with escapes of its own
         v: View = {}
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while True:

@@ -594,3 +594,89 @@ def test_merged_counts_past_2_53_are_refused_before_writing(tmp_path):
     assert {p.name: p.read_bytes() for p in (tmp_path / "into").glob("*.json")} == before
     for f in (tmp_path / "into").glob("*.json"):
         corpus.load(f)  # what was written still reads
+
+
+# --- output that could be turned against the reader (issue 32, item 6) ----------------
+
+# Clear the screen, set the terminal's title, go back to the start of the line.
+ESCAPES = ["\x1b[2J", "\x1b]0;title\x07", "\r"]
+
+
+def _acts_on_a_terminal(text: str) -> list[str]:
+    from harness.case.vocab import CONTROL
+
+    return [c for c in text if CONTROL.match(c) and c not in "\n\t"]
+
+
+def _with_key(doc: dict, where: tuple, key: str) -> dict:
+    doc = copy.deepcopy(doc)
+    cur = doc
+    for k in where:
+        cur = cur[k]
+    cur[key] = 1
+    return doc
+
+
+@pytest.mark.parametrize("esc", ESCAPES)
+@pytest.mark.parametrize("where", [(), ("case",), ("case", "params", 0), ("meta",)])
+def test_a_hostile_key_is_escaped_in_the_message(tmp_path, capsys, monkeypatch, esc, where):
+    from harness.cli import main as cli
+
+    monkeypatch.setattr(cli, "resolve", lambda *a, **k: pytest.fail("paths built before the file was read"))
+    f = tmp_path / "keys.json"
+    f.write_text(json.dumps(_with_key(BASE_ENTRY, where, f"k{esc}")))
+    assert cli.main(["replay", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "keys.json" in err and f"k{esc}".encode("unicode_escape").decode() in err and "unknown field" in err
+    assert not _acts_on_a_terminal(err), err
+
+
+@pytest.mark.parametrize("esc", ESCAPES)
+def test_a_hostile_file_name_is_escaped(tmp_path, capsys, esc):
+    from harness.cli.main import main
+
+    f = tmp_path / f"name{esc}.json"
+    f.write_bytes(b"")
+    assert main(["replay", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "empty corpus file" in err and not _acts_on_a_terminal(err), err
+
+
+@pytest.mark.parametrize("esc", ESCAPES)
+def test_ledger_and_report_messages_are_escaped(tmp_path, esc):
+    bad_ledger = _with_key(BASE_LEDGER, ("bugs", 0), f"k{esc}")
+    bad_report = _with_key(BASE_REPORT, (), f"k{esc}")
+    for load, doc in ((ledger.from_json, bad_ledger), (ledger.report_from_json, bad_report)):
+        with pytest.raises(corpus.CorpusError) as e:
+            load(doc, f"f{esc}.json")
+        assert "unknown field" in str(e.value) and not _acts_on_a_terminal(str(e.value)), str(e.value)
+
+
+@pytest.mark.parametrize("esc", ESCAPES)
+def test_report_rows_reach_the_terminal_escaped(tmp_path, capsys, esc):
+    """A row a report file carries (``gradfuzz table``), and a ledger summary in
+    the gate's own reports: printed and written as text."""
+    from harness.cli.main import main
+    from harness.gate import report
+
+    hostile = copy.deepcopy(BASE_REPORT)
+    hostile["rows"][0].update(bug=f"b{esc}", detail=f"summary{esc} (known)")
+    (tmp_path / "a.json").write_text(json.dumps(BASE_REPORT))
+    (tmp_path / "b.json").write_text(json.dumps(hostile))
+    assert main(["table", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"b{esc}".encode("unicode_escape").decode() in out and not _acts_on_a_terminal(out), out
+    hostile["rows"][0]["bug"] = "b"  # the gate's rows carry ledger ids, which are [A-Za-z0-9._-] only
+    rep = ledger.report_from_json({**hostile, "seconds": 1.0, "examples": {"split.stock": 3}, "counts": {},
+                                   "selfcheck": []}, "b.json")
+    for text in (report.terminal(rep), report.markdown(rep), report.junit(rep)):
+        assert "summary\\" in text and not _acts_on_a_terminal(text), text
+
+
+def test_printable_unicode_stays_readable():
+    from harness.case.vocab import printable
+
+    assert printable("Grüße, 梯度, λ → ∇ ✓") == "Grüße, 梯度, λ → ∇ ✓"
+    assert printable("a\x1b[2Jb\x9bc\u202ed\re") == "a\\x1b[2Jb\\x9bc\\u202ed\\re"
+    assert printable(printable("\x07\x1b")) == printable("\x07\x1b")  # idempotent
+    assert printable("one\ntwo\tx\r", layout=True) == "one\ntwo\tx\\r"
