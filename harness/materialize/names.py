@@ -21,6 +21,17 @@ def attribute(name: str) -> str:
     return PREFIX + name
 
 
+def variable(name: str) -> str:
+    """The variable a generated repro script holds the case's node ``name`` in.
+
+    A script binds names of its own inside the functions that spell the case
+    out (``PassThrough``, ``torch``, a stage's arguments ``a0``, ``a1``): a
+    node assigned under such a name shadows it for the whole function, and
+    the script fails or computes something else. Scripts bind no name with
+    the prefix, so the prefixed name is the node's alone."""
+    return attribute(name)
+
+
 def case_name(qualified: str) -> str:
     """The case's name of a parameter from its qualified name (``blocks.0.p_w1`` -> ``w1``)."""
     last = qualified.rsplit(".", 1)[-1]

@@ -15,6 +15,7 @@ from typing import Any
 from harness.case import functions
 from harness.case.ops import OPS, draws_random
 from harness.case.spec import Case, SpecError, Use
+from harness.materialize.names import variable
 
 
 def checked(case: Case) -> Case:
@@ -33,7 +34,7 @@ def factor_literal(factor: Any) -> str:
 
 
 def _ref(use: Use, nodes: set[str]) -> str:
-    s = use.ref if use.ref in nodes else f"v[{use.ref!r}]"
+    s = variable(use.ref) if use.ref in nodes else f"v[{use.ref!r}]"
     if use.index is not None:
         s = f"{s}[{use.index}]"
     return f"{s}.mT" if use.transpose else s
@@ -47,18 +48,23 @@ def forward_source(case: Case) -> str:
         lines.append(f"    torch.manual_seed({case.seed * 7919 + 77})")
     for n in case.nodes:
         args = [_ref(u, nodes) for u in n.args]
-        lines.append(f"    {n.name} = {OPS[n.op].source(args, dict(n.attrs))}")
+        name = variable(n.name)
+        lines.append(f"    {name} = {OPS[n.op].source(args, dict(n.attrs))}")
         h = hooks.get(n.name)
         if h is not None:
-            body = f"lambda g: g * {factor_literal(h.factor)}" if h.kind == "scale" else "lambda g: None"
-            lines.append(f"    if {n.name}.requires_grad:")
-            lines.append(f"        {n.name}.register_hook({body})  # a {h.kind} hook")
+            lines += hook_lines(name, h.kind, h.factor, "    ")
         if n.name in case.retain_grad:
-            lines.append(f"    if {n.name}.requires_grad:")
-            lines.append(f"        {n.name}.retain_grad()")
+            lines.append(f"    if {name}.requires_grad:")
+            lines.append(f"        {name}.retain_grad()")
     outs = ", ".join(_ref(u, nodes) for u in case.outputs)
     lines.append(f"    return [{outs}]")
     return "\n".join(lines)
+
+
+def hook_lines(name: str, kind: str, factor: Any, indent: str) -> list[str]:
+    """The hook a case registers on the node held in ``name``, as source lines."""
+    body = f"lambda g: g * {factor_literal(factor)}" if kind == "scale" else "lambda g: None"
+    return [f"{indent}if {name}.requires_grad:", f"{indent}    {name}.register_hook({body})  # a {kind} hook"]
 
 
 def literal(t: Any) -> str:

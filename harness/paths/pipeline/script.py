@@ -12,10 +12,10 @@ when stages share it) and of every input.
 from __future__ import annotations
 
 from harness.objects import Ref
-from harness.materialize.names import attribute
+from harness.materialize.names import attribute, variable
 from harness.materialize.tensors import Built
 from harness.case.ops import OPS
-from harness.materialize.source import checked, factor_literal, forward_source, function_helpers, literal
+from harness.materialize.source import checked, forward_source, function_helpers, hook_lines, literal
 from harness.paths.base import Repro
 from harness.case.spec import Case, Use
 from harness.materialize.stages import StageSpec, cut
@@ -33,7 +33,7 @@ def stage_source(case: Case, spec: StageSpec) -> str:
         if u.ref in spec.params:
             s = f"self.{attribute(u.ref)}"
         elif u.ref in local:
-            s = u.ref if u.index is None else f"{u.ref}[{u.index}]"
+            s = variable(u.ref) if u.index is None else f"{variable(u.ref)}[{u.index}]"
         else:
             s = received[(u.ref, u.index)]
         return f"{s}.mT" if u.transpose else s
@@ -48,12 +48,10 @@ def stage_source(case: Case, spec: StageSpec) -> str:
                      f"requires_grad={n!r} not in FROZEN)")
     lines += ["", f"    def forward(self{''.join(', ' + a for a in args)}):"]
     for n in spec.nodes:
-        lines.append(f"        {n.name} = {OPS[n.op].source([ref(u) for u in n.args], dict(n.attrs))}")
+        lines.append(f"        {variable(n.name)} = {OPS[n.op].source([ref(u) for u in n.args], dict(n.attrs))}")
         h = hooks.get(n.name)
         if h is not None:
-            body = f"lambda g: g * {factor_literal(h.factor)}" if h.kind == "scale" else "lambda g: None"
-            lines += [f"        if {n.name}.requires_grad:",
-                      f"            {n.name}.register_hook({body})  # a {h.kind} hook"]
+            lines += hook_lines(variable(n.name), h.kind, h.factor, "        ")
     outs = [ref(u) for u in spec.outputs]
     lines.append(f"        return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
     return "\n".join(lines)
