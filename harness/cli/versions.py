@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--paths", help="paths to replay it on (default: the path it was found on)")
     v.add_argument("--releases", help="comma-separated releases instead of noxfile.py's list")
     v.add_argument("--all", action="store_true", help="run every release instead of bisecting")
+    v.add_argument("--samples", type=int, default=SAMPLES, help="releases spread over the list run before bisecting "
+                   "(default %(default)s; more finds a bug that lives only between two that agree)")
     v.add_argument("--nox", default=f"{sys.executable} -m nox", help="how to call nox (default: %(default)s)")
     v.add_argument("--timeout", type=float, default=900.0, help="seconds per release, install included (default 900)")
     v.add_argument("--here", action="store_true", help="no releases: replay on what is installed and print one JSON "
@@ -60,7 +62,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
         print(f"  {args.package} {release}: {got}", file=sys.stderr)
         return got
 
-    seen = {r: outcome(r) for r in releases} if args.all else bisect(releases, outcome)
+    seen = {r: outcome(r) for r in releases} if args.all else bisect(releases, outcome, max(args.samples, 2))
     print(table(args.package, releases, seen))
     return 0
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from packaging.version import Version
 
 from harness.observation import Observation
 from harness.generate import PLACEMENTS
@@ -51,6 +52,12 @@ FIXED = "oracles.dtensor_fixed"
 # Optimizers whose fused kernel has no DTensor sharding strategy (torch 2.13: only Adam/AdamW have one).
 DTENSOR_UNFUSED = frozenset({"sgd", "momentum", "nesterov", "adagrad"})
 STOCK = "stock"
+
+
+# torch 2.11's DTensor raises on an in-place op whose output placement differs
+# from its input's (relu_ on a Partial value); found on dtensor.fixed with NCCL
+# and reproduced with gloo on 2.11; 2.13 agrees on the same cases.
+_REFUSES_INPLACE_REDISTRIBUTION = Version(torch.__version__.split("+")[0]) < Version("2.13")
 
 
 def _has_strategy(op: Any) -> bool:
@@ -107,6 +114,11 @@ class DTensorPath(PooledPath):
             if plain:
                 return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
                         f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
+            inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
+            if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
+                return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops "
+                        f"that change a placement (Partial to Replicate: 'in-place operations that require "
+                        f"placement changes are not supported'); 2.13 takes them")
             if any(n.op == "sdpa" for n in case.nodes):
                 # On every backend: on CUDA too, shapes the fused kernels do not take (fp32, causal, tiny heads)
                 # fall back to the math kernel, and one rule keeps the cases drawn the same under gloo and NCCL.
