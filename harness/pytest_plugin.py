@@ -102,6 +102,9 @@ def _workers() -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gradfuzz: a gradfuzz fuzz target or corpus replay item")
+    from harness.workers import lifeline
+
+    lifeline.from_environment()  # under ``fuzz -n``: pytest and every worker end with the controller
     if config.getoption("gradfuzz_paths") is not None:
         _check_setup(config)
 

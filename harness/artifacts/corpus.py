@@ -277,6 +277,7 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; CI publishes findings, so follow the umask
         with os.fdopen(fd, "w", encoding="utf-8") as f:  # repro scripts hold titles in any script
             f.write(text)
             f.flush()
@@ -288,6 +289,13 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it: there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save(directory: str | os.PathLike, name: str, entry: Entry, repro: str | None = None) -> str:

@@ -162,9 +162,9 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     class _Stop:
         requested = False
 
-        def set(self) -> None:
+        def set(self, grace: float | None = None) -> None:
             self.requested = True
-            ctl.request_stop()
+            ctl.request_stop(grace)
 
     stop = _Stop()
 
@@ -173,7 +173,9 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     def handler(signum: int, frame: Any) -> None:
         first = not stop.requested
         got.append(signum)
-        stop.set()
+        # SIGTERM is a deadline (CI cancel, ``timeout``): findings are saved as
+        # they happen, so the workers get seconds, not the Ctrl-C grace.
+        stop.set(parallel.TERM_GRACE if signum == signal.SIGTERM else None)
         display.stopping = True
         if first:
             print("\ngradfuzz: interrupted: workers finish their current example and save "

@@ -21,8 +21,10 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from harness.engine.session import combine, read_statuses
+from harness.workers import lifeline
 
 RUNS_DIR = os.path.join(".gradfuzz", "runs")
+TERM_GRACE = 2.0  # seconds workers get after SIGTERM (CI cancels, ``timeout``) before the group is killed
 
 
 def _plugin_args() -> list[str]:
@@ -77,9 +79,11 @@ class Controller:
     def start(self) -> "Controller":
         env = dict(os.environ)
         env.setdefault("PYTHONWARNINGS", "ignore::UserWarning")
+        env[lifeline.ENV] = str(os.getpid())  # pytest and its workers watch us: no orphans if we are killed
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, env=env)
+                                         start_new_session=True, env=env,
+                                         preexec_fn=lifeline.set_parent_death_signal)
         return self
 
     def view(self) -> dict[str, Any]:
@@ -94,7 +98,11 @@ class Controller:
                 "saved": result.saved, "errors": result.errors, "workers": max(len(snaps), 1),
                 "from_status": True}
 
-    def request_stop(self) -> None:
+    def request_stop(self, grace: float | None = None) -> None:
+        """Ask the workers to stop between examples; end the group after
+        ``grace`` seconds (default: ``self.grace``). A second request ends it now."""
+        if grace is not None:
+            self.grace = min(self.grace, grace)
         if not self.stopping:
             self.stopping = True
             open(os.path.join(self.run_dir, "stop"), "w").close()

@@ -41,6 +41,7 @@ from typing import Any
 from harness.workers import host
 
 START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
+FAILED_PEER_GRACE = 5.0  # seconds the other ranks get to answer once one rank has reported a failure
 
 
 class PoolError(RuntimeError):
@@ -182,11 +183,15 @@ class WorkerPool:
                     return Outcome("crash", replies, self._death_report([rank]), time.monotonic() - t0)
         pending = set(range(self.world_size))
         deadline = t0 + timeout
+        failed: int | None = None  # the first rank that replied with a failure while others were still running
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                return Outcome("timeout", replies, self._hang_report(sorted(pending), timeout), time.monotonic() - t0)
+                why = self._hang_report(sorted(pending), timeout if failed is None else time.monotonic() - t0)
+                if failed is not None:
+                    why = f"rank {failed} failed and its peers did not finish within {self._grace(msg):g}s: {why}"
+                return Outcome("timeout", replies, why, time.monotonic() - t0)
             ready = wait([self.conns[r] for r in pending] + list(sentinels), timeout=left)
             dead = []
             for obj in ready:
@@ -202,12 +207,25 @@ class WorkerPool:
                     continue  # a late answer to an earlier request
                 replies[rank] = reply
                 pending.discard(rank)
+                if failed is None and pending and _failed(reply):
+                    failed = rank
+                    deadline = min(deadline, time.monotonic() + self._grace(msg))
             dead += [r for s, r in sentinels.items() if s in ready]
             if dead:
                 # Let the others finish or fail (they often raise once a peer is gone).
                 self._drain(replies, pending, msg, min(2.0, max(deadline - time.monotonic(), 0)))
                 return Outcome("crash", replies, self._death_report(sorted(set(dead))), time.monotonic() - t0)
         return Outcome("ok", replies, "", time.monotonic() - t0)
+
+    @staticmethod
+    def _grace(msg: dict[str, Any]) -> float:
+        """How long the others may still take once a rank failed. A rank that
+        raised leaves its peers blocked in a collective that only the
+        collective timeout (an hour) would end: the case is over, and the
+        group is restarted instead (``request`` closes it). Longer than a
+        pipeline rank's own wait for an unmatched send or recv (``wait``),
+        after which that peer answers with its timeout by itself."""
+        return max(FAILED_PEER_GRACE, float(msg.get("wait") or 0) + 2.0)
 
     def _drain(self, replies: dict[int, Any], pending: set[int], msg: dict[str, Any], grace: float) -> None:
         end = time.monotonic() + grace
@@ -292,6 +310,12 @@ class WorkerPool:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+
+def _failed(reply: Any) -> bool:
+    """A rank's reply that says the case failed on it (a raise in its rank
+    code, or the host's error for a message it could not handle)."""
+    return isinstance(reply, dict) and bool(reply.get("failure") or "error" in reply)
 
 
 def _fatal(log: str) -> str:

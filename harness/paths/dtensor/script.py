@@ -16,6 +16,7 @@ from __future__ import annotations
 from harness.materialize.tensors import Built
 from harness.case.spec import Case
 from harness.objects import Ref
+from harness.paths import loopback
 from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 
@@ -40,7 +41,7 @@ Expected: eager autograd in float64, summed out of place. Actual: DTensor
 parameters on {world_size} rank(s), grad-layout handling {impl or 'stock'!r}, in {case.dtype}.
 Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), .grad starts as None,
 zero_grad between steps: {sched.zero_grad!r}.
-Run:  torchrun --nproc-per-node {world_size} THIS_FILE   (gloo on CPU; nccl with a GPU per rank)
+Run:  {loopback.RUN.format(world_size=world_size)}   (gloo on CPU; nccl with a GPU per rank; loopback only unless GRADFUZZ_REPRO_ANY_INTERFACE=1)
 Exit status 1 on rank 0 when they differ.
 """
 import os
@@ -65,7 +66,10 @@ _RUNNER = '''def placement(name):
 
 ''' + EAGER_WINDOWS + '''
 
+''' + loopback.SOURCE + '''
+
 def main():
+    _gradfuzz_loopback()
     dist.init_process_group("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["WORLD_SIZE"]) else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from harness.materialize.names import PREFIX
 from harness.materialize.tensors import Built
 from harness.case.spec import Case
+from harness.paths import loopback
 from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 from harness.paths.parallel.data import switches
@@ -43,7 +44,7 @@ Expected: eager autograd in float64. Actual: the module under {'DistributedDataP
 on {world_size} rank(s), in {case.dtype}, switches in OPTIONS.
 Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), .grad starts {sched.grad_init!r},
 zero_grad between steps: {sched.zero_grad!r}; grads compared after each window's last backward.
-Run:  torchrun --nproc-per-node {world_size} THIS_FILE   (gloo on CPU; nccl with a GPU per rank)
+Run:  {loopback.RUN.format(world_size=world_size)}   (gloo on CPU; nccl with a GPU per rank; loopback only unless GRADFUZZ_REPRO_ANY_INTERFACE=1)
 Exit status 1 on rank 0 when they differ.
 """
 import contextlib
@@ -75,7 +76,10 @@ class Module(torch.nn.Module):
         return tuple(forward({**self.weights(), **dict(zip(INPUT_NAMES, inputs))}))
 
 
+''' + loopback.SOURCE + '''
+
 def main():
+    _gradfuzz_loopback()
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
     rank = dist.get_rank()

@@ -1,0 +1,30 @@
+"""What a generated torchrun repro script runs before it joins its group:
+keep the group's sockets on loopback.
+
+A repro is run by whoever got the findings file, often on a shared or
+networked machine. torchrun's default rendezvous and gloo's pairs otherwise
+listen on an address other hosts can reach (gloo takes the hostname's). The
+script pins both to the loopback interface and refuses a MASTER_ADDR that is
+not loopback, unless the user sets GRADFUZZ_REPRO_ANY_INTERFACE=1 (a run
+across hosts, which then needs its own interface settings).
+"""
+
+from __future__ import annotations
+
+RUN = "torchrun --master-addr 127.0.0.1 --nproc-per-node {world_size} THIS_FILE"
+
+SOURCE = '''def _gradfuzz_loopback():
+    """Keep this script's sockets on loopback (GRADFUZZ_REPRO_ANY_INTERFACE=1: leave them to the user)."""
+    if os.environ.get("GRADFUZZ_REPRO_ANY_INTERFACE") == "1":
+        return
+    import socket
+
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if addr not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"MASTER_ADDR={addr} is not loopback: run with --master-addr 127.0.0.1, "
+                 "or set GRADFUZZ_REPRO_ANY_INTERFACE=1 to run across hosts")
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+    if lo:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+'''

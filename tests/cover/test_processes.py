@@ -1,0 +1,163 @@
+"""Processes and files (issue 32 item 7): an erroring rank ends its case in
+seconds, findings files follow the umask, and killing or terminating a fuzz
+run leaves no process behind (timings printed; run with -s to see them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.artifacts.corpus import atomic_write
+from harness.workers.lifeline import alive
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_write_follows_umask(tmp_path, mask: int, mode: int) -> None:
+    old = os.umask(mask)
+    try:
+        atomic_write(tmp_path / "f.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "f.json").st_mode) == mode
+
+
+def test_failing_rank_ends_the_case_in_seconds() -> None:
+    """Rank 1 raises, rank 0 waits in an all_reduce: the pool gives up after
+    the grace, not the case timeout, and the next case gets a fresh group."""
+    from harness.workers.pool import FAILED_PEER_GRACE, WorkerPool
+
+    pool = WorkerPool(2, "gloo")
+    try:
+        pool.start()
+        t0 = time.monotonic()
+        out = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": 1}, timeout=120)
+        took = time.monotonic() - t0
+        print(f"\nfailing rank: {out.status} after {took:.1f}s (case timeout 120s)")
+        assert out.status == "timeout" and "injected rank failure" in out.replies[1]["error"]
+        assert "rank 1 failed" in out.detail
+        assert took < FAILED_PEER_GRACE + 10
+        assert not pool.procs  # closed: the blocked rank is gone
+        ok = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": None}, timeout=120)
+        assert ok.status == "ok" and ok.replies[0]["sum"] == 2.0
+    finally:
+        pool.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(d))
+            except OSError:
+                pass
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        for k in _children(todo.pop()):
+            seen.append(k)
+            todo.append(k)
+    return seen
+
+
+def _fuzz(tmp_path, paths: str, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "harness", "fuzz", *extra, "--paths", paths, "--minutes", "5", "--db", "none",
+           "--progress", "plain", "--save", str(tmp_path / "found"), "--timeout", "60"]
+    return subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def _wait_tree(proc: subprocess.Popen, at_least: int, limit: float = 240.0) -> list[int]:
+    """The process tree once it has ``at_least`` descendants (pytest, workers, ranks)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        tree = _tree(proc.pid)
+        if len(tree) >= at_least:
+            time.sleep(2.0)  # into the fuzzing, not the start-up
+            return _tree(proc.pid)
+        time.sleep(0.5)
+    pytest.fail(f"the run never had {at_least} processes under it")
+
+
+def _gone_within(pids: list[int], limit: float) -> tuple[float, list[int]]:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return time.monotonic() - t0, []
+        time.sleep(0.1)
+    return time.monotonic() - t0, [p for p in pids if alive(p)]
+
+
+@pytest.mark.slow
+def test_sigkill_of_fuzz_n2_leaves_no_workers(tmp_path) -> None:
+    """pytest (own session) and its two xdist workers, each with a 2-rank ddp pool: 7 processes."""
+    proc = _fuzz(tmp_path, "ddp.fixed", "-n", "2")
+    before = _wait_tree(proc, 7)
+    proc.kill()
+    proc.wait()
+    took, left = _gone_within(before, 10.0)
+    print(f"\nfuzz -n 2 SIGKILL: {len(before)} processes before, {len(left)} alive after {took:.1f}s")
+    assert not left
+
+
+FAMILIES = ["ddp.fixed", "fsdp2.fixed", "dtensor.fixed", "pipeline.GPipe.ranks2.fixed"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paths", FAMILIES)
+def test_sigterm_exits_in_seconds(tmp_path, paths: str) -> None:
+    proc = _fuzz(tmp_path, paths)
+    before = _wait_tree(proc, 2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=60)
+    took = time.monotonic() - t0
+    _, left = _gone_within(before, 5.0)
+    print(f"\n{paths} SIGTERM: rc {rc}, {len(before)} ranks before, exit after {took:.1f}s, {len(left)} alive after")
+    assert rc == 143 and not left and took < 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paths", FAMILIES)
+def test_sigkill_leaves_no_ranks(tmp_path, paths: str) -> None:
+    proc = _fuzz(tmp_path, paths)
+    before = _wait_tree(proc, 2)
+    proc.kill()
+    proc.wait()
+    took, left = _gone_within(before, 10.0)
+    print(f"\n{paths} SIGKILL: {len(before)} ranks before, {len(left)} alive after {took:.1f}s")
+    assert not left
+
+
+def test_repro_scripts_keep_to_loopback(monkeypatch) -> None:
+    """The torchrun scripts' preamble: gloo/NCCL on the loopback interface, a
+    remote MASTER_ADDR refused, both left alone when the user opts out."""
+    from harness.paths import loopback
+
+    space: dict = {"os": os, "sys": sys}
+    exec(loopback.SOURCE, space)
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "GRADFUZZ_REPRO_ANY_INTERFACE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    space["_gradfuzz_loopback"]()
+    assert os.environ["GLOO_SOCKET_IFNAME"].startswith("lo")
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    with pytest.raises(SystemExit, match="not loopback"):
+        space["_gradfuzz_loopback"]()
+    monkeypatch.setenv("GRADFUZZ_REPRO_ANY_INTERFACE", "1")
+    space["_gradfuzz_loopback"]()
+    assert "127.0.0.1" in loopback.RUN

@@ -1,0 +1,17 @@
+"""Rank code for the pool tests: one rank raises, the other enters a collective
+its peer never joins (what a rank error inside DDP or FSDP2 leaves behind)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    if ctx.rank == msg.get("raise_on"):
+        raise RuntimeError("injected rank failure")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"sum": float(t)}
