@@ -205,7 +205,7 @@ def table(package: str, releases: list[str], seen: dict[str, str]) -> str:
         lines.append("range: not one stretch between releases that agree (a release without an answer borders it, "
                      "or it has gaps): run the unknown releases, or file one ledger entry per stretch")
     elif spec is None:
-        lines.append(f"range: no release of {package} tried diverges on this case")
+        lines.append(f"range: none of the releases of {package} run diverges on this case")
     else:
         lines.append(f'range (for the ledger entry and meta.expect): "packages": {{"{package}": "{spec or ""}"}}'
                      + ("  (every release tried diverges)" if not spec else ""))
