@@ -14,6 +14,7 @@ not import here is listed as unavailable with the reason, never dropped.
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import EntryPoint
 from typing import Any, Callable, Iterable
 
@@ -29,12 +30,28 @@ __all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "R
 from harness.registry import BUILTIN, GROUP, add_namespace, listed  # noqa: F401  (GROUP: for third parties' docs)
 
 Factory = Callable[[Options], "Path | list[Path]"]
+PATH_MEMBERS = ("name", "contract", "availability", "supports", "run", "repro")
+
+
+def is_path(obj: Any) -> bool:
+    """``isinstance(obj, Path)`` without evaluating properties.
+
+    On Python 3.11 a runtime-checkable protocol's ``isinstance`` calls
+    ``hasattr`` on every member, which runs a ``contract`` property: the
+    pipeline paths' probes a process group for their layouts, so listing
+    paths started a worker pool (1.1 s of ``gradfuzz paths``). Static lookup
+    is what Python 3.12 does; an attribute set in ``__init__`` is found
+    in the instance's ``__dict__``."""
+    missing = object()
+    return all(inspect.getattr_static(obj, m, missing) is not missing for m in PATH_MEMBERS)
+
+
 _registered: list[Factory] = []
 
 
 def register_path(factory: "Factory | Path") -> None:
     """Add a path (or a factory of paths) to every later ``resolve``."""
-    _registered.append(factory if callable(factory) and not isinstance(factory, Path) else (lambda _o, p=factory: p))
+    _registered.append(factory if callable(factory) and not is_path(factory) else (lambda _o, p=factory: p))
 
 
 class Unloadable:
@@ -154,21 +171,23 @@ def _expand(obj: Any, options: Options, source: str) -> list[Path]:
             add_namespace(obj.name, obj.case_data)
         obj = obj.paths
     try:
-        made = obj if isinstance(obj, Path) else obj(options) if callable(obj) else obj
+        made = obj if is_path(obj) else obj(options) if callable(obj) else obj
     except Exception as e:
         raise UsageError(f"{source}: calling {getattr(obj, '__qualname__', repr(obj))}(options) raised "
                          f"{type(e).__name__}: {e}; fix: it must be {PATH_FORM}") from None
     made = made if isinstance(made, list) else [made]
     for p in made:
-        if not isinstance(p, Path):
+        if not is_path(p):
             raise UsageError(f"{source}: {p!r} is not a gradfuzz path (needs name, contract, availability, supports, "
                              f"run); fix: it must be {PATH_FORM}")
     return made
 
 
-def all_paths(options: Options = Options()) -> list[Path]:
+def all_paths(options: Options = Options(), heads: set[str] | None = None) -> list[Path]:
+    """Every path; with ``heads`` (first parts of path names), only those of
+    families that may make such a path (``_may_make``)."""
     check_options(options)
-    paths = [p for f in families() for p in _family_paths(f, options)]
+    paths = [p for f in families() if _may_make(f, heads) for p in _family_paths(f, options)]
     for factory in _registered:
         paths.extend(_expand(factory, options, "register_path"))
     for spec in options.extra:
@@ -180,21 +199,39 @@ def all_paths(options: Options = Options()) -> list[Path]:
     return paths
 
 
+def _may_make(family: Family, heads: set[str] | None) -> bool:
+    """Can ``family`` make a path whose name starts with one of ``heads``?
+    A family that declares no ``prefixes`` may make any."""
+    return heads is None or not family.prefixes or bool(heads & set(family.prefixes))
+
+
 def resolve(selection: Iterable[str] | str | None, options: Options = Options()) -> list[Path]:
-    """Path names or family prefixes -> paths, in registry order."""
-    paths = all_paths(options)
+    """Path names or family prefixes -> paths, in registry order.
+
+    Only the families that may make a selected name are built (starting
+    ``gradfuzz replay --paths split.stock`` built the pipeline paths too:
+    torch.distributed.pipelining and a worker pool). A name none of them
+    makes builds every family, for the message listing every path."""
     if selection is None:
-        return paths
+        return all_paths(options)
     if isinstance(selection, str):
         selection = [s for s in selection.split(",") if s.strip()]
+    wants = [s.strip() for s in selection]
+    paths = all_paths(options, {w.split(".")[0] for w in wants})
+    if not all(_hits(paths, w) for w in wants):
+        paths = all_paths(options)
     chosen: list[Path] = []
-    for want in (s.strip() for s in selection):
-        hits = [p for p in paths if p.name == want or p.name.startswith(want + ".")]
+    for want in wants:
+        hits = _hits(paths, want)
         if not hits:
             known = ", ".join(p.name for p in paths)
             raise UsageError(f"unknown path {want!r}; known paths: {known} (a family name such as 'split' picks all of it)")
         chosen.extend(p for p in hits if p not in chosen)
     return chosen
+
+
+def _hits(paths: list[Path], want: str) -> list[Path]:
+    return [p for p in paths if p.name == want or p.name.startswith(want + ".")]
 
 
 def split_available(paths: list[Path]) -> tuple[list[Path], dict[str, str]]:

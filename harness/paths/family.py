@@ -89,6 +89,10 @@ class Family:
     # The distribution of a third-party stack the family tests ("deepspeed"):
     # its installed release is part of every verdict (ledger ranges, reports).
     package: str = ""
+    # The first part of every path name the family makes (``("ddp", "fsdp2")``
+    # for ``parallel``): ``--paths split.fixed`` then builds only the families
+    # it can name, not a pipeline pool. Empty: not declared, always built.
+    prefixes: tuple[str, ...] = ()
 
 
 def lazy(ref: str) -> Callable[..., Any]:

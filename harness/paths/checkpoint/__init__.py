@@ -10,4 +10,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.checkpoint.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/checkpoint/README.md",
+    prefixes=("checkpoint",),
 )

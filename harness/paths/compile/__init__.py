@@ -8,4 +8,5 @@ FAMILY = Family(
     paths=lazy("harness.paths.compile.path:paths"),
     canaries=lazy("harness.paths.compile.canaries:canaries"),
     docs="harness/paths/compile/README.md",
+    prefixes=("compile",),
 )

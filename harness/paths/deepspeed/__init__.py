@@ -16,5 +16,6 @@ FAMILY = Family(
     canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",
+    prefixes=("deepspeed",),
     package="deepspeed",
 )

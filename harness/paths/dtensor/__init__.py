@@ -12,4 +12,5 @@ FAMILY = Family(
     user_impls=(UserImpl("dtensor_impl", "--dtensor-impl", "harness.paths.dtensor.rank:load_impl",
                          "MODULE[:ATTR] with install(params, mesh)"),),
     docs="harness/paths/dtensor/README.md",
+    prefixes=("dtensor",),
 )

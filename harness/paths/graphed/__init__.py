@@ -10,4 +10,5 @@ FAMILY = Family(
     user_impls=(UserImpl("graphed_impl", "--graphed-impl", "harness.paths.graphed.path:load_impl",
                          "MODULE:ATTR, a make_graphed_callables-like callable"),),
     docs="harness/paths/graphed/README.md",
+    prefixes=("graphed",),
 )

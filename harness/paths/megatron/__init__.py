@@ -18,5 +18,6 @@ FAMILY = Family(
     canaries=lazy("harness.paths.megatron.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/megatron/README.md",
+    prefixes=("megatron",),
     package="megatron-core",
 )

@@ -12,4 +12,5 @@ FAMILY = Family(
     scripts={"dataparallel": lazy("harness.paths.parallel.script:script")},
     case_data=CASE_DATA,
     docs="harness/paths/parallel/README.md",
+    prefixes=("ddp", "fsdp2"),
 )

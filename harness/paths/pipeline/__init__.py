@@ -12,4 +12,5 @@ FAMILY = Family(
     scripts={"pipeline": lazy("harness.paths.pipeline.script:script")},
     case_data=CASE_DATA,
     docs="harness/paths/pipeline/README.md",
+    prefixes=("pipeline",),
 )

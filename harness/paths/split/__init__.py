@@ -10,4 +10,5 @@ FAMILY = Family(
     user_impls=(UserImpl("split_impl", "--split-impl", "harness.paths.split.path:load_impl",
                          "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),),
     docs="harness/paths/split/README.md",
+    prefixes=("split",),
 )

@@ -18,5 +18,6 @@ FAMILY = Family(
     canaries=lazy("harness.paths.torchtitan.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/torchtitan/README.md",
+    prefixes=("torchtitan",),
     package="torchtitan",
 )
