@@ -104,7 +104,7 @@ def scripted(draw) -> tuple[Case, Scripted]:
 
 
 class FakeRedis:
-    """The two list operations the campaign log uses."""
+    """The list operations the campaign log uses, and its length query."""
 
     def __init__(self) -> None:
         self.lists: dict[str, list[bytes]] = {}
@@ -114,6 +114,10 @@ class FakeRedis:
 
     def lrange(self, key: str, start: int, stop: int) -> list[bytes]:
         return self.lists.get(key, [])[start:stop + 1]
+
+    def eval(self, script: str, numkeys: int, key: str, last: int) -> list[int]:
+        """The one script the merge sends: the byte length of every item up to ``last``, before any is fetched."""
+        return [len(v) for v in self.lists.get(key, [])[: int(last) + 1]]
 
 
 class _Scripts(findings._ScriptMaker):

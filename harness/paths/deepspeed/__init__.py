@@ -12,7 +12,7 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "deepspeed",
-    paths=lazy("harness.paths.deepspeed.path:paths"),
+    paths=lazy("harness.paths.deepspeed.pipe:family_paths"),
     canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",

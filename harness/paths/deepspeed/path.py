@@ -98,12 +98,12 @@ def warm(group: Any) -> None:
     _WARM.add((id(group), tuple(group.pids)))
 
 
-def paths(options: Options) -> list[Any]:
-    from harness.paths.deepspeed.pipe import paths as pipe_paths
+def engine_paths(options: Options) -> list[Any]:
+    """The ZeRO engine's paths; the family's list adds the pipeline engine's (``pipe.family_paths``)."""
 
     def made(stage: int, variant: str, drive: str) -> DeepSpeedPath:
         return DeepSpeedPath(f"deepspeed.zero{stage}.{variant}", stage, STOCK, options.world_size,
                              max(options.timeout, 60.0), options.backend, drive)
 
     return ([made(s, STOCK, "auto") for s in STAGES] + [made(s, "manual", "manual") for s in STAGES]
-            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES] + pipe_paths(options))
+            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES])

@@ -206,3 +206,11 @@ def paths(options: Options) -> list[DeepSpeedPipePath]:
     timeout = max(options.timeout, 60.0)
     return [DeepSpeedPipePath("deepspeed.pipe.stock", 0, timeout, options.backend),
             DeepSpeedPipePath("deepspeed.pipe.zero1", 1, timeout, options.backend)]
+
+
+def family_paths(options: Options) -> list[Any]:
+    """Every path of the family: the ZeRO engine's, then the pipeline engine's (this module
+    imports ``path``, never the other way, so the two do not import each other)."""
+    from harness.paths.deepspeed.path import engine_paths
+
+    return engine_paths(options) + paths(options)
