@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from harness.objects import load_object
+from harness.workers import lifeline
 
 
 def preload() -> None:
@@ -73,34 +74,18 @@ def _die_with_harness(harness: int) -> None:
     harness does. A watchdog thread covers the rest (another OS, a parent
     that lingers): it polls the harness pid and our parent.
     """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+    lifeline.set_parent_death_signal(signal.SIGKILL)
     parent = os.getppid()
-    if not _alive(harness) or parent == 1:  # it died before the lines above
+    if not lifeline.alive(harness) or parent == 1:  # it died before the line above
         os._exit(1)
 
     def watch() -> None:
         while True:
-            time.sleep(0.5)
-            if os.getppid() != parent or not _alive(harness):
+            time.sleep(lifeline.POLL_S)
+            if os.getppid() != parent or not lifeline.alive(harness):
                 os._exit(1)
 
     threading.Thread(target=watch, name="gradfuzz-watchdog", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _loopback() -> str | None:
