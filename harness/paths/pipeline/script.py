@@ -223,7 +223,7 @@ def run_ranks():
     got = []
     for _ in procs:
         try:
-            got.append(results.get(timeout=60))
+            got.append(results.get(timeout=180))  # a loaded CI machine: ranks start slowly
         except Exception:
             break
     for p in procs:
