@@ -95,6 +95,15 @@ def first_line(e: BaseException) -> str:
     return (lines[0] if lines else "")[:300]
 
 
+def rank_failure(k: int, e: BaseException, message: str | None = None) -> dict[str, Any]:
+    """What a rank reports when backward ``k`` raised (call it inside the
+    ``except``): the parent judges it beside its peers' (``assemble``)."""
+    import traceback
+
+    return {"k": k, "type": type(e).__name__, "message": first_line(e) if message is None else message,
+            "traceback": traceback.format_exc()[-4000:]}
+
+
 def rank_data(case: Any, built: Any, k: int, ctx: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Backward ``k``'s inputs, the same on every rank, and this rank's grad
     outputs: its share scaled by the world size, so the wrappers' average

@@ -21,6 +21,7 @@ from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.data import KNOBS
+from harness.paths.engine_rules import engine_owned, exact_mean
 from harness.paths.pooled import PooledPath
 
 STOCK = "stock"
@@ -59,21 +60,8 @@ class DeepSpeedPath(PooledPath):
         return where if not where.ok else Availability(True, f"{where.reason}; DeepSpeed ZeRO stage {self.stage}")
 
     def supports(self, case: Case) -> str | None:
-        s, world = case.schedule, self._world()
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
-        if s.optimizer or s.clip:
-            return "the engine steps its own optimizer (SGD at learning rate 0 here); the case's training step is not drawn for it"
-        if s.grad_init != "none" or s.zero_grad == "keep":
-            return "DeepSpeed owns .grad: it starts empty and the engine zeroes it at every accumulation boundary"
-        if case.dtype != "float32":
-            return "DeepSpeed trains in float32 (or fp16/bf16), not float64"
-        if not any(p.requires_grad for p in case.params):
-            return "every parameter is frozen: the engine has nothing to train"
-        if case.exact and (world & (world - 1) or s.microbatches & (s.microbatches - 1)):
-            return (f"exact mode needs powers of two: DeepSpeed divides by the world size ({world}) and the "
-                    f"accumulation steps ({s.microbatches}), which rounds otherwise")
-        return None
+        return (engine_refusal(case, "at every accumulation boundary")
+                or exact_mean(case, self._world(), "DeepSpeed divides"))
 
     def run(self, case: Case) -> Observation:
         warm(self.group)
@@ -84,6 +72,21 @@ class DeepSpeedPath(PooledPath):
     def repro(self, case: Case) -> Repro:
         return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
                      f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+
+
+def engine_refusal(case: Case, zeroes: str) -> str | None:
+    """What neither DeepSpeed engine (ZeRO, pipeline) takes; ``zeroes``
+    says when that engine clears .grad."""
+    s = case.schedule
+    if reason := engine_owned(case, "the engine"):
+        return reason
+    if s.optimizer or s.clip:
+        return "the engine steps its own optimizer (SGD at learning rate 0 here); the case's training step is not drawn for it"
+    if s.grad_init != "none" or s.zero_grad == "keep":
+        return f"DeepSpeed owns .grad: it starts empty and the engine zeroes it {zeroes}"
+    if case.dtype != "float32":
+        return "DeepSpeed trains in float32 (or fp16/bf16), not float64"
+    return None
 
 
 def warm(group: Any) -> None:

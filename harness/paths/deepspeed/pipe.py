@@ -29,7 +29,7 @@ from harness.materialize.tensors import Built
 from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.deepspeed.path import SAFE_GET_FULL_GRAD_BLIND
+from harness.paths.deepspeed.path import SAFE_GET_FULL_GRAD_BLIND, engine_refusal
 from harness.paths.pooled import PooledPath
 
 GAS = (1, 2, 3, 4)
@@ -145,16 +145,8 @@ class DeepSpeedPipePath(PooledPath):
 
     def supports(self, case: Case) -> str | None:
         s = case.schedule
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
-        if s.optimizer or s.clip:
-            return "the engine steps its own optimizer (SGD at learning rate 0 here); the case's training step is not drawn for it"
-        if s.grad_init != "none" or s.zero_grad == "keep":
-            return "DeepSpeed owns .grad: it starts empty and the engine zeroes it after every train_batch"
-        if case.dtype != "float32":
-            return "DeepSpeed trains in float32 (or fp16/bf16), not float64"
-        if not any(p.requires_grad for p in case.params):
-            return "every parameter is frozen: the engine has nothing to train"
+        if reason := engine_refusal(case, "after every train_batch"):
+            return reason
         if draws_random(case):
             return "dropout: the engine runs the microbatches' forwards on its own RNG stream, one per stage"
         if case.exact and s.microbatches & (s.microbatches - 1):

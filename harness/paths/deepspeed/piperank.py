@@ -23,7 +23,6 @@ returns.
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -35,7 +34,7 @@ from harness.materialize.tensors import Built
 from harness.paths.deepspeed.data import pipe_config
 from harness.paths.deepspeed.pipe import cut_of, tied_params
 from harness.paths.deepspeed.rank import _deepspeed
-from harness.paths.rankfacts import encode, first_line
+from harness.paths.rankfacts import encode, rank_failure
 from harness.workers.host import Rank
 
 
@@ -154,8 +153,7 @@ def run_case(ctx: Rank, case: Case, stage: int) -> dict[str, Any]:
             engine.train_batch(iter(_batch(case, built, range(s * M, s * M + M))))
             out["steps"] += [_facts(k2, k2 % M == M - 1, read.get(s, {}), seen) for k2 in range(s * M, s * M + M)]
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        out["failure"] = rank_failure(k, e)
     finally:
         _forget_grid()
     return out

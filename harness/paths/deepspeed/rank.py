@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import traceback
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from harness.materialize.tensors import Built
 from harness.materialize.units import CaseModule
 from harness.objects import load_object
 from harness.paths.deepspeed.data import config
-from harness.paths.rankfacts import encode, first_line, rank_data
+from harness.paths.rankfacts import encode, rank_data, rank_failure
 from harness.workers.host import Rank
 
 STOCK = "stock"
@@ -146,8 +145,7 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
             if drive == AUTO or boundary:
                 engine.step()
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        out["failure"] = rank_failure(k, e)
     return out
 
 

@@ -27,7 +27,6 @@ non-zero rank under torchrun, fed by broadcasts from rank 0) and
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from harness.workers.host import Rank
 from harness.materialize.tensors import Built
 from harness.materialize.names import attribute
 from harness.workers.collectives import CollectiveCounter
-from harness.paths.rankfacts import code, encode, first_line, layout_facts, shard_piece, share
+from harness.paths.rankfacts import code, encode, layout_facts, rank_failure, shard_piece, share
 from harness.case.spec import Case
 from harness.materialize.schedule import ends_step, has_step, starts_step, zero_grad
 from harness.materialize.train import Trainer
@@ -248,8 +247,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
                 seen = trainer.step(lambda t: encode(t, "R"))
                 out["steps"][-1]["after_step"] = {key: _oriented(key.split(".")[0], tp, e) for key, e in seen.items()}
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        out["failure"] = rank_failure(k, e)
     return out
 
 

@@ -37,7 +37,7 @@ from harness.materialize.units import CaseModule
 from harness.objects import load_object
 from harness.paths.megatron.cpu import on_cpu
 from harness.paths.megatron.data import ddp_config, knobs
-from harness.paths.rankfacts import encode, first_line, rank_data
+from harness.paths.rankfacts import encode, first_line, rank_data, rank_failure
 from harness.workers.host import Rank
 
 STOCK = "stock"
@@ -145,8 +145,7 @@ def run_case(ctx: Rank, case: Case, distopt: bool, impl: str) -> dict[str, Any]:
             for k in range(case.schedule.backwards):
                 out["steps"].append(_micro(case, built, k, ddp, fault, ctx))
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e) or _raised_at(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        out["failure"] = rank_failure(k, e, first_line(e) or _raised_at(e))
     return out
 
 

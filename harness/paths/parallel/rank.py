@@ -19,7 +19,6 @@ reduced where the wrapper lets that be counted, and the collectives issued.
 from __future__ import annotations
 
 import contextlib
-import traceback
 from collections import Counter
 from typing import Any
 
@@ -34,7 +33,7 @@ from harness.case.spec import Case
 from harness.objects import load_object
 from harness.workers.collectives import CollectiveCounter
 from harness.paths.parallel.data import switches
-from harness.paths.rankfacts import encode, first_line as _first_line, layout_facts as _layout, rank_data as _data, shard_piece
+from harness.paths.rankfacts import encode, layout_facts as _layout, rank_data as _data, rank_failure, shard_piece
 from harness.workers.host import Rank
 
 STOCK = "stock"
@@ -209,8 +208,7 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
                 seen = trainer.step(lambda t: encode(t, "R"))
                 out["steps"][-1]["after_step"] = seen
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": _first_line(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        out["failure"] = rank_failure(k, e)
     return out
 
 

@@ -22,7 +22,6 @@ Grads are read after every micro-step as ``full_tensor()`` on every rank.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ from harness.case.spec import Case
 from harness.materialize.schedule import zero_grad
 from harness.materialize.tensors import Built
 from harness.objects import load_object
-from harness.paths.rankfacts import encode, first_line, layout_facts, rank_data
+from harness.paths.rankfacts import encode, layout_facts, rank_data, rank_failure
 from harness.paths.torchtitan import cpu
 from harness.paths.torchtitan.data import Knobs, knobs
 from harness.paths.torchtitan.model import Decoder
@@ -142,8 +141,7 @@ def run_case(ctx: Rank, case: Case, ac: str, compiled: bool, impl: str) -> dict[
                 loss.backward()
             out["steps"].append(_facts(case, built, k, params, inputs, outs))
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = {"k": k, "type": type(e).__name__, "message": first_line(e),
-                          "traceback": traceback.format_exc()[-4000:]}
+        out["failure"] = rank_failure(k, e)
     return out
 
 
