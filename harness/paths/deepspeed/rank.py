@@ -16,6 +16,7 @@ accessor, ``deepspeed.utils.safe_get_full_grad``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any
 
@@ -46,15 +47,21 @@ def _deepspeed(ctx: Rank) -> Any:
     accelerator is chosen at import, from ``DS_ACCELERATOR``; it reads the
     rank from the launcher's variables, which the pool's ranks (started by
     gradfuzz, not a launcher) set here."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if ctx.device.type == "cpu" else "cuda")
-    _own_extensions_dir()
-    _clear_stale_build_locks()
-    for var, value in (("RANK", ctx.rank), ("LOCAL_RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size),
-                       ("LOCAL_WORLD_SIZE", ctx.world_size)):
-        os.environ.setdefault(var, str(value))
+    _prepare(ctx.device.type, ctx.rank, ctx.world_size)
     import deepspeed
 
     return deepspeed
+
+
+@functools.cache
+def _prepare(device_type: str, rank: int, world_size: int) -> None:
+    """The environment DeepSpeed reads, set once per rank process (not per case)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if device_type == "cpu" else "cuda")
+    _own_extensions_dir()
+    _clear_stale_build_locks()
+    for var, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world_size),
+                       ("LOCAL_WORLD_SIZE", world_size)):
+        os.environ.setdefault(var, str(value))
 
 
 def _own_extensions_dir() -> None:
