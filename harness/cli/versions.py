@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--package", help="the stack's distribution (deepspeed, megatron-core, torchtitan): the "
                    "releases are noxfile.py's STACKS list for it")
     v.add_argument("--paths", help="paths to replay it on (default: the path it was found on)")
-    v.add_argument("--releases", help="comma-separated releases instead of noxfile.py's list")
+    v.add_argument("--releases", help="comma-separated releases to try, a part of noxfile.py's list (default: all of it)")
     v.add_argument("--all", action="store_true", help="run every release instead of bisecting")
     v.add_argument("--samples", type=int, default=SAMPLES, help="releases spread over the list run before bisecting "
                    "(default %(default)s; more finds a bug that lives only between two that agree)")
@@ -50,9 +50,13 @@ def cmd_versions(args: argparse.Namespace) -> int:
         return 0
     if not args.package:
         raise UsageError("--package is needed (the stack whose releases to try), or --here")
-    releases = _parse(args.releases.split(",")) if args.releases else from_nox(args.nox, args.package)
-    if not releases:
-        raise UsageError(f"noxfile.py lists no releases of {args.package!r} (STACKS); name them with --releases")
+    listed = from_nox(args.nox, args.package)
+    if not listed:
+        raise UsageError(f"noxfile.py lists no releases of {args.package!r} (STACKS): add them there")
+    releases = _parse(args.releases.split(",")) if args.releases else listed
+    if unknown := sorted(set(releases) - set(listed), key=Version):
+        raise UsageError(f"--releases: {', '.join(unknown)} of {args.package} have no nox session (noxfile.py "
+                         f"STACKS lists {', '.join(listed)}): add them there first")
     print(f"gradfuzz versions: {args.case} over {len(releases)} release(s) of {args.package}", file=sys.stderr)
 
     paths = args.paths or _found_on(args.case) or family_of(args.package)
@@ -77,7 +81,7 @@ def family_of(package: str) -> str | None:
     """The family that tests ``package`` (its ``Family.package``): its paths are the default."""
     from harness.paths import families
 
-    return next((f.name for f in families() if getattr(f, "package", "") == package), None)
+    return next((f.name for f in families() if f.package == package), None)
 
 
 def _parse(releases: list[str]) -> list[str]:

@@ -84,7 +84,7 @@ def stacks_installed() -> dict[str, str]:
     from harness.artifacts.corpus import installed
     from harness.paths import families
 
-    found = {f.package: installed(f.package) for f in families() if getattr(f, "package", "")}
+    found = {f.package: installed(f.package) for f in families() if f.package}
     return {k: v for k, v in sorted(found.items()) if v}
 
 

@@ -119,3 +119,22 @@ def test_here_replays_one_case_on_what_is_installed(tmp_path, capsys):
     assert got["eager.accumulate"] == v.AGREES
     assert got["deepspeed.zero0.stock"] in (v.AGREES, "unavailable: deepspeed is not installed here: "
                                             "pip install 'gradfuzz[deepspeed]'")
+
+
+def test_releases_without_a_nox_session_are_refused(tmp_path):
+    """A release noxfile.py has no session for would only fail inside nox: it is named up front."""
+    from harness.paths import UsageError
+
+    fake = tmp_path / "nox.py"
+    sessions = [{"name": "stack", "call_spec": {"package": "deepspeed", "release": "0.19.8"}}]
+    fake.write_text(f"print({json.dumps(json.dumps(sessions))})")
+    with pytest.raises(UsageError, match="0.17.6 of deepspeed have no nox session"):
+        v.cmd_versions(argparse_namespace(case="x.json", package="deepspeed", releases="0.17.6,0.19.8",
+                                          nox=f"{sys.executable} {fake}"))
+
+
+def argparse_namespace(**kw):
+    import argparse
+
+    base = {"here": False, "paths": None, "all": False, "samples": v.SAMPLES, "timeout": 1.0}
+    return argparse.Namespace(**{**base, **kw})
