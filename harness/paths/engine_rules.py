@@ -6,6 +6,7 @@ rule reaches all of them."""
 from __future__ import annotations
 
 from harness.case.spec import Case
+from harness.paths.base import Repro
 
 
 def engine_owned(case: Case, engine: str) -> str | None:
@@ -27,3 +28,9 @@ def exact_mean(case: Case, world: int, divides: str) -> str | None:
         return (f"exact mode needs powers of two: {divides} over the world size ({world}) and the micro-steps "
                 f"({n}), which rounds otherwise")
     return None
+
+
+def replay_only(name: str) -> Repro:
+    """The standalone script these paths cannot write yet: say how to reproduce instead."""
+    return Repro(template="none", why=f"{name} has no standalone script yet: replay the corpus file with "
+                 f"`gradfuzz repro FILE --paths {name}` (it starts the ranks itself)")

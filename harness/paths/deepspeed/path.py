@@ -21,7 +21,7 @@ from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.data import KNOBS
-from harness.paths.engine_rules import engine_owned, exact_mean
+from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath
 
 STOCK = "stock"
@@ -70,8 +70,7 @@ class DeepSpeedPath(PooledPath):
         return assemble(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
-                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+        return replay_only(self.name)
 
 
 def engine_refusal(case: Case, zeroes: str) -> str | None:

@@ -30,6 +30,7 @@ from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.path import SAFE_GET_FULL_GRAD_BLIND, engine_refusal
+from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 
 GAS = (1, 2, 3, 4)
@@ -168,8 +169,7 @@ class DeepSpeedPipePath(PooledPath):
         return obs
 
     def repro(self, case: Case) -> Repro:
-        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
-                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+        return replay_only(self.name)
 
 
 def _as_replicas(outcome: Any) -> Any:

@@ -17,7 +17,7 @@ from harness.case.spec import Case
 from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.engine_rules import engine_owned, exact_mean
+from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.megatron.data import KNOBS, knobs
 from harness.paths.pooled import PooledPath
 
@@ -75,8 +75,7 @@ class MegatronPath(PooledPath):
         return assemble(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
-                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+        return replay_only(self.name)
 
 
 def paths(options: Options) -> list[MegatronPath]:

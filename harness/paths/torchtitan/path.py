@@ -24,7 +24,7 @@ from harness.case.spec import Case
 from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.engine_rules import engine_owned, exact_mean
+from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath
 from harness.paths.torchtitan.data import KNOBS, knobs
 
@@ -88,8 +88,7 @@ class TorchtitanPath(PooledPath):
         return assemble(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        return Repro(template="none", why=f"{self.name} has no standalone script yet: replay the corpus file with "
-                     f"`gradfuzz repro FILE --paths {self.name}` (it starts the ranks itself)")
+        return replay_only(self.name)
 
 
 @functools.lru_cache(maxsize=64)
