@@ -34,7 +34,6 @@ from harness.paths.workarounds import apply
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 from harness.gate.status import FAILING, ORDER
-FLAKY_TRIES = 8
 SCHEMA = 1
 
 
