@@ -234,8 +234,14 @@ def _facts(rep: dict[str, Any]) -> str:
     sc = rep.get("selfcheck") or []
     ex = rep.get("examples") or {}
     parts = [f"self-check {sum(1 for s in sc if s['caught'])}/{len(sc)} canaries caught" if sc else "no self-check",
-             f"{sum(ex.values()):,} examples over {len(ex)} paths", f"{rep['seconds']:.0f}s"]
+             f"{sum(ex.values()):,} examples over {len(ex)} paths", f"{rep['seconds']:.0f}s" + _phases(rep)]
     return "; ".join(parts)
+
+
+def _phases(rep: dict[str, Any]) -> str:
+    """`` (self-check 120s 23%, replay ...)``: which phase a slow gate spends its time in."""
+    ph, total = rep.get("phases") or {}, rep["seconds"] or 1.0
+    return f" ({', '.join(f'{k} {v:.0f}s {100 * v / total:.0f}%' for k, v in ph.items())})" if ph else ""
 
 
 def verdict(rep: dict[str, Any]) -> str:

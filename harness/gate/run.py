@@ -59,6 +59,8 @@ class GateReport:
     seconds: float = 0.0
     schema: int = SCHEMA
     packages: dict[str, str] = field(default_factory=dict)  # the training stacks installed: part of the verdict
+    # Seconds per phase, in the order run: where a slow gate spends its time.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -71,6 +73,7 @@ class GateReport:
             "packages": self.packages,
             "passed": not self.failed,
             "seconds": round(self.seconds, 2),
+            "phases": {k: round(v, 2) for k, v in self.phases.items()},
             "examples": self.examples,
             "counts": {s: sum(1 for r in self.rows if r.status == s) for s in ORDER},
             "rows": [asdict(r) for r in self.rows],
@@ -118,11 +121,13 @@ def run_gate(
     start = time.monotonic()
     version = torch.__version__
     report = GateReport(torch=version, packages=stacks_installed())
+    lap = _Lap(report.phases)
     led = ledger_mod.load(ledger_file)
     entries = [corpus.load(f) for f in corpus.discover(corpus_dirs)]
     if run_selfcheck:
         report.selfcheck = selfcheck(seed, progress, slack, workers=workers)
         report.rows.extend(_selfcheck_rows(report.selfcheck))
+        lap("self-check")
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
     seen_as: dict[tuple[str, str], ledger_mod.Bug] = {}
@@ -138,6 +143,7 @@ def run_gate(
         report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
     finally:
         close_paths(live)
+    lap("replay")
     if live and (examples or minutes):
         # --examples: the same cases on every machine whatever its load (the CI form); --minutes: local use.
         result = (fuzzer or fuzz)(live, examples=examples, minutes=None if examples else minutes, seed=seed,
@@ -147,10 +153,24 @@ def run_gate(
         for name, t in result.paths.items():
             report.examples[name] = report.examples.get(name, 0) + t.examples
         report.rows.extend(_fuzz_rows(result.divergences, report.rows, led, version, seen_as, shapes))
+        lap("fuzz")
     confirm_known(report.rows, live, led, slack, version)
+    lap("workarounds")
     report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
     return report
+
+
+class _Lap:
+    """Records the seconds since the last lap under a phase's name."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into, self.t = into, time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        self.into[phase] = self.into.get(phase, 0.0) + now - self.t
+        self.t = now
 
 
 def _selfcheck_rows(results: list[CanaryResult]) -> list[Row]:

@@ -13,6 +13,8 @@ from harness.artifacts import corpus
 from harness.gate import run as gate
 from harness.gate import report as gate_report
 from harness.gate import ledger
+from harness.gate.ledger import report_from_json
+from harness.artifacts.corpus import CorpusError
 from harness.paths import Options, resolve
 from harness.case.spec import Case, Input, Node, Param, Use
 from harness.gate.versions import table
@@ -161,6 +163,18 @@ def test_reports_render_from_the_json(tmp_path):
         assert '<img alt="heatmaps" src="data:image/png;base64,' in page
     except ImportError:
         assert "Install the <code>report</code> extra" in page
+
+
+def test_the_report_times_each_phase_and_a_reader_checks_the_times(tmp_path):
+    cases, led = _world(tmp_path, None)
+    rep = gate.run_gate(resolve("split.fixed"), corpus_dirs=[cases], ledger_file=led, examples=3,
+                        run_selfcheck=False).to_json()
+    assert list(rep["phases"]) == ["replay", "fuzz", "workarounds"]
+    assert 0 < sum(rep["phases"].values()) <= rep["seconds"] + 0.05
+    assert f"replay {rep['phases']['replay']:.0f}s" in gate_report.markdown(rep)
+    assert report_from_json(json.loads(json.dumps(rep)), "r.json")["phases"] == rep["phases"]
+    with pytest.raises(CorpusError, match=r"r\.json.*phases\['fuzz'\]"):
+        report_from_json({**rep, "phases": {"fuzz": "slow"}}, "r.json")
 
 
 def test_baseline_and_version_table():
