@@ -25,6 +25,10 @@ CASE = "cases/split/scale_hook_applied_twice.json"
 CHECKPOINT_CASE = "cases/checkpoint/sac_rms_norm_cached_mean_mutated.json"
 COMMANDS = {
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+    # The floor of any command that runs split or pipeline paths: the machinery
+    # under test is torch.distributed.pipelining, whose package imports
+    # torch._dynamo (about as long again as torch itself).
+    "python -c 'import torch.distributed.pipelining'": [sys.executable, "-c", "import torch.distributed.pipelining"],
     "gradfuzz --help": [sys.executable, "-m", "harness", "--help"],
     "gradfuzz paths": [sys.executable, "-m", "harness", "paths"],
     f"gradfuzz replay {CASE} --paths split.stock": [sys.executable, "-m", "harness", "replay", CASE, "--paths", "split.stock"],
