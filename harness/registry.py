@@ -26,6 +26,7 @@ BUILTIN = (
     "deepspeed = harness.paths.deepspeed:FAMILY",
     "megatron = harness.paths.megatron:FAMILY",
     "torchtitan = harness.paths.torchtitan:FAMILY",
+    "mesh = harness.paths.mesh:FAMILY",
 )
 GROUP = "gradfuzz.paths"
 

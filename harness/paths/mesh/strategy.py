@@ -1,0 +1,27 @@
+"""The mesh family's own draws: a placement on each of the two mesh dims per
+parameter (``data.Placements``), then maybe a training step."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from harness.case.spec import Case
+from harness.generate import Draw, tp_eligible, training_steps
+from harness.paths.mesh.data import STYLES, Placements
+
+
+@st.composite
+def mesh_placements(draw, case: Case) -> Case:
+    """Each parameter's dp and tp placements; shrinks to Replicate on both
+    (then the namespace is dropped: "R,R" everywhere is the default)."""
+    codes = []
+    for p in case.params:
+        dims = tuple(f"S{d}" for d in range(len(p.shape)))
+        dp = draw(st.sampled_from(("R",) + dims))
+        tp = draw(st.sampled_from(("R",) + dims + (STYLES if tp_eligible(case, p.name) else ())))
+        codes.append(f"{dp},{tp}")
+    case = case.with_data("mesh", Placements(tuple(codes)) if any(c != "R,R" for c in codes) else None)
+    return draw(training_steps(case))
+
+
+MESH = Draw("mesh", (mesh_placements,))
