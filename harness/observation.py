@@ -80,6 +80,21 @@ class Step:
     # parameter hook, kind as in Schedule.param_hooks). None: this path does
     # not count them (compare skips it).
     fired: dict[str, int] | None = None
+    # How many times each checkpointed region ran its forward, keyed
+    # "<region> forward" (during the forward that made this backward's
+    # outputs) and "<region> backward" (during this backward: the
+    # recomputation); <region> is its nodes' names joined by "+". None: the
+    # path recomputes nothing (compare skips it).
+    recomputed: dict[str, int] | None = None
+    # ``rng_digest()`` after this backward, for cases whose forward draws
+    # random numbers (every forward starts from the same seeded state). None:
+    # not recorded (compare skips it).
+    rng: str | None = None
+
+
+def rng_digest() -> str:
+    """The CPU generator's whole state (``torch.get_rng_state()``), as a short digest."""
+    return hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from harness.materialize.tensors import Built
-from harness.observation import Grads, Observation, Step, snap
+from harness.observation import Grads, Observation, Step, rng_digest, snap
 from harness.case.spec import Case
 from harness.materialize.schedule import ends_step, has_step, starts_step, zeroed
 from harness.materialize.train import Trainer
@@ -52,6 +52,9 @@ def observe(case: Case) -> Observation:
                     [o for o, _ in live], wrt, [c for _, c in live], allow_unused=True
                 )
                 got = dict(zip(wrt_names, grads))
+            # Every forward starts from the same seeded state; what the
+            # forward drew and the backward did not is where eager leaves it.
+            rng = rng_digest() if built.random else None
             contribution = {n: snap(got.get(n)) for n in params}
             for n, g in contribution.items():
                 if g is not None:
@@ -67,6 +70,7 @@ def observe(case: Case) -> Observation:
                     outputs=[snap(o) for o in outs],
                     retained={n: snap(t.grad) for n, t in built.retained.items()},
                     fired=_fired(case, built.fired, contribution),
+                    rng=rng,
                 )
             )
             if trainer is not None and ends_step(case, k):

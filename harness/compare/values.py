@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from harness.materialize.tensors import magnitude_bounds
-from harness.observation import GRAD_NONE, Divergence, Observation, keys, message_words
+from harness.observation import (GRAD_NONE, HOOK_FIRING, RECOMPUTATION, RNG_STATE, Divergence, Observation, keys,
+                                  message_words)
 from harness.case.spec import Case
 from harness.materialize.schedule import first_inexact
+from harness.compare.recompute import recomputations, rng_states
 
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
 # Values after a training step (clip_grad_norm_, an optimizer) and grads that
@@ -86,7 +88,12 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     none_matters = GRAD_NONE not in blind
     tol = tol or Tolerance.for_case(case)
     found = _events(case, obs)
-    found += _hook_counts(obs.path, oracle, obs, retained_grads)
+    if HOOK_FIRING not in blind:
+        found += _hook_counts(obs.path, oracle, obs, retained_grads)
+    if RECOMPUTATION not in blind:
+        found += recomputations(case, obs)
+    if RNG_STATE not in blind:
+        found += rng_states(oracle, obs)
     done: set[str] = set()
     inexact = first_inexact(case)
     for o_step, p_step in zip(oracle.steps, obs.steps):
@@ -329,26 +336,40 @@ def _hook_counts(path: str, oracle: Observation, obs: Observation, retained_grad
     hook: a logging or clipping hook run twice is wrong whatever the grad
     value (an ``observe`` hook's second run changes no number). Fewer fires
     are left to the values they change: graph wrappers legitimately skip
-    Python hooks they document as unsupported. Tensor hooks sit on
-    intermediates, like ``retain_grad`` (itself a tensor hook): a path whose
-    contract does not promise intermediate grads (a split backward runs the
-    shared graph once per pass) is not held to them. Parameter hooks stay
-    with lifetime's own once-per-backward check."""
+    Python hooks they document as unsupported. Not so on a path that
+    recomputes (its steps count ``recomputed``): a checkpoint runs the
+    user's own forward and backpropagates the original graph (or, reentrant,
+    the rerun's), so each hook fires exactly as often as in eager, neither
+    twice (once on the original tensor, once on its recomputed copy) nor
+    never. Tensor hooks sit on intermediates, like ``retain_grad`` (itself a
+    tensor hook): a path whose contract does not promise intermediate grads
+    (a split backward runs the shared graph once per pass) is not held to
+    them. Parameter hooks stay with lifetime's own once-per-backward check."""
     found, done = [], set()
     if not retained_grads:
         return found
     for o_step, p_step in zip(oracle.steps, obs.steps):
         if p_step.fired is None or o_step.fired is None:
             continue
-        for key, count in sorted(p_step.fired.items()):
-            want = o_step.fired.get(key, 0)
-            where, kind = key.split(" ", 1)
-            if kind != "tensor_hook" or count <= want or key in done:
+        exact = p_step.recomputed is not None
+        hooks = {key for key in (*o_step.fired, *p_step.fired) if key.endswith(" tensor_hook")}
+        for key in sorted(hooks):
+            count, want = p_step.fired.get(key, 0), o_step.fired.get(key, 0)
+            where = key.split(" ", 1)[0]
+            if key in done or count == want or (count < want and not exact):
                 continue
             done.add(key)
-            found.append(Divergence(
-                path, "hook", where, p_step.k, None, None, count / want if want else None,
-                f"the tensor hook on {where} fired {count} times in backward {p_step.k}; eager autograd fires it "
-                f"{want} time{'s' if want != 1 else ''} (a hook that runs twice applies its effect twice)",
-                **keys(path, "hook", "tensor hook fired N times")))
+            if count > want:
+                found.append(Divergence(
+                    path, "hook", where, p_step.k, None, None, count / want if want else None,
+                    f"the tensor hook on {where} fired {count} times in backward {p_step.k}; eager autograd fires "
+                    f"it {want} time{'s' if want != 1 else ''} (a hook that runs twice applies its effect twice)",
+                    **keys(path, "hook", "tensor hook fired N times")))
+            else:
+                found.append(Divergence(
+                    path, "hook", where, p_step.k, None, None, count / want,
+                    f"the tensor hook on {where} fired {count} time{'s' if count != 1 else ''} in backward "
+                    f"{p_step.k}; eager autograd fires it {want} time{'s' if want != 1 else ''} (a recomputing "
+                    f"path runs the user's forward and backward, so every hook eager fires must fire)",
+                    **keys(path, "hook", "tensor hook fired fewer times")))
     return found

@@ -26,7 +26,7 @@ from harness.materialize.lifetime import Lifetime
 from harness.materialize.tensors import Built
 from harness.materialize.train import Trainer
 from harness.case.spec import Case
-from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation, snap
+from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation, rng_digest, snap
 
 
 def has_step(case: Case) -> bool:
@@ -160,7 +160,9 @@ class Observe:
     ``graph_freed``: once a backward returns and the loop has let go of the
     forward's outputs, nothing that forward saved for backward is alive
     unless the user holds the outputs (checked with weak references to what
-    the saved-tensor hooks packed, not by timing or memory).
+    the saved-tensor hooks packed, not by timing or memory). ``rng_state``:
+    the CPU RNG state after each backward, for cases that draw random numbers
+    (compared with eager's: a recomputation must leave it as eager does).
     """
 
     leaf_input_grads: bool = True
@@ -171,6 +173,7 @@ class Observe:
     # tensors). A split backward runs the input-only part of the graph once,
     # with retain_graph=True, and legitimately keeps it until the outputs go.
     graph_freed_while_held: bool = True
+    rng_state: bool = False
 
 
 class _Packed:
@@ -257,6 +260,7 @@ def run_schedule(
             input_grads = backward(outs, cots, inputs, params)
             if device != "cpu":
                 torch.cuda.synchronize()
+            rng = rng_digest() if observe.rng_state and built.random else None
             _report_mutations(obs, held.check(k), reported)
             seen = lifetime.end(k, obs)
             grads = {n: snap(p.grad) for n, p in params.items()}
@@ -264,7 +268,7 @@ def run_schedule(
             _grad_violations(obs, params, k, reported, observe)
             obs.steps.append(Step(k=k, grads=grads, input_grads=given, outputs=out_snaps,
                                   retained={n: snap(t.grad) for n, t in built.retained.items()},
-                                  seen=seen, fired=dict(built.fired)))
+                                  seen=seen, fired=dict(built.fired), rng=rng))
             if trainer is not None and ends_step(case, k):
                 obs.steps[-1].after_step = trainer.step(snap)
                 held.refresh()  # the step wrote parameters and grads: the user's own writes

@@ -26,7 +26,8 @@ from harness.observation import (HOOK_FIRING, HOOK_KEPT, LIFETIME, MUTATION, PLA
 NO_RECOMPUTATION = (RECOMPUTATION, "the machinery runs no user forward a second time: there is no count to compare")
 PLAIN_GRADS = (PLACEMENT, "one process and plain tensors: a grad has no placements and accumulating it issues no "
                           "collective")
-RNG_NOT_COMPARED = (RNG_STATE, "not compared yet: no path records the RNG state after its call (issue 33 item 3)")
+RNG_NOT_COMPARED = (RNG_STATE, "not compared yet: this family's loop does not record the RNG state after its call "
+                              "(issue 33 item 3; the eager, split and checkpoint paths do)")
 # The rank loops (dtensor, ddp, fsdp2) build their own microbatch loop, not run_schedule's.
 RANK_LOOP = (
     (HOOK_KEPT, "the rank loop registers no parameter hooks (lifetime schedules are not drawn for rank families)"),
@@ -108,7 +109,9 @@ class Contract:
         return flags + ((("draws", self.draws),) if self.draws else ())
 
     def observe(self) -> "Observe":
-        return Observe(self.leaf_input_grads, self.grad_layout, self.graph_freed, self.graph_freed_while_held)
+        """The RNG state is recorded where random ops are drawn and the contract is not blind to it."""
+        return Observe(self.leaf_input_grads, self.grad_layout, self.graph_freed, self.graph_freed_while_held,
+                       rng_state=self.random_ops and RNG_STATE not in self.blind_to())
 
 
 class UsageError(ValueError):

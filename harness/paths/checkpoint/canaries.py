@@ -1,6 +1,8 @@
 """The checkpoint family's canary: the fixed recomputation with its RNG
 restore switched off, so dropout inside a region redraws its mask in the
-recomputed forward; judged against ``checkpoint.fixed``."""
+recomputed forward (wrong grads) and leaves the generator past where the
+forward left it (a different RNG state after backward); judged against
+``checkpoint.fixed``."""
 
 from __future__ import annotations
 
@@ -10,4 +12,5 @@ from harness.paths.checkpoint.path import CheckpointPath, forgets_rng
 
 def canaries() -> list[Canary]:
     return [Canary("checkpoint_forgets_rng",
-                   lambda: CheckpointPath("canary.checkpoint_forgets_rng", forgets_rng), "checkpoint.fixed")]
+                   lambda: CheckpointPath("canary.checkpoint_forgets_rng", forgets_rng), "checkpoint.fixed",
+                   expects=("value", "rng"))]

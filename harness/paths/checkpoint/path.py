@@ -53,11 +53,11 @@ import torch
 
 from harness.paths.workarounds import IN_PROCESS
 from harness.materialize.tensors import Built
-from harness.observation import LIFETIME, RECOMPUTATION, Grads, Observation
+from harness.observation import LIFETIME, Grads, Observation
 from harness.case.ops import OPS
 from harness.materialize.schedule import run_schedule
 from harness.generate import Draw
-from harness.paths.base import PLAIN_GRADS, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
+from harness.paths.base import PLAIN_GRADS, Availability, Contract, Options, Repro
 from harness.paths.checkpoint.data import region_cuts
 from harness.paths.checkpoint.strategy import REGIONS
 from harness.case.spec import Case, Node, Use
@@ -82,8 +82,7 @@ class CheckpointContract(Contract):
     # is AccumulateGrad's, reported by eager.accumulate, not the recomputation's.
     judged_against: str = "eager.accumulate"
     blind: tuple[tuple[str, str], ...] = (
-        PLAIN_GRADS, RNG_NOT_COMPARED,
-        (RECOMPUTATION, "not counted yet: how often a region's forward reruns per backward (issue 33 item 3)"),
+        PLAIN_GRADS,
         (LIFETIME, "not watched yet: graph_freed is off, so a recomputed graph kept alive goes unseen (issue 33)"))
 
 
@@ -128,16 +127,37 @@ class _Forward:
         self.regions = regions(case)
         self.hooks = {h.node: h for h in case.hooks}
         self.evaluated: set[str] = set()
+        # Forward k's entry: how often each checkpointed region ran its
+        # forward in forward k and in backward k (``Step.recomputed``). A
+        # region is labelled by its first and last node ("n0..n3").
+        self.counts: list[dict[str, int]] = []
+        self.forwarding = False
+        names = [n.name for n in case.nodes]
+        spans = _sequential_spans(len(names), _segments(case)) if sequential else \
+            [(r.start, r.end) for r in self.regions if r.recomputed] if wrap is not None else []
+        self.labels = {a: names[a] if b - a == 1 else f"{names[a]}..{names[b - 1]}" for a, b in spans}
 
     def __call__(self, built: Built, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         built.retained = {}
         built.seed_rng()
         self.evaluated = set()
+        self.counts.append({f"{label} {phase}": 0 for label in self.labels.values() for phase in ("forward", "backward")})
         env: dict[Key, torch.Tensor] = {(n, None): t for n, t in values.items()}
-        if self.ambient is not None:
-            with self.ambient():
-                return self._forward(built, values, env)
-        return self._forward(built, values, env)
+        self.forwarding = True
+        try:
+            if self.ambient is not None:
+                with self.ambient():
+                    return self._forward(built, values, env)
+            return self._forward(built, values, env)
+        finally:
+            self.forwarding = False
+
+    def _ran(self, start: int) -> None:
+        """The region starting at node ``start`` runs its forward (in the forward, or recomputed in the backward)."""
+        label = self.labels.get(start)
+        if label is not None:
+            key = f"{label} {'forward' if self.forwarding else 'backward'}"
+            self.counts[-1][key] = self.counts[-1].get(key, 0) + 1
 
     def _forward(self, built: Built, values: dict[str, torch.Tensor], env: dict[Key, torch.Tensor]) -> list[torch.Tensor]:
         if self.sequential:
@@ -158,6 +178,7 @@ class _Forward:
 
     def _region_fn(self, built: Built, nodes: tuple[Node, ...], values: dict[str, torch.Tensor], r: Region) -> Callable[..., tuple[torch.Tensor, ...]]:
         def fn(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            self._ran(r.start)
             local: dict[Key, torch.Tensor] = dict(zip(r.inputs, args))
             self._run(built, nodes, values, local)
             return tuple(local[k] for k in r.outputs)
@@ -171,16 +192,17 @@ class _Forward:
         inputs = {x.name for x in self.case.inputs}
         state = {k: t for k, t in env.items() if k[0] in inputs}
 
-        def block(node: Node) -> Callable[[dict[Key, torch.Tensor]], dict[Key, torch.Tensor]]:
+        def block(i: int, node: Node) -> Callable[[dict[Key, torch.Tensor]], dict[Key, torch.Tensor]]:
             def run(state: dict[Key, torch.Tensor]) -> dict[Key, torch.Tensor]:
+                self._ran(i)  # counts where a checkpointed segment starts (its first block always reruns)
                 local = dict(state)
                 self._run(built, (node,), values, local)
                 return local
 
             return run
 
-        segments = max(1, min(len(nodes), len(region_cuts(self.case)) + 2))
-        state = checkpoint_sequential([block(n) for n in nodes], segments, state, use_reentrant=False)
+        state = checkpoint_sequential([block(i, n) for i, n in enumerate(nodes)], _segments(self.case), state,
+                                      use_reentrant=False)
         env.update(state)
         return env
 
@@ -203,6 +225,22 @@ class _Forward:
                     out.retain_grad()
                     if first:  # the user's tensor; a recomputation's copy is not theirs
                         built.retained[node.name] = out
+
+
+def _segments(case: Case) -> int:
+    """How many segments ``checkpoint.sequential.stock`` asks for: one per cut plus two, at most one per node."""
+    return max(1, min(len(case.nodes), len(region_cuts(case)) + 2))
+
+
+def _sequential_spans(n: int, segments: int) -> list[tuple[int, int]]:
+    """The blocks ``checkpoint_sequential(functions, segments)`` checkpoints:
+    ``len(functions) // segments`` per segment, every segment but the last
+    ("the last chunk has to be non-volatile", torch's own comment), which
+    takes the rest and runs plainly."""
+    size = n // segments
+    if size == 0:
+        return []
+    return [(start, start + size) for start in range(0, size * (segments - 1), size)]
 
 
 def _case_hook(kind: str, factor: int, count: Callable[[], None]) -> Callable[[torch.Tensor], torch.Tensor | None]:
@@ -309,7 +347,11 @@ class CheckpointPath:
         return None
 
     def run(self, case: Case) -> Observation:
-        return run_schedule(case, self.name, _backward, _Forward(case, self.wrap, self.sequential, self.ambient))
+        forward = _Forward(case, self.wrap, self.sequential, self.ambient)
+        obs = run_schedule(case, self.name, _backward, forward, observe=self.contract.observe())
+        for step, counts in zip(obs.steps, forward.counts):
+            step.recomputed = counts
+        return obs
 
     def repro(self, case: Case) -> Repro:
         """No standalone script yet: the regions, the wrappers and their

@@ -11,7 +11,7 @@ import torch
 from harness.paths.workarounds import IN_PROCESS
 from harness.observation import Grads, Observation
 from harness.materialize.schedule import run_schedule
-from harness.paths.base import (NO_RECOMPUTATION, PLAIN_GRADS, RNG_NOT_COMPARED, Availability, Contract, Options,
+from harness.paths.base import (NO_RECOMPUTATION, PLAIN_GRADS, Availability, Contract, Options,
                                 Repro)
 from harness.case.spec import Case
 
@@ -26,7 +26,7 @@ def _backward(outs, cots, inputs, params) -> Grads:
 class EagerAccumulate:
     name = "eager.accumulate"
     contract = Contract(retained_grads=True, gap_cases=True, graph_freed=True, model_parts=True,
-                        blind=(NO_RECOMPUTATION, PLAIN_GRADS, RNG_NOT_COMPARED))
+                        blind=(NO_RECOMPUTATION, PLAIN_GRADS))
     workarounds = IN_PROCESS
 
     def availability(self) -> Availability:

@@ -17,7 +17,7 @@ from harness.paths.workarounds import IN_PROCESS
 from harness.objects import LoadError, Ref, load_object
 from harness.observation import RETAINED, Grads, Observation
 from harness.materialize.schedule import run_schedule
-from harness.paths.base import (NO_RECOMPUTATION, PLAIN_GRADS, RNG_NOT_COMPARED, Availability, Contract, Options,
+from harness.paths.base import (NO_RECOMPUTATION, PLAIN_GRADS, Availability, Contract, Options,
                                 Repro)
 from harness.case.spec import Case
 
@@ -78,7 +78,7 @@ class SplitPath:
     # input-only part of the graph legitimately lives as long as the outputs.
     contract = Contract(retained_grads=False, gap_cases=True, model_parts=True, leaf_input_grads=False, graph_freed=True,
                         graph_freed_while_held=False,
-                        blind=(NO_RECOMPUTATION, PLAIN_GRADS, RNG_NOT_COMPARED,
+                        blind=(NO_RECOMPUTATION, PLAIN_GRADS,
                                (RETAINED, "a split backward runs the shared part of the graph once per pass, so an "
                                 "intermediate's retain_grad .grad is not part of a stage's promise")))
 
