@@ -190,3 +190,152 @@ def test_where_plain_backward_already_diverges_the_difference_is_not_the_checkpo
         supports, run, availability = fixed.supports, fixed.run, fixed.availability
 
     assert CaseCheck(case).run(Alone()), "without the base, eager's bug shows through the checkpoint path"
+
+
+# --- recomputation counts, hook fires and the RNG state (issue 33) ------------------
+
+from oracles.checkpoint_fixed import _Region  # noqa: E402
+
+
+def _wrap(region_cls):
+    """A checkpoint built like the fixed one around another ``_Region``: one line changed."""
+
+    def wrap(fn, args):
+        region = region_cls(fn, tuple(args), True)
+        with torch.autograd.graph.saved_tensors_hooks(region.pack, region.unpack):
+            return fn(*args)
+
+    return wrap
+
+
+class _NoCache(_Region):
+    """Forgets to keep the rerun: every saved tensor the backward reads reruns the region."""
+
+    def unpack(self, i):
+        return self._rerun()[i]
+
+
+class _NoFork(_Region):
+    """Restores the RNG state for the rerun but never hands the caller's state back."""
+
+    def _rerun(self):
+        saved = []
+        torch.set_rng_state(self.cpu_state)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            self.fn(*self.args)
+        return saved
+
+
+class _ProbesTheRerun(_Region):
+    """Differentiates the rerun too (a check of it): the hooks the rerun registered fire."""
+
+    def _rerun(self):
+        outs, fn = [], self.fn
+        self.fn = lambda *a: outs.append(fn(*a)) or outs[-1]
+        try:
+            saved = super()._rerun()
+        finally:
+            self.fn = fn
+        got = [o for o in outs[0] if o.requires_grad]
+        args = [a for a in self.args if a.requires_grad]
+        torch.autograd.grad(got, args, [torch.ones_like(o) for o in got], allow_unused=True)
+        return saved
+
+
+def _plain(fn, args):
+    """No checkpoint at all: the region keeps its activations."""
+    return fn(*args)
+
+
+def _quiet(case):
+    """busy() without retain_grad or parameter hooks: the planted bugs alone show."""
+    return replace(case, retain_grad=(), schedule=replace(case.schedule, param_hooks=()))
+
+
+def test_the_fixed_recomputation_runs_each_region_once_per_forward_and_once_per_backward():
+    obs = resolve("checkpoint.fixed")[0].run(busy())
+    assert [s.recomputed for s in obs.steps] == [{"n0..n3 forward": 1, "n0..n3 backward": 1}] * 2
+    assert obs.steps[0].rng is not None and obs.steps[0].rng == observe(busy()).steps[0].rng
+    # No random op: no RNG state is recorded (nothing seeds the generator).
+    plain = replace(busy(), nodes=tuple(n if n.op != "dropout" else Node("n1", "relu", n.args) for n in busy().nodes))
+    assert all(s.rng is None for s in resolve("checkpoint.fixed")[0].run(plain).steps)
+
+
+def test_a_region_recomputed_per_saved_tensor_is_a_finding():
+    found = check(_quiet(busy()), CheckpointPath("test.no_cache", _wrap(_NoCache)))
+    assert [(d.kind, d.param) for d in found] == [("recompute", "n0..n3")], found
+    # One rerun per saved tensor read: x0 and w0 (matmul), the mask, n1 and g1 (mul_), relu_'s result.
+    assert "recomputed 6 times during backward 0" in found[0].detail and found[0].ratio == 6
+
+
+def test_a_region_never_recomputed_is_a_finding_and_one_that_saved_nothing_is_not():
+    found = check(_quiet(busy()), CheckpointPath("test.plain", _plain))
+    assert [(d.kind, d.param) for d in found] == [("recompute", "n0..n3")], found
+    assert "not recomputed during backward 0" in found[0].detail and "n0, n1, n2, n3" in found[0].detail
+    # x0 + x0 in a region saves nothing: no rerun is needed, and reentrant's rerun of it is allowed.
+    adds = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "add", (Use("x0"), Use("x0"))), Node("n1", "matmul", (Use("n0"), Use("w0")))),
+                outputs=(Use("n1"),)).with_data("checkpoint", Regions((1,)))
+    for name in ("checkpoint.fixed", "checkpoint.reentrant.stock"):
+        obs = resolve(name)[0].run(adds)
+        assert obs.steps[0].recomputed["n0 backward"] == (name == "checkpoint.reentrant.stock"), name
+        assert check(adds, resolve(name)[0]) == [], name
+    assert check(adds, CheckpointPath("test.plain", _plain)) == []
+
+
+def test_a_recomputation_that_fires_the_users_hooks_again_is_a_finding():
+    found = check(_quiet(busy()), CheckpointPath("test.probes", _wrap(_ProbesTheRerun)))
+    assert [(d.kind, d.param) for d in found] == [("hook", "n2")], found
+    assert "fired 2 times in backward 0; eager autograd fires it 1 time" in found[0].detail
+
+
+def test_a_hook_fired_fewer_times_counts_on_a_recomputing_path_only():
+    from harness.compare.values import compare
+
+    case = _quiet(busy())
+    oracle = observe(case)
+    obs = resolve("checkpoint.fixed")[0].run(case)
+    assert compare(case, oracle, obs) == []
+    obs.steps[1].fired = {}
+    found = compare(case, oracle, obs)
+    assert [(d.kind, d.param, d.microbatch) for d in found] == [("hook", "n2", 1)], found
+    assert "fired 0 times in backward 1; eager autograd fires it 1 time" in found[0].detail
+    for s in obs.steps:
+        s.recomputed = None  # a graph wrapper may skip a Python hook: values tell
+    assert compare(case, oracle, obs) == []
+
+
+def test_an_rng_state_left_where_the_recomputation_put_it_is_a_finding():
+    """_NoFork reproduces the region's mask (grads stay right) but leaves the
+    generator after the region's draws, not after the dropout that follows it."""
+    base = _quiet(busy())
+    case = replace(base, nodes=base.nodes + (Node("n5", "dropout", (Use("n4"),)),), outputs=(Use("n5"),))
+    found = check(case, CheckpointPath("test.no_fork", _wrap(_NoFork)))
+    assert [(d.kind, d.microbatch) for d in found] == [("rng", 0)], found
+    assert "RNG state after backward 0 differs from eager's" in found[0].detail
+    assert check(case, resolve("checkpoint.fixed")[0]) == []
+    # The canary's missing restore redraws the mask and moves the generator: both show.
+    kinds = {d.kind for d in check(case, CheckpointPath("canary", _forgets_rng))}
+    assert kinds == {"value", "rng"}, kinds
+
+
+def test_sequential_counts_the_segments_torch_checkpoints():
+    """checkpoint_sequential with 3 segments over 5 blocks: 1 block each for
+    the first two, the last 3 blocks run plainly."""
+    case = busy()  # one cut: 3 segments
+    obs = resolve("checkpoint.sequential.stock")[0].run(case)
+    assert obs.failure is None
+    assert obs.steps[0].recomputed == {"n0 forward": 1, "n0 backward": 1, "n1 forward": 1, "n1 backward": 1}
+
+
+def test_a_region_run_twice_in_the_forward_is_a_finding():
+    """A wrapper that runs the region once to look (say, for shapes) and once under checkpoint."""
+
+    def looks_first(fn, args):
+        with torch.no_grad():
+            fn(*args)
+        return checkpoint(fn, *args)
+
+    found = check(_quiet(busy()), CheckpointPath("test.looks_first", looks_first))
+    assert any(d.kind == "recompute" and "ran its forward 2 times in forward 0" in d.detail for d in found), found
+    assert any(d.kind == "rng" for d in found), found  # its dropout drew twice

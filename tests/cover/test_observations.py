@@ -88,6 +88,7 @@ _SHOWS = {
     "hook-kept grads": lambda obs: any(s.seen for s in obs.steps),
     "optimizer state": lambda obs: any(s.after_step for s in obs.steps),
     "hook-firing count": lambda obs: any(s.fired and "n0 tensor_hook" in s.fired for s in obs.steps),
+    "recomputation count": lambda obs: any(s.recomputed and s.recomputed.get("n0 backward") == 1 for s in obs.steps),
 }
 
 
@@ -110,7 +111,7 @@ def test_a_path_makes_exactly_the_observations_its_contract_does_not_declare_bli
 
 def test_contract_flags_and_blind_spots_agree():
     """The older Contract switches say the same as the blind list."""
-    from harness.observation import LAYOUT, LIFETIME, RETAINED
+    from harness.observation import LAYOUT, LIFETIME, RETAINED, RNG_STATE
     from harness.paths import resolve
 
     for path in resolve("eager,split,checkpoint,ddp,fsdp2,dtensor,compile"):
@@ -118,3 +119,34 @@ def test_contract_flags_and_blind_spots_agree():
         assert (RETAINED in blind) == (not c.retained_grads), path.name
         assert (LAYOUT in blind) == (not c.grad_layout), path.name
         assert (LIFETIME in blind) == (not c.graph_freed), path.name
+        assert (RNG_STATE in blind) == (not c.observe().rng_state), path.name
+
+
+def test_the_rng_state_is_recorded_and_compared_where_the_contract_is_not_blind_to_it():
+    """A case with dropout: every path not blind to the RNG state records it
+    after each backward, equal to the oracle's; one random number more in a
+    backward is a finding."""
+    from harness.observation import RNG_STATE
+    from harness.paths import resolve
+
+    case = _unused_case()
+    case = Case(**{**case.__dict__, "nodes": case.nodes + (Node("n1", "dropout", (Use("n0"),)),),
+                   "outputs": (Use("n1"),)})
+    oracle = observe(case)
+    assert all(s.rng is not None for s in oracle.steps)
+    seen = []
+    for path in resolve("eager.accumulate,split.fixed,checkpoint.fixed,compile.aot_eager"):
+        if RNG_STATE in path.contract.blind_to() or path.supports(case) is not None:
+            continue
+        obs = path.run(case)
+        assert [s.rng for s in obs.steps] == [s.rng for s in oracle.steps], path.name
+        assert check(case, path) == [], path.name
+        seen.append(path.name)
+    assert seen == ["eager.accumulate", "split.fixed", "checkpoint.fixed"]
+
+    def draws_in_backward(weights, groups, retain_graph=False):
+        torch.rand(())  # say, a stochastic-rounding buffer drawn from the global generator
+        return split_fixed.stage_backward_weight(weights, groups, retain_graph)
+
+    found = check(case, _split_with(draws_in_backward))
+    assert [(d.kind, d.microbatch) for d in found] == [("rng", 0)], found
