@@ -132,3 +132,52 @@ def test_every_stage_agrees_with_the_oracle_on_a_tied_case_and_the_canary_is_cau
     (canary,) = [c for c in all_canaries() if c.name == "deepspeed_keeps_last_micro_step"]
     result = run_canary(canary, seed=0)
     assert result.caught and "expected g1 + g2" in result.detail, result.detail
+
+
+def test_a_zero_finding_gets_a_torchrun_script_whose_config_is_data():
+    """Written without DeepSpeed: the script is text; the engine is its reader's."""
+    from harness.artifacts.repro import script
+    from tests.helpers import nested
+
+    case = nested(microbatches=2).with_data("deepspeed", Knobs(bucket=8))
+    for p in resolve("deepspeed.zero2.stock,deepspeed.zero1.nosync"):
+        text = script(case, p.name, p.repro(case))
+        compile(text, "repro.py", "exec")
+        assert "deepspeed.initialize(model=module, optimizer=opt, config=CONFIG)" in text
+        assert f"DRIVE = {p.drive!r}" in text and '"reduce_bucket_size": 8' in text
+    (pipe,) = resolve("deepspeed.pipe.stock")
+    assert pipe.repro(case).template == "none"  # the pipeline engine's script is not written yet: it says so
+
+
+def _zero_script_verdict(text: str, where) -> tuple[str, int]:
+    import os
+    import subprocess
+    import sys
+
+    file = where / "repro.py"
+    file.write_text(text)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
+                          "--nproc-per-node", "2", str(file)], capture_output=True, text=True, timeout=900,
+                         cwd=where, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    words = [ln for ln in run.stdout.splitlines() if "agrees" in ln or "DIVERGES" in ln]
+    assert words, run.stdout[-2000:] + run.stderr[-3000:]
+    return words[-1], run.returncode
+
+
+@needs_deepspeed
+def test_the_zero_script_runs_alone_agrees_and_fails_when_the_grads_are_doubled(tmp_path):
+    """The script's own check can fail: the same script with the loss doubled
+    (a grad counted twice, as an accumulation bug would) must say DIVERGES."""
+    from harness.artifacts.repro import script
+    from tests.helpers import nested
+
+    case = nested(microbatches=2)
+    (p,) = resolve("deepspeed.zero2.stock")
+    text = script(case, p.name, p.repro(case))
+    line, rc = _zero_script_verdict(text, tmp_path)
+    assert "agrees (0 differences)" in line and rc == 0, line
+    doubled = text.replace("engine.backward(sum((o * c).sum() for o, c in live) * gas)",
+                           "engine.backward(sum((o * c).sum() for o, c in live) * gas * 2)")
+    assert doubled != text
+    line, rc = _zero_script_verdict(doubled, tmp_path)
+    assert "DIVERGES" in line and rc == 1, line

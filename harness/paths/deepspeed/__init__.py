@@ -14,6 +14,7 @@ FAMILY = Family(
     "deepspeed",
     paths=lazy("harness.paths.deepspeed.pipe:family_paths"),
     canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
+    scripts={"deepspeed": lazy("harness.paths.deepspeed.script:script")},
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",
     prefixes=("deepspeed",),

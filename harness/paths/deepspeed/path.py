@@ -70,7 +70,11 @@ class DeepSpeedPath(PooledPath):
         return assemble(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        return replay_only(self.name)
+        if self.impl != STOCK:
+            return replay_only(self.name)
+        from harness.paths.deepspeed.script import Engine
+
+        return Repro(template="deepspeed", family=Engine(self.stage, self.drive, self._world()))
 
 
 def engine_refusal(case: Case, zeroes: str) -> str | None:

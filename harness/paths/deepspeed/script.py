@@ -1,0 +1,139 @@
+"""Standalone torchrun scripts for DeepSpeed ZeRO findings.
+
+The script needs torch and DeepSpeed only: the case's forward as plain code
+inside one ``nn.Module``, handed to ``deepspeed.initialize`` with the
+case's config (stage, accumulation, knobs, as data), driven as the path
+drove it (``rank.DRIVES``). Rank 0 gets the world size times each grad
+output and the other ranks zeros, and the loss is scaled by the
+accumulation steps, so DeepSpeed's mean over ranks and micro-steps is
+eager's sum. At each accumulation boundary every grad is read with
+``safe_get_full_grad`` and compared with float64 eager autograd. Rank 0
+prints the verdict; exit status 1 when they differ.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from harness.case.spec import Case
+from harness.materialize.names import PREFIX
+from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
+from harness.materialize.tensors import Built
+from harness.paths import loopback
+from harness.paths.base import Repro
+from harness.paths.deepspeed.data import config
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the script needs of a ZeRO path (``Repro.family``)."""
+
+    stage: int
+    drive: str  # rank.DRIVES
+    world_size: int
+
+
+def script(case: Case, machinery: Repro, title: str) -> str:
+    case = checked(case)
+    e: Engine = machinery.family
+    gas = 1 if e.drive == "nosync" else case.schedule.microbatches
+    data = [
+        f"TITLE = {str(title)!r}",
+        f"PREFIX = {PREFIX!r}",
+        f"DRIVE = {e.drive!r}",
+        # The config as JSON text read at run time: data, never code.
+        f"CONFIG = json.loads({json.dumps(config(case, e.stage, 1, gas), sort_keys=True)!r})",
+        *schedule_data(case, Built(case)),
+    ]
+    header = f'''#!/usr/bin/env python
+"""gradfuzz repro: see TITLE below.
+
+Expected: eager autograd in float64. Actual: the module under a DeepSpeed engine, ZeRO stage {e.stage},
+on {e.world_size} rank(s), in {case.dtype}, accumulation driven {e.drive!r} (CONFIG below).
+Schedule: {case.schedule.steps} step(s) x {case.schedule.microbatches} microbatch(es); grads read with
+deepspeed.utils.safe_get_full_grad at each accumulation boundary.
+Run:  {loopback.RUN.format(world_size=e.world_size)}   (gloo on CPU with DS_ACCELERATOR=cpu; nccl with a GPU per rank)
+Exit status 1 on rank 0 when they differ.
+"""
+import contextlib
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+'''
+    return "\n".join([header, *function_helpers(case), "", *data, "", "", forward_source(case), "", "", _RUNNER, ""])
+
+
+_RUNNER = EAGER_WINDOWS + '''
+
+class Module(torch.nn.Module):
+    def __init__(self, device):
+        super().__init__()
+        for n, t in PARAMS.items():  # under PREFIX + n, never n itself: it may be "cuda"
+            self.register_parameter(PREFIX + n, torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=device),
+                                                                   requires_grad=n not in FROZEN))
+
+    def weights(self):
+        return {n: getattr(self, PREFIX + n) for n in PARAMS}
+
+    def forward(self, *inputs):
+        return tuple(forward({**self.weights(), **dict(zip(INPUT_NAMES, inputs))}))
+
+
+''' + loopback.SOURCE + '''
+
+def main():
+    _gradfuzz_loopback()
+    world = int(os.environ["WORLD_SIZE"])
+    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if gpus else "cpu")  # read when deepspeed is imported
+    dist.init_process_group("nccl" if gpus else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank) if gpus else torch.device("cpu")
+    if gpus:
+        torch.cuda.set_device(device)
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+
+    module = Module(device)
+    params = module.weights()
+    opt = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.0)  # weights stay put
+    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=CONFIG)
+    gas = CONFIG["gradient_accumulation_steps"]
+    want, bad = expected(), 0
+    for k in range(MICROBATCHES * STEPS):
+        boundary = (k + 1) % MICROBATCHES == 0
+        if DRIVE == "manual":
+            engine.set_gradient_accumulation_boundary(boundary)
+        inputs = [torch.tensor(INPUTS[k][n], dtype=DTYPE, device=device).requires_grad_(INPUT_GRAD[n]) for n in INPUT_NAMES]
+        cots = [torch.tensor(c, dtype=DTYPE, device=device) * (world if rank == 0 else 0) for c in GRAD_OUTPUTS[k]]
+        live = [(o, c) for o, c in zip(engine(*inputs), cots) if o.requires_grad]
+        if live:
+            with engine.no_sync() if DRIVE == "nosync" and not boundary else contextlib.nullcontext():
+                engine.backward(sum((o * c).sum() for o, c in live) * gas)
+        if boundary:
+            for n, p in params.items():
+                # safe_get_full_grad reads ZeRO's flat buffers, which hold zeros for a parameter without a grad
+                e = want[k][n] if want[k][n] is not None else torch.zeros(p.shape, dtype=torch.float64)
+                g = safe_get_full_grad(p) if p.requires_grad else None
+                a = torch.zeros(p.shape, dtype=torch.float64) if g is None else g.to("cpu", torch.float64)
+                if not torch.allclose(a, e, rtol=1e-5, atol=1e-5):
+                    bad += 1
+                    print(f"rank {rank} backward {k}: {n}.grad differs\\n  expected {e.tolist()}\\n  actual   {a.tolist()}")
+        if DRIVE == "auto" or boundary:
+            engine.step()
+    flag = torch.tensor([bad], device=device)
+    dist.all_reduce(flag)
+    if rank == 0:
+        print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}: "
+              f"{'DIVERGES' if flag.item() else 'agrees'} ({int(flag.item())} differences)")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1 if flag.item() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())'''
