@@ -17,7 +17,10 @@ recomputation registers hooks again, as a module's forward would;
 ``retain_grad`` results are read from the tensors the user's forward made
 (the first evaluation of each node per forward). Every observation rule of
 ``run_schedule`` applies: grads after every backward, input grads, outputs,
-mutations, parameter hooks and how often every hook fired.
+mutations, parameter hooks, how often every hook fired and the RNG state
+after each backward. Each forward also counts how often every checkpointed
+region runs its forward, in the forward and in the backward
+(``Step.recomputed``; compared in ``harness.compare.recompute``).
 
 Paths (one stock variant per set of options, so a finding names the option):
 
