@@ -23,4 +23,25 @@ def canaries() -> list[Canary]:
     return [Canary("megatron_keeps_last_micro_step",
                    lambda: MegatronPath("canary.megatron_keeps_last_micro_step", False,
                                         "harness.paths.megatron.canaries:keeps_last_micro_step", timeout=60.0),
-                   "megatron.ddp.stock", budget=100, shrink=False)]
+                   "megatron.ddp.stock", budget=100)]
+
+
+class skips_embedding_allreduce:
+    """A planted broken pipeline (``megatron.pp``'s impl hook): its
+    ``finalize_model_grads`` runs without ``_allreduce_word_embedding_grads``,
+    so each stage keeps only its own copy's grad of the shared weight."""
+
+    @staticmethod
+    def finalize(stock: Any) -> Any:
+        def finalize(*args: Any, **kwargs: Any) -> Any:
+            from harness.paths.megatron.pipe import finalize_module
+
+            module = finalize_module()
+            saved = module._allreduce_word_embedding_grads
+            module._allreduce_word_embedding_grads = lambda *a, **k: None
+            try:
+                return stock(*args, **kwargs)
+            finally:
+                module._allreduce_word_embedding_grads = saved
+
+        return finalize

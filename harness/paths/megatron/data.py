@@ -1,6 +1,8 @@
 """The megatron family's part of a case: the ``DistributedDataParallelConfig``
 fields a user sets (and the ``shared_embedding`` mark megatron gives a tied
-embedding), each a draw that shrinks to megatron's default."""
+embedding), each a draw that shrinks to megatron's default; for
+``megatron.pp.*`` also where the node list is cut into the two pipeline
+stages and the ``ModelParallelConfig`` p2p fields."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from harness.case import schema as sc
 from harness.case.namespace import DataNamespace
 from harness.case.spec import Case
+from harness.case.vocab import SpecError
 from harness.generate import Draw
 
 # bucket_size in elements (read only with overlap_grad_reduce, as megatron
@@ -26,6 +29,10 @@ class Knobs:
     fp32_reduce: bool = False  # grad_reduce_in_fp32
     nan_check: bool = False  # check_for_nan_in_grad
     shared: bool = False  # param.shared_embedding on tied parameters (own bucket under the distributed optimizer)
+    # megatron.pp.* only (the ddp paths ignore them):
+    cut: int = 0  # nodes[cut:] are the second pipeline stage (0: not cut; the pp paths refuse it)
+    batch_p2p: bool = True  # ModelParallelConfig.batch_p2p_comm (batch_isend_irecv, else paired isend/irecv)
+    deallocate: bool = False  # ModelParallelConfig.deallocate_pipeline_outputs (custom_backward on a freed output)
 
 
 def knobs(case: Case) -> Knobs:
@@ -48,8 +55,31 @@ def _knobs(draw, case: Case) -> Case:
     return case.with_data("megatron", None if k == Knobs() else k)
 
 
+@st.composite
+def _pp_knobs(draw, case: Case, stages: int) -> Case:
+    """The DDP knobs of each stage (``shared`` is not drawn: a pipeline marks
+    its shared weight as megatron does, always), one cut, drawn as a pick
+    among the free node positions so that it shrinks towards the first, and
+    the p2p fields."""
+    overlap = draw(st.booleans())
+    cut = 1 + draw(st.integers(0, 255)) % (len(case.nodes) - 1) if len(case.nodes) > 1 else 0
+    k = Knobs(overlap, draw(st.sampled_from(BUCKETS)) if overlap else 0,
+              case.dtype == "float32" and draw(st.booleans()), draw(st.booleans()), False, cut,
+              not draw(st.booleans()), draw(st.booleans()))
+    return case.with_data("megatron", None if k == Knobs() else k)
+
+
+def _check(case: Case, k: Knobs, where: str) -> None:
+    if k.cut and not 0 < k.cut < len(case.nodes):
+        raise SpecError(f"{where}.cut", f"a cut must be a node position in 1..{len(case.nodes) - 1}, got {k.cut}")
+
+
 KNOBS = Draw("megatron", (_knobs,))
+# Its own args, so that the pp paths' contract differs from the ddp paths'
+# (a Draw compares by name and args) and each gets its own case stream.
+PP_KNOBS = Draw("megatron", (_pp_knobs,), (2,))
 CASE_DATA = DataNamespace("megatron", Knobs, {
     "overlap": sc.boolean, "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "fp32_reduce": sc.boolean, "nan_check": sc.boolean, "shared": sc.boolean,
-})
+    "cut": lambda v, w: sc.integer(v, w, 0, 256), "batch_p2p": sc.boolean, "deallocate": sc.boolean,
+}, check=_check)

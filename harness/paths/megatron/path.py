@@ -18,7 +18,7 @@ from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
-from harness.paths.megatron.data import KNOBS, knobs
+from harness.paths.megatron.data import KNOBS, PP_KNOBS, knobs
 from harness.paths.pooled import PooledPath
 
 STOCK = "stock"
@@ -78,6 +78,78 @@ class MegatronPath(PooledPath):
         return replay_only(self.name)
 
 
-def paths(options: Options) -> list[MegatronPath]:
+PP_STAGES = 2
+
+
+class MegatronPipePath(PooledPath):
+    """``megatron.pp.stock``: the case cut into two stages on two ranks,
+    megatron's non-interleaved 1F1B schedule over them
+    (``forward_backward_pipelining_without_interleaving``) and its
+    ``finalize_model_grads``, which all-reduces the shared weight's grad over
+    the embedding group (``harness.paths.megatron.pipe``)."""
+
+    contract = Contract(retained_grads=False, draws=(PP_KNOBS,), gap_cases=True, model_parts=True,
+                        random_ops=False, judged_against="eager.accumulate", blind=MegatronPath.contract.blind)
+
+    def __init__(self, name: str, impl: str = STOCK, timeout: float = 10.0, backend: str | None = None) -> None:
+        super().__init__(name, PP_STAGES, timeout, backend)
+        self.impl = impl
+
+    def availability(self) -> Availability:
+        if not installed():
+            return Availability(False, f"megatron-core is not installed here: {INSTALL}")
+        where = self.group_availability()
+        if where.ok and self._world() != PP_STAGES:
+            return Availability(False, f"megatron.pp runs {PP_STAGES} pipeline stages on {PP_STAGES} ranks; this "
+                                       f"group has {self._world()}")
+        return where if not where.ok else Availability(
+            True, f"{where.reason}; megatron-core 1F1B pipeline, {PP_STAGES} stages, shared embedding all-reduce")
+
+    def supports(self, case: Case) -> str | None:
+        from harness.case.ops import draws_random
+        from harness.materialize.stages import cut, requires_grad
+        from harness.paths.megatron.pipe import shared_params
+
+        s = case.schedule
+        if reason := engine_owned(case, "megatron's pipeline"):
+            return reason
+        if s.optimizer or s.clip:
+            return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
+                    "training step is not run for it")
+        if s.grad_init != "none" or s.zero_grad == "keep":
+            return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
+                    "iteration (documented); .grad is a transient its hook adds and clears")
+        k = knobs(case)
+        if k.fp32_reduce and case.dtype != "float32":
+            return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
+        if not k.cut:
+            return f"no pipeline cut (family.megatron.cut): megatron.pp runs {PP_STAGES} stages"
+        if draws_random(case):
+            return ("dropout: each stage runs on its own rank and RNG stream, so masks cannot match the case's "
+                    "(megatron's tensor-parallel RNG tracker is not part of this path)")
+        specs = cut(case, (k.cut,))
+        shared = shared_params(case, specs)
+        if len(shared) > 1:
+            return (f"{len(shared)} parameters ({', '.join(shared)}) are used by both stages: megatron shares one "
+                    f"weight across pipeline stages, the word embedding / output layer "
+                    f"(shared_embedding_or_output_weight(); finalize_model_grads all-reduces only it)")
+        if not specs[-1].inputs:
+            return "nothing crosses the cut: megatron's schedule sends the first stage's output to the next"
+        need = requires_grad(case)
+        if not any(need[u.ref] for u in case.outputs):
+            return "no output requires grad (nothing for the schedule to train)"
+        return exact_mean(case, 1, "megatron divides each microbatch's loss")
+
+    def run(self, case: Case) -> Observation:
+        outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.pipe", "case": case.dumps(),
+                                      "impl": self.impl}, self.timeout)
+        return assemble(self.name, case, outcome)
+
+    def repro(self, case: Case) -> Repro:
+        return replay_only(self.name)
+
+
+def paths(options: Options) -> list:
     return [MegatronPath(f"megatron.{kind}.stock", distopt, STOCK, options.world_size, max(options.timeout, 60.0),
-                         options.backend) for kind, distopt in REDUCES.items()]
+                         options.backend) for kind, distopt in REDUCES.items()] + \
+        [MegatronPipePath("megatron.pp.stock", STOCK, max(options.timeout, 60.0), options.backend)]

@@ -43,12 +43,18 @@ from harness.workers.host import Rank
 STOCK = "stock"
 
 
-def _parallel_state() -> Any:
-    """megatron's model-parallel state over the pool's group: tensor and pipeline size 1, so all ranks are data-parallel."""
+def _parallel_state(pipeline: int = 1) -> Any:
+    """megatron's model-parallel state over the pool's group: tensor size 1
+    and pipeline size ``pipeline`` (1: all ranks are data-parallel; the pp
+    paths ask for 2). Ranks that ran the other kind of path last re-make it
+    (every rank runs the same case, so the collective group creation matches)."""
     from megatron.core import parallel_state
 
+    if parallel_state.model_parallel_is_initialized() and \
+            parallel_state.get_pipeline_model_parallel_world_size() != pipeline:
+        parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(1, pipeline, create_gloo_process_groups=False)
     return parallel_state
 
 

@@ -1,0 +1,290 @@
+"""What every rank of ``megatron.pp.*`` runs: megatron-core's non-interleaved
+1F1B schedule over two pipeline stages, one per rank, with the weight both
+stages use shared the way megatron shares its word embedding and output layer.
+
+Setup (``parallel_state.initialize_model_parallel(1, 2)`` over the pool's two
+ranks: pipeline size 2, data-parallel size 1, the embedding group the first
+and last stage):
+
+- the case's nodes are cut at ``family.megatron.cut`` into two stages
+  (``harness.materialize.stages.cut``); rank ``r`` holds stage ``r`` as a
+  ``StageModule`` with its own copy of every parameter it uses;
+- ``MegatronStage`` gives that module what megatron's schedule and
+  ``finalize_model_grads`` look up on a model chunk: ``pre_process`` /
+  ``post_process``, ``set_input_tensor``, ``model_type``,
+  ``share_embeddings_and_output_weights`` and
+  ``shared_embedding_or_output_weight()``;
+- the weight used by both stages is set up as
+  ``LanguageModule.setup_embeddings_and_output_layer`` sets up a tied
+  embedding with pipeline size > 1: the first stage's copy is marked
+  ``shared_embedding``; the last stage's is zeroed, marked ``shared`` and
+  ``shared_embedding``, and the two are all-reduced over the embedding group
+  so both start from the first stage's values;
+- each stage is wrapped in megatron's ``DistributedDataParallel`` with the
+  case's DDP knobs, and the model config gets what megatron's ``train()``
+  sets: ``finalize_model_grads_func``, and with ``overlap_grad_reduce``
+  ``no_sync_func`` and (``align_grad_reduce``, its default)
+  ``grad_sync_func``.
+
+Each step of the case is one training iteration: ``zero_grad_buffer()``, then
+``forward_backward_pipelining_without_interleaving`` itself over the step's
+microbatches (under ``cpu.on_cpu`` and ``cpu.cuda_factories_on_cpu``, the
+family's one documented CPU patch), which ends in ``finalize_model_grads``:
+its ``_allreduce_word_embedding_grads`` sums the two copies' ``main_grad``.
+
+What crosses the cut: megatron's p2p sends one tensor of shape
+``(seq_length, micro_batch_size, hidden_size)`` per microbatch and runs a
+non-last stage's backward from the first output only. So the first stage
+returns every value the second uses, flattened and concatenated into one
+``(n, 1, 1)`` tensor (``seq_length=n``, micro batch 1, hidden size 1), and
+the second splits it back into those values: the way a megatron model
+hands one hidden state across a stage boundary. The received tensor starts
+with a zero ``.grad``: ``backward_step`` sends back ``x.grad``, which autograd
+leaves None when no value of the boundary reaches the loss, and then no grad
+is sent and the first stage waits for ever (a megatron model always consumes
+its hidden state); zero plus what arrives is what arrives.
+
+The loss is ``sum((output * grad_output).sum())`` with each grad output
+times the number of microbatches, since megatron divides every microbatch's
+loss by that number (exact mode needs it a power of two).
+
+Facts, after each iteration (grads are observable only then: the schedule
+interleaves the microbatches): every parameter's ``main_grad`` (or ``.grad``
+for a frozen one) from the rank that holds it, and the shared weight's from
+both ranks, each its own copy (Replicate: the copies must agree, and each
+must be the oracle's grad, the sum over both uses); per microbatch, the
+first stage's input grads and the last stage's outputs. The ranks exchange
+their facts (``all_gather_object``), so every rank reports the same record.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.case.spec import Case, Use
+from harness.materialize.stages import StageModule, StageSpec, cut
+from harness.materialize.tensors import Built
+from harness.objects import load_object
+from harness.paths.megatron.cpu import cuda_factories_on_cpu, on_cpu
+from harness.paths.megatron.data import ddp_config, knobs
+from harness.paths.megatron.rank import STOCK, _parallel_state, _raised_at, main_grads
+from harness.paths.rankfacts import encode, first_line, rank_failure
+from harness.workers.host import Rank
+
+STAGES = 2
+
+
+def shared_params(case: Case, specs: list[StageSpec]) -> list[str]:
+    """Parameters both stages use: each stage holds a copy."""
+    both = set(specs[0].params) & set(specs[-1].params)
+    return [p.name for p in case.params if p.name in both]
+
+
+def boundary_shapes(case: Case, spec: StageSpec) -> list[tuple[int, ...]]:
+    """The shapes of the values a (non-first) stage receives, in its input order."""
+    built = Built(case)
+    return [tuple(built.output_shape(Use(v.ref, index=v.index))) for v in spec.inputs]
+
+
+class MegatronStage(torch.nn.Module):
+    """One pipeline stage as megatron's schedule and ``finalize_model_grads``
+    see a model chunk (the attributes ``LanguageModule`` has)."""
+
+    def __init__(self, stage: StageModule, first: bool, last: bool, shared: str | None,
+                 shapes: list[tuple[int, ...]]) -> None:
+        from megatron.core.enums import ModelType
+
+        super().__init__()
+        self.stage = stage
+        self.model_type = ModelType.encoder_or_decoder
+        self.pre_process, self.post_process = first, last
+        self.shared = shared
+        self.share_embeddings_and_output_weights = shared is not None
+        self.shapes = shapes
+        self.input_tensor: torch.Tensor | None = None
+
+    def params(self) -> dict[str, torch.nn.Parameter]:
+        return self.stage.weights
+
+    def set_input_tensor(self, tensors: Any) -> None:
+        self.input_tensor = tensors[0] if isinstance(tensors, (list, tuple)) else tensors
+
+    def shared_embedding_or_output_weight(self) -> torch.nn.Parameter | None:
+        return self.stage.weights[self.shared] if self.shared else None
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        if not self.pre_process:
+            x = self.input_tensor
+            assert x is not None, "a non-first stage ran without set_input_tensor"
+            if x.requires_grad and x.is_leaf and x.grad is None:
+                x.grad = torch.zeros_like(x)  # see the module docstring: the boundary always answers
+            flat, at, inputs = x.reshape(-1), 0, ()
+            for shape in self.shapes:
+                n = math.prod(shape)
+                inputs += (flat[at:at + n].view(shape),)
+                at += n
+        outs = self.stage(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if self.post_process:
+            return outs
+        return torch.cat([o.reshape(-1, 1, 1) for o in outs])  # a new tensor, never a view
+
+
+def _tie(module: MegatronStage, first: bool, ps: Any) -> None:
+    """``LanguageModule.setup_embeddings_and_output_layer`` with pipeline size > 1."""
+    weight = module.shared_embedding_or_output_weight()
+    if weight is None:
+        return
+    weight.is_embedding_or_output_parameter = True
+    if first:
+        weight.shared_embedding = True
+    else:
+        weight.data.fill_(0)
+        weight.shared = True
+        weight.shared_embedding = True
+    dist.all_reduce(weight.data, group=ps.get_embedding_group())
+
+
+def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: Any) -> tuple[Any, Any, MegatronStage]:
+    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                           finalize_model_grads)
+    from megatron.core.transformer import TransformerConfig
+
+    ps = _parallel_state(STAGES)
+    k = knobs(case)
+    r = ctx.rank
+    first, last = r == 0, r == STAGES - 1
+    shared = shared_params(case, specs)
+    stage = StageModule(case, specs[r], built.params(), ctx.device)
+    module = MegatronStage(stage, first, last, shared[0] if shared else None,
+                           [] if first else boundary_shapes(case, specs[r]))
+    _tie(module, first, ps)
+    config = TransformerConfig(num_layers=STAGES, hidden_size=1, num_attention_heads=1,
+                               pipeline_model_parallel_size=STAGES, pipeline_dtype=built.dtype,
+                               batch_p2p_comm=k.batch_p2p, deallocate_pipeline_outputs=k.deallocate)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, False)), module)
+    if k.overlap:  # megatron's train(): _update_model_config_funcs, align_grad_reduce on
+        config.no_sync_func = ddp.no_sync
+        config.grad_sync_func = ddp.start_grad_sync
+    finalize = finalize_model_grads
+    if fault is not None and hasattr(fault, "finalize"):
+        finalize = fault.finalize(finalize)
+    config.finalize_model_grads_func = finalize
+    return ddp, config, module
+
+
+def _forward_step(case: Case, built: Built, ctx: Rank, first: bool, last: bool, leaves: dict, outputs: dict) -> Any:
+    M = case.schedule.microbatches
+    dev, dtype = ctx.device, built.dtype
+
+    def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:
+        k = next(data_iterator)
+        if first:
+            drawn = built.inputs(k)
+            args = [drawn[x.name].to(dev, dtype).requires_grad_(x.requires_grad) for x in case.inputs]
+            leaves[k] = args
+            out = model(*args)
+        else:
+            out = model()
+        if not last:
+            return out, None
+        outputs[k] = [o.detach().to("cpu", torch.float64, copy=True) for o in out]
+        cots = [c.to(dev, dtype) * M for c in built.cotangents(k)]
+
+        def loss_func(output: Any) -> tuple[torch.Tensor, dict]:
+            terms = [(o * c).sum() for o, c in zip(output, cots) if o.requires_grad]
+            loss = sum(terms[1:], terms[0]) if terms else torch.zeros((), dtype=dtype, device=dev)
+            return loss, {}
+
+        return out, loss_func
+
+    return forward_step
+
+
+def _local(case: Case, ddp: Any, module: MegatronStage) -> dict[str, Any]:
+    """This rank's grads: ``main_grad`` of its trainable copies, ``.grad`` of frozen ones."""
+    main = main_grads(ddp, False)
+    out = {}
+    for n, p in module.params().items():
+        g = main.get(n) if p.requires_grad else p.grad
+        out[n] = None if g is None else g.detach().to("cpu", torch.float64, copy=True)
+    return out
+
+
+def _records(case: Case, step: int, mine: dict[str, Any], facts: list[dict[str, Any]],
+             shared: list[str]) -> list[dict[str, Any]]:
+    """The step's microbatches as every rank reports them: one rank's facts put together from all ranks'."""
+    M = case.schedule.microbatches
+    grads = {}
+    for p in case.params:
+        if p.name in shared:
+            grads[p.name] = encode(mine["grads"].get(p.name), "R")  # this rank's own copy
+        else:
+            held = [f["grads"][p.name] for f in facts if p.name in f["grads"]]
+            grads[p.name] = encode(held[0] if held else None, "R")
+    first, last = facts[0], facts[-1]
+    recs = []
+    for j in range(M):
+        k = step * M + j
+        recs.append({"k": k, "observable": j == M - 1, "grads": grads if j == M - 1 else {},
+                     "input_grads": {x.name: encode(first["input_grads"][k].get(x.name), "R") for x in case.inputs},
+                     "outputs": [encode(o, "R") for o in last["outputs"][k]], "retained": {}})
+    return recs
+
+
+def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
+    """One case on this rank. It never raises: the parent judges a failure next to its peers'."""
+    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+
+    built = Built(case)
+    out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
+    M = case.schedule.microbatches
+    k = -1
+    try:
+        specs = cut(case, (knobs(case).cut,))
+        if len(specs) != STAGES or ctx.world_size != STAGES:
+            raise ValueError(f"megatron.pp runs {STAGES} stages on {STAGES} ranks, got {len(specs)} stages on "
+                             f"{ctx.world_size} ranks")
+        first, last = ctx.rank == 0, ctx.rank == STAGES - 1
+        shared = shared_params(case, specs)
+        n = sum(math.prod(s) for s in boundary_shapes(case, specs[-1]))
+        with on_cpu(ctx.device):
+            fault = load_object(impl, "megatron impl") if impl != STOCK else None
+            ddp, config, module = _build(case, built, specs, ctx, fault)
+            for step in range(case.schedule.steps):
+                k = step * M
+                leaves: dict[int, list[torch.Tensor]] = {}
+                outputs: dict[int, list[torch.Tensor]] = {}
+                ddp.zero_grad_buffer()
+                with cuda_factories_on_cpu(ctx.device):
+                    forward_backward_pipelining_without_interleaving(
+                        forward_step_func=_forward_step(case, built, ctx, first, last, leaves, outputs),
+                        data_iterator=iter(range(step * M, (step + 1) * M)), model=[ddp], num_microbatches=M,
+                        seq_length=n, micro_batch_size=1, forward_only=False)
+                k = step * M + M - 1
+                mine = {"grads": _local(case, ddp, module),
+                        "input_grads": {i: {x.name: None if t.grad is None else
+                                            t.grad.detach().to("cpu", torch.float64, copy=True)
+                                            for x, t in zip(case.inputs, args)} for i, args in leaves.items()},
+                        "outputs": outputs}
+                facts: list[Any] = [None] * ctx.world_size
+                dist.all_gather_object(facts, mine)
+                out["steps"] += _records(case, step, mine, facts, shared)
+    except Exception as e:  # a rank that raises reports it; the parent judges
+        out["failure"] = rank_failure(k, e, first_line(e) or _raised_at(e))
+    return out
+
+
+def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
+    """One case on this rank (a ``call`` message from ``harness.paths.megatron.path``)."""
+    return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
+
+
+def finalize_module() -> Any:
+    """``megatron.core.distributed.finalize_model_grads`` the module (its package exports the function by that name)."""
+    return importlib.import_module("megatron.core.distributed.finalize_model_grads")
