@@ -6,8 +6,8 @@ What the composition promises a user: after every backward, each parameter's
 (a group's grad being the sum of what its "tp" ranks contributed), added to
 the ``.grad`` that was there. This reference keeps only that promise with
 plain tensors and plain collectives on the mesh's own sub-groups: every rank
-holds full parameters; each rank's grad output is its own share (over "tp")
-of its dp group's; after every backward each leaf grad is all-reduced (sum)
+holds full parameters; each rank's grad output is its own share (over "tp",
+drawn by the rank code) of its dp group's; after every backward each leaf grad is all-reduced (sum)
 over "tp", then all-reduced (sum) over "dp" and divided by the dp size, in
 one fixed order on every rank, and added into ``.grad``. No FSDP2, no
 DTensor, no parallel styles. Input and retained grads are summed over "tp"
@@ -21,7 +21,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from oracles.dtensor_fixed import optimizer_step  # noqa: F401  (the step: grads of its own for the optimizer)
+from oracles import dtensor_fixed
+
+# The step: grads of its own for the optimizer, as the other fixed references take it.
+optimizer_step = dtensor_fixed.optimizer_step
 
 
 class Reference:

@@ -67,18 +67,21 @@ class MeshPath(PooledPath):
     def availability(self) -> Availability:
         if self.broken:
             return Availability(False, self.broken)
+        if self._world() != WORLD:  # before group_availability, which joins torchrun's group
+            return Availability(False, f"the mesh paths need {WORLD} ranks (a 2 x 2 mesh); torchrun started "
+                                       f"{self._world()}")
         where = self.group_availability()
         if not where.ok:
             return where
-        if self._world() != WORLD:
-            return Availability(False, f"the mesh paths need {WORLD} ranks (a 2 x 2 mesh); torchrun started "
-                                       f"{self._world()}")
         try:
-            from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
-            from torch.distributed.tensor import distribute_tensor  # noqa: F401
+            import importlib
+
+            needs = [("torch.distributed.device_mesh", "init_device_mesh"), ("torch.distributed.tensor", "distribute_tensor")]
             if self.kind == "fsdp_tp":
-                from torch.distributed.fsdp import fully_shard  # noqa: F401
-                from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401
+                needs += [("torch.distributed.fsdp", "fully_shard"), ("torch.distributed.tensor.parallel", "parallelize_module")]
+            for module, attr in needs:
+                if not hasattr(importlib.import_module(module), attr):
+                    raise ImportError(f"{module} has no {attr}")
         except ImportError as e:
             return Availability(False, f"this torch lacks what a 2-D mesh needs ({e})")
         what = "torch as installed" if self.impl == STOCK else self.impl
@@ -93,8 +96,6 @@ class MeshPath(PooledPath):
         if s.optimizer == "rprop":
             return ("rprop on sharded DTensor parameters: its foreach form needs _foreach_copy_, its loop form an "
                     "in-place index_put_, neither with a sharding strategy that keeps the shards")
-        if self.kind == "fsdp_tp" and s.grad_init != "none":
-            return "the fsdp_tp rank loop starts .grad as None only (prefilling 2-D sharded grads is not built)"
         from harness.case.ops import OPS
 
         plain = sorted({n.op for n in case.nodes if OPS[n.op].plain_tensors})

@@ -144,14 +144,16 @@ class MeshModule(torch.nn.Module):
         return tuple(self.built.forward(env))
 
 
-def _fsdp_tp(case: Case, built: Built, mesh: Any, ctx: Rank) -> tuple[MeshModule, dict[str, torch.Tensor]]:
-    """TP over "tp" (styles, else Replicate), then FSDP2 over "dp"."""
+def _fsdp_tp(case: Case, built: Built, mesh: Any, ctx: Rank,
+             values: dict[str, torch.Tensor] | None = None) -> tuple[MeshModule, dict[str, torch.Tensor]]:
+    """TP over "tp" (styles, else Replicate), then FSDP2 over "dp", on the
+    case's parameter values (or ``values``)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
     tp = tp_styles(case)
-    module = MeshModule(built, built.params(), tp, ctx.device, built.dtype)
+    module = MeshModule(built, built.params() if values is None else values, tp, ctx.device, built.dtype)
     if tp:
         plan = {f"linears.{attribute(n)}": ColwiseParallel(use_local_output=False) if style == "colwise"
                 else RowwiseParallel(use_local_output=False) for n, style in tp.items()}
@@ -171,6 +173,17 @@ def _steps_fsdp_tp(case: Case, built: Built, mesh: Any, ctx: Rank, out: dict[str
     dp = mesh.get_local_rank("dp")
     tp = tp_styles(case)
     sched = case.schedule
+    if sched.grad_init != "none":
+        # Each .grad as FSDP2 x TP lays out its parameter: the prefill put
+        # through the same parallelize_module and fully_shard, its local
+        # pieces taken (FSDP2's dp shards of a tp-sharded weight are
+        # _StridedShard, which distribute_tensor does not build).
+        _, shaped = _fsdp_tp(case, built, mesh, ctx, _prefill_values(case, built))
+        for p in case.params:
+            if p.requires_grad:
+                q, param = shaped[p.name], params[p.name]
+                param.grad = DTensor.from_local(q.to_local().detach().clone(), param.device_mesh, param.placements,
+                                                run_check=False, shape=param.shape, stride=param.stride())
     trainer = Trainer(case, params) if has_step(case) else None
     for k in range(sched.backwards):
         out["k"] = k
@@ -198,6 +211,13 @@ def _steps_fsdp_tp(case: Case, built: Built, mesh: Any, ctx: Rank, out: dict[str
             out["steps"][-1]["after_step"] = {key: _oriented(key, tp, e) for key, e in seen.items()}
 
 
+def _prefill_values(case: Case, built: Built) -> dict[str, torch.Tensor]:
+    """What each ``.grad`` starts as (grad_init "zero" or "prefilled"), full, in the case's orientation."""
+    prefill = built.prefill()
+    return {p.name: torch.zeros(p.shape, dtype=torch.float64) if case.schedule.grad_init == "zero" else prefill[p.name]
+            for p in case.params}
+
+
 def _oriented(key: str, tp: dict[str, str], e: dict[str, Any] | None) -> dict[str, Any] | None:
     """A fact about an nn.Linear weight (out, in) turned into the case's ``w`` (in, out)."""
     if e is None or key.split(".")[0] not in tp or len(e["shape"]) != 2:
@@ -213,6 +233,11 @@ def _steps_fixed(case: Case, built: Built, mesh: Any, ctx: Rank, impl: Any, out:
     params = {p.name: torch.nn.Parameter(values[p.name].to(ctx.device, built.dtype), requires_grad=p.requires_grad)
               for p in case.params}
     sched = case.schedule
+    if sched.grad_init != "none":
+        start = _prefill_values(case, built)
+        for p in case.params:
+            if p.requires_grad:
+                params[p.name].grad = start[p.name].to(ctx.device, built.dtype).clone()
     trainer = Trainer(case, params, step_with=getattr(impl, "optimizer_step", None)) if has_step(case) else None
     for k in range(sched.backwards):
         out["k"] = k
@@ -251,11 +276,10 @@ def _steps_dtensor2d(case: Case, built: Built, mesh: Any, ctx: Rank, impl: Any, 
                                          requires_grad=p.requires_grad) for p in case.params}
     sched = case.schedule
     if sched.grad_init != "none":
-        prefill = built.prefill()
+        start = _prefill_values(case, built)
         for p in case.params:
             if p.requires_grad:
-                full = torch.zeros(p.shape, dtype=torch.float64) if sched.grad_init == "zero" else prefill[p.name]
-                params[p.name].grad = distribute_tensor(full.to(ctx.device, built.dtype), mesh,
+                params[p.name].grad = distribute_tensor(start[p.name].to(ctx.device, built.dtype), mesh,
                                                         params[p.name].placements)
     if impl is not None:
         impl.install(params, mesh)
