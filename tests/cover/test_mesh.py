@@ -49,6 +49,7 @@ CASES = {
     "colwise_rowwise_2mb": mlp(("R,colwise", "S0,rowwise"), microbatches=2),
     "sharded_both_dims_prefill": mlp(("S0,S1", "S1,S0"), grad_init="prefilled", steps=2, microbatches=2),
     "tolerance_zero_grad": mlp(("R,rowwise", "S1,colwise"), exact=False, grad_init="zero"),
+    "partial_dp_sharded": mlp(("S0,R", "R,S1")).with_data("mesh", Placements(("S0,R", "R,S1"), partial_dp=True)),
     "sgd_step": replace(mlp(("R,colwise", "R,rowwise"), steps=2, optimizer="momentum", optimizer_impl="foreach",
                             lr=0.1), dtype="float64"),
 }
@@ -112,6 +113,8 @@ def test_case_data_round_trips_and_is_checked():
     case = mlp(("S0,colwise", "S1,R"))
     again = Case.loads(case.dumps())
     assert again.data("mesh") == Placements(("S0,colwise", "S1,R"))
+    partial = case.with_data("mesh", Placements(("R,R", "R,R"), partial_dp=True))
+    assert Case.loads(partial.dumps()).data("mesh").partial_dp
     bad = mlp(("S2,R", "R,R"))
     with pytest.raises(SpecError, match="codes"):
         Case.loads(bad.dumps())

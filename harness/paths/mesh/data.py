@@ -7,7 +7,13 @@ A code is ``"<dp>,<tp>"`` with each part ``R`` (Replicate) or ``S<d>``
 of a matmul). ``mesh.dtensor2d`` places parameters by the codes (a style as
 the Shard it makes of the case's ``w``: colwise ``S1``, rowwise ``S0``);
 ``mesh.fsdp_tp`` reads only the styles (every other parameter is Replicate
-over "tp", and FSDP2 shards everything over "dp")."""
+over "tp", and FSDP2 shards everything over "dp").
+
+``partial_dp``: ``mesh.dtensor2d`` hands each dp group its own share of every
+grad output as a ``(Partial(), Replicate())`` DTensor (the shares sum to the
+case's grad output), so grads arrive Partial over "dp", as data parallelism
+written in DTensors has them; off, grad outputs are Replicate on both dims.
+``mesh.fsdp_tp`` always splits grad outputs over "dp" and ignores it."""
 
 from __future__ import annotations
 
@@ -27,6 +33,12 @@ MESH_DIMS = ("dp", "tp")
 @dataclass(frozen=True)
 class Placements:
     codes: tuple[str, ...] = ()
+    partial_dp: bool = False
+
+
+def partial_dp(case: Case) -> bool:
+    data = case.data("mesh")
+    return bool(data is not None and data.partial_dp)
 
 
 def placements(case: Case) -> tuple[str, ...]:
@@ -65,4 +77,4 @@ def _check(case: Case, value: Placements, where: str) -> None:
         _part(tp, f"{where}.codes[{i}]", len(p.shape), styles=True)
 
 
-CASE_DATA = DataNamespace("mesh", Placements, {"codes": _codes}, check=_check)
+CASE_DATA = DataNamespace("mesh", Placements, {"codes": _codes, "partial_dp": sc.boolean}, check=_check)

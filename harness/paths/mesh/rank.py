@@ -15,7 +15,8 @@ Rank ``r`` sits at ``(dp, tp) = (r // 2, r % 2)``. Two machineries:
   group's ``2 * s_d``; after every backward the reference all-reduces each
   grad over "tp", then over "dp" and divides by the dp size.
 - ``dtensor2d``: every parameter a DTensor on the 2-D mesh with the placements
-  its code names; inputs and grad outputs Replicate on both dims; the
+  its code names; inputs Replicate on both dims, grad outputs too, or (with
+  ``partial_dp``) each dp group's share as ``(Partial(), Replicate())``; the
   forward runs on DTensors. Stock is torch's AccumulateGrad; fixed installs
   ``oracles.dtensor_fixed`` (layout fix, its own optimizer grads).
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from harness.case.spec import Case
 from harness.materialize.names import attribute
@@ -39,7 +40,7 @@ from harness.materialize.schedule import ends_step, has_step, starts_step, zero_
 from harness.materialize.tensors import Built
 from harness.materialize.train import Trainer
 from harness.objects import load_object
-from harness.paths.mesh.data import DIM_SIZES, MESH_DIMS, STYLES, placements, split
+from harness.paths.mesh.data import DIM_SIZES, MESH_DIMS, STYLES, partial_dp, placements, split
 from harness.paths.rankfacts import encode, layout_facts, rank_failure, share
 from harness.workers.host import Rank
 
@@ -286,6 +287,7 @@ def _steps_dtensor2d(case: Case, built: Built, mesh: Any, ctx: Rank, impl: Any, 
     trainer = Trainer(case, params, step_with=getattr(impl, "optimizer_step", None),
                       clip_with=getattr(impl, "clip_grad_norm", None)) if has_step(case) else None
     both = [Replicate(), Replicate()]
+    split_dp, dp = partial_dp(case), mesh.get_local_rank("dp")
     for k in range(sched.backwards):
         out["k"] = k
         if starts_step(case, k):
@@ -293,8 +295,10 @@ def _steps_dtensor2d(case: Case, built: Built, mesh: Any, ctx: Rank, impl: Any, 
         drawn = built.inputs(k)
         inputs = {x.name: DTensor.from_local(drawn[x.name].to(ctx.device, built.dtype), mesh, both, run_check=False)
                   .requires_grad_(x.requires_grad) for x in case.inputs}
-        cots = [DTensor.from_local(c.to(ctx.device, built.dtype), mesh, both, run_check=False)
-                for c in built.cotangents(k)]
+        cots = [DTensor.from_local(c.to(ctx.device, built.dtype), mesh, both, run_check=False) if not split_dp else
+                DTensor.from_local(share(c, dp, DIM_SIZES[0], case.seed * 7919 + 50_000 + 97 * k + i, case.exact)
+                                   .to(ctx.device, built.dtype), mesh, [Partial(), Replicate()], run_check=False)
+                for i, c in enumerate(built.cotangents(k))]
         outs = built.forward({**params, **inputs})
         live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
         if live:

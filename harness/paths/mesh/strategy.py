@@ -12,15 +12,18 @@ from harness.paths.mesh.data import STYLES, Placements
 
 @st.composite
 def mesh_placements(draw, case: Case) -> Case:
-    """Each parameter's dp and tp placements; shrinks to Replicate on both
-    (then the namespace is dropped: "R,R" everywhere is the default)."""
+    """Each parameter's dp and tp placements, and whether grad outputs are
+    Partial over "dp"; shrinks to Replicate grad outputs and parameters
+    (then the namespace is dropped: that is the default)."""
     codes = []
     for p in case.params:
         dims = tuple(f"S{d}" for d in range(len(p.shape)))
         dp = draw(st.sampled_from(("R",) + dims))
         tp = draw(st.sampled_from(("R",) + dims + (STYLES if tp_eligible(case, p.name) else ())))
         codes.append(f"{dp},{tp}")
-    case = case.with_data("mesh", Placements(tuple(codes)) if any(c != "R,R" for c in codes) else None)
+    partial = draw(st.booleans())
+    data = Placements(tuple(codes), partial)
+    case = case.with_data("mesh", data if partial or any(c != "R,R" for c in codes) else None)
     return draw(training_steps(case))
 
 
