@@ -34,11 +34,13 @@ def fuzz_path(
     relative_to: Path | None = None,
     slack: float | None = None,
     detect_only: bool = False,
+    until_kinds: tuple[str, ...] | None = None,
 ) -> None:
     """Fuzz one path alone, from a cold start (no database); ``relative_to``
     counts only cases where that path agrees with the oracle (a fork judged
     against the implementation it forked, a canary against its base);
-    ``detect_only`` stops at the first failing example, unshrunk."""
+    ``detect_only`` stops at the first failing example, unshrunk;
+    ``until_kinds`` never shrinks and stops at the first confirmed finding of those kinds."""
     from harness.engine.target import Target, TargetRun
 
     def on_finding(f) -> None:
@@ -50,7 +52,8 @@ def fuzz_path(
 
     target = Target([path], exact=exact, seed=seed, relative_to={path.name: relative_to} if relative_to is not None else {},
                     slack=slack)
-    TargetRun(target, result, examples=examples, deadline=deadline, on_finding=on_finding, detect_only=detect_only).run()
+    TargetRun(target, result, examples=examples, deadline=deadline, on_finding=on_finding, detect_only=detect_only,
+              until_kinds=until_kinds).run()
 
 
 def fuzz(

@@ -252,7 +252,8 @@ class TargetRun:
                  deadline: float | None = None, database: ExampleDatabase | None = None,
                  stop: Stop | None = None, on_finding: Callable[[Finding], None] | None = None,
                  heartbeat: Callable[[], None] | None = None, beat: float = 0.5, chunk: int = 200,
-                 detect_only: bool = False, record: list[Case] | None = None) -> None:
+                 detect_only: bool = False, record: list[Case] | None = None,
+                 until_kinds: tuple[str, ...] | None = None) -> None:
         self.target = target
         self.result = result
         self.examples = examples
@@ -266,6 +267,11 @@ class TargetRun:
         # detect_only: stop at the first failing example, unshrunk (time-to-detection statistics);
         # record: every drawn case is appended (the benchmark re-times them phase by phase).
         self.detect_only = detect_only
+        # until_kinds: no shrinking, and fuzzing ends at the first confirmed
+        # finding of one of these kinds (the self-check: a canary is caught
+        # by its first finding of the kinds its bug makes; shrinking it and
+        # drawing on for other signatures decide nothing there).
+        self.until_kinds = until_kinds
         self.record = record
         self.known: set[str] = set()
         self.drawn = 0
@@ -328,7 +334,7 @@ class TargetRun:
                 rnd.focus = path
                 self._first = (self.drawn, time.monotonic() - self.started)
             rnd.case, rnd.divs = case, divs
-            if self.detect_only:
+            if self.detect_only or self.until_kinds is not None:
                 raise _Stopped()
             raise _Found(divs[0].detail)
 
@@ -425,13 +431,15 @@ class TargetRun:
                 try:
                     fuzz_round()
                 except _Stopped:
-                    stopped = True
+                    # A hit in a detecting run ends its round at once: not a stop. (The
+                    # loop's head asks stop() and the deadline again either way.)
+                    stopped = rnd.case is None
                 except (_Found, Flaky):
                     pass
                 if rnd.case is not None:
                     self._confirm_and_record(rnd)
                 round_no += 1
-                if self.detect_only and self.findings:
+                if self.detect_only and self.findings or self._until_met():
                     break
                 if stopped or (self.drawn == before and rnd.case is None):
                     break  # the stream is exhausted (tiny strategies), or we were told to stop
@@ -441,6 +449,10 @@ class TargetRun:
             # database adds to a cold start (the stream's own finds keep their place).
             self.result.divergences.extend(d for f in self.replay_only() for d in f.divergences)
         return self.findings
+
+    def _until_met(self) -> bool:
+        return self.until_kinds is not None and any(
+            not f.flaky and d.kind in self.until_kinds for f in self.findings for d in f.divergences)
 
     def replay_only(self) -> list["Finding"]:
         """Finds of the database's replay pass that the seeded stream did not make."""

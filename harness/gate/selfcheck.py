@@ -57,7 +57,7 @@ def run_canary(c: Canary, seed: int = 0, slack: float | None = None) -> CanaryRe
     start = time.monotonic()
     try:
         fuzz_path(path, examples=c.budget, deadline=None, seed=seed, result=result, save_dir=None, relative_to=base,
-                  slack=slack, detect_only=not c.shrink)
+                  slack=slack, until_kinds=c.expects)
     finally:
         close = getattr(path, "close", None)
         if callable(close):

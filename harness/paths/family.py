@@ -54,7 +54,6 @@ class Canary:
     expects: tuple[str, ...] = ("value",)
     # Run instead when this canary cannot run here (a layout this torch lacks).
     fallback: "Canary | None" = None
-    shrink: bool = True  # False: stop at the first failing example (paths where each shrink step compiles)
 
     def proves_nothing_here(self) -> str:
         """Why this canary cannot be causal on the installed torch ("" if it can)."""

@@ -23,4 +23,4 @@ def canaries() -> list[Canary]:
     return [Canary("deepspeed_keeps_last_micro_step",
                    lambda: DeepSpeedPath("canary.deepspeed_keeps_last_micro_step", 0,
                                          "harness.paths.deepspeed.canaries:keeps_last_micro_step", timeout=60.0),
-                   "deepspeed.zero0.stock", budget=100, shrink=False)]
+                   "deepspeed.zero0.stock", budget=100)]

@@ -1,7 +1,9 @@
-"""The megatron family's canary: a training loop that clears the grad buffer
+"""The megatron family's canaries: a training loop that clears the grad buffer
 before a window's last backward (``zero_grad_buffer()`` called once per
 microbatch instead of once per iteration, a real misuse), so only the last
-micro-step survives; judged against ``megatron.ddp.stock`` as installed."""
+micro-step survives, judged against ``megatron.ddp.stock`` as installed; and
+a pipeline whose ``finalize_model_grads`` skips the shared embedding's
+all-reduce, judged against ``megatron.pp.stock``."""
 
 from __future__ import annotations
 
@@ -18,12 +20,18 @@ class keeps_last_micro_step:
 
 
 def canaries() -> list[Canary]:
-    from harness.paths.megatron.path import MegatronPath
+    from harness.paths.megatron.path import MegatronPath, MegatronPipePath
 
     return [Canary("megatron_keeps_last_micro_step",
                    lambda: MegatronPath("canary.megatron_keeps_last_micro_step", False,
                                         "harness.paths.megatron.canaries:keeps_last_micro_step", timeout=60.0),
-                   "megatron.ddp.stock", budget=100)]
+                   "megatron.ddp.stock", budget=100),
+            # Each stage keeps its own copy's grad: the copies differ (replica)
+            # and neither is the sum of both uses (value).
+            Canary("megatron_pp_skips_embedding_allreduce",
+                   lambda: MegatronPipePath("canary.megatron_pp_skips_embedding_allreduce",
+                                            "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0),
+                   "megatron.pp.stock", budget=100, expects=("value", "replica"))]
 
 
 class skips_embedding_allreduce:

@@ -23,4 +23,4 @@ def canaries() -> list[Canary]:
     return [Canary("torchtitan_keeps_last_micro_step",
                    lambda: TorchtitanPath("canary.torchtitan_keeps_last_micro_step", "none", False,
                                           "harness.paths.torchtitan.canaries:keeps_last_micro_step", timeout=60.0),
-                   "torchtitan.fsdp.stock", budget=100, shrink=False)]
+                   "torchtitan.fsdp.stock", budget=100)]
