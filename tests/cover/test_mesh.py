@@ -107,6 +107,11 @@ def test_refusals_say_why(paths):
     thin = thin.with_data("mesh", Placements(("S0,S0", "R,R")))
     assert "fewer elements than the ranks" in d2.supports(thin)
     assert stock.supports(thin) is None  # fsdp_tp reads only the styles; FSDP2 pads uneven dp shards
+    # A chunk with an unused piece: its missing grad is a plain zeros tensor (raises on the fixed paths too).
+    chunked = replace(base, nodes=base.nodes + (Node("n3", "chunk", (Use("n2"),), (("chunks", 2), ("dim", 1))),),
+                      outputs=(Use("n3", index=0),))
+    assert "multi-output chunk is unused" in stock.supports(chunked)
+    assert d2.supports(replace(chunked, outputs=(Use("n3", index=0), Use("n3", index=1)))) is None
 
 
 def test_case_data_round_trips_and_is_checked():
