@@ -13,7 +13,7 @@ from harness.engine.check import check
 from harness.engine.result import Result
 from harness.engine.runner import fuzz_path
 from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
-from oracles.checkpoint_fixed import RecomputeMismatch, checkpoint
+from oracles.checkpoint_fixed import RecomputeMismatch, _Region, checkpoint
 from oracles.eager import observe
 from tests.helpers import nested
 
@@ -193,8 +193,6 @@ def test_where_plain_backward_already_diverges_the_difference_is_not_the_checkpo
 
 
 # --- recomputation counts, hook fires and the RNG state (issue 33) ------------------
-
-from oracles.checkpoint_fixed import _Region  # noqa: E402
 
 
 def _wrap(region_cls):
