@@ -11,7 +11,7 @@ import torch
 
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 from harness.paths import resolve
-from harness.paths.megatron.cpu import PATCHED, on_cpu
+from harness.paths.megatron.cpu import PATCHED, cuda_factories_on_cpu, on_cpu
 from harness.paths.megatron.data import Knobs, ddp_config
 from harness.paths.megatron.path import installed
 
@@ -36,7 +36,7 @@ def _two_params() -> Case:
 
 def test_both_paths_are_listed_and_say_how_to_install_when_absent():
     paths = resolve("megatron")
-    assert [p.name for p in paths] == ["megatron.ddp.stock", "megatron.distopt.stock"]
+    assert [p.name for p in paths] == ["megatron.ddp.stock", "megatron.distopt.stock", "megatron.pp.stock"]
     for p in paths:
         a = p.availability()
         assert a.ok == INSTALLED and (INSTALLED or "pip install 'gradfuzz[megatron]'" in a.reason)
@@ -53,7 +53,7 @@ def test_the_knobs_are_case_data_that_reach_the_ddp_config():
 
 
 def test_contract_refuses_what_megatron_owns_or_the_harness_cannot_run():
-    ddp, _ = resolve("megatron")
+    ddp, _, _ = resolve("megatron")
     case = _nested(2)
     assert ddp.supports(case) is None
     assert ddp.supports(replace(case, schedule=replace(case.schedule, zero_grad="keep")))
@@ -95,7 +95,7 @@ def test_both_reduces_agree_with_the_oracle_and_every_knob_runs():
     for knobs in (None, Knobs(overlap=True, bucket=1, nan_check=True, shared=True), Knobs(fp32_reduce=True)):
         for case in (_nested(2), _two_params(), replace(_two_params(), exact=False)):
             case = case.with_data("megatron", knobs)
-            for p in resolve("megatron"):
+            for p in resolve("megatron.ddp") + resolve("megatron.distopt"):
                 assert p.supports(case) is None and check(case, p) == [], (p.name, knobs)
 
 
@@ -107,3 +107,95 @@ def test_the_canary_is_caught_from_a_cold_start():
     (canary,) = [c for c in all_canaries() if c.name == "megatron_keeps_last_micro_step"]
     result = run_canary(canary, seed=0)
     assert result.caught and "expected g1 + g2" in result.detail, result.detail
+
+
+# megatron.pp.stock: two pipeline stages, the shared weight all-reduced by finalize_model_grads.
+
+def _tied(microbatches: int = 2, steps: int = 2) -> Case:
+    """x0 @ w0 | @ w1 @ w0.T: w0 is the embedding and the output layer, one
+    copy on each stage when cut at 1 or 2; its grad is the sum of both uses."""
+    return Case(params=(Param("w0", (3, 3)), Param("w1", (3, 3))), inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "matmul", (Use("n0"), Use("w1"))),
+                       Node("n2", "matmul", (Use("n1"), Use("w0", transpose=True)))),
+                outputs=(Use("n2"),), schedule=Schedule(microbatches=microbatches, steps=steps))
+
+
+def _pp():
+    (pp,) = resolve("megatron.pp")
+    return pp
+
+
+def test_the_pipeline_contract_refuses_what_the_cut_or_megatron_cannot_express():
+    pp = _pp()
+    case = _tied()
+    assert "no pipeline cut" in pp.supports(case)
+    assert pp.supports(case.with_data("megatron", Knobs(cut=2))) is None
+    both = Case(params=case.params, inputs=case.inputs,
+                nodes=case.nodes[:2] + (Node("n2", "matmul", (Use("n1"), Use("w1", transpose=True))),
+                                        Node("n3", "matmul", (Use("n2"), Use("w0", transpose=True)))),
+                outputs=(Use("n3"),), schedule=case.schedule).with_data("megatron", Knobs(cut=2))
+    assert "megatron shares one weight" in pp.supports(both)  # w0 and w1 on both stages
+    apart = replace(case, nodes=case.nodes[:1] + (Node("n1", "matmul", (Use("w1"), Use("w1"))),),
+                    outputs=(Use("n1"),)).with_data("megatron", Knobs(cut=1))
+    assert "nothing crosses the cut" in pp.supports(apart)
+    cut = case.with_data("megatron", Knobs(cut=2))
+    assert "powers of two" in pp.supports(replace(cut, schedule=replace(cut.schedule, microbatches=3)))
+    assert pp.supports(replace(cut, schedule=replace(cut.schedule, optimizer="sgd")))
+    assert pp.supports(replace(cut, schedule=replace(cut.schedule, zero_grad="keep")))
+    dropout = replace(cut, nodes=cut.nodes[:2] + (Node("n2", "dropout", (Use("n1"),)),),
+                      outputs=(Use("n2"),))
+    assert "dropout" in pp.supports(dropout)
+    with pytest.raises(Exception, match="cut"):
+        Case.loads(case.with_data("megatron", Knobs(cut=3)).dumps())  # past the last node
+
+
+def test_the_factory_mode_moves_only_cuda_constructors_and_changes_no_grad():
+    with cuda_factories_on_cpu(torch.device("cpu")):
+        assert torch.zeros([], dtype=torch.int, device="cuda").device.type == "cpu"
+        assert torch.empty(2, device=torch.device("cuda", 0)).device.type == "cpu"
+        x = torch.ones(2, requires_grad=True)
+        assert (x * 2).device.type == "cpu"
+    (eager,) = resolve("eager.accumulate")
+    case = replace(_tied(), exact=False, dtype="float32")
+    plain = eager.run(case)
+    with on_cpu(torch.device("cpu")), cuda_factories_on_cpu(torch.device("cpu")):
+        patched = eager.run(case)
+    for a, b in zip(plain.steps, patched.steps):
+        assert all(torch.equal(a.grads[n], b.grads[n]) for n in a.grads)
+
+
+@needs_megatron
+def test_the_pipeline_agrees_with_the_oracle_on_a_tied_weight_and_every_knob_runs():
+    from harness.engine.check import check
+
+    pp = _pp()
+    for knobs in (Knobs(cut=2), Knobs(cut=1, overlap=True, bucket=1, nan_check=True, batch_p2p=False, deallocate=True),
+                  Knobs(cut=2, fp32_reduce=True, deallocate=True)):
+        for case in (_tied(), replace(_tied(4, 1), exact=False)):
+            case = case.with_data("megatron", knobs)
+            assert pp.supports(case) is None and check(case, pp) == [], knobs
+    obs = pp.run(_tied().with_data("megatron", Knobs(cut=2)))
+    assert [s.grads is not None for s in obs.steps] == [False, True, False, True]  # after each iteration
+    ddp = resolve("megatron.ddp")[0]  # the ranks re-make megatron's parallel state for data parallelism
+    assert check(_two_params(), ddp) == []
+
+
+@needs_megatron
+def test_the_pipeline_canary_is_caught_from_a_cold_start():
+    from harness.canaries import all_canaries
+    from harness.gate.selfcheck import run_canary
+
+    (canary,) = [c for c in all_canaries() if c.name == "megatron_pp_skips_embedding_allreduce"]
+    assert run_canary(canary, seed=3).caught
+
+
+@needs_megatron
+def test_a_finalize_without_the_embedding_allreduce_is_caught():
+    from harness.engine.check import check
+    from harness.paths.megatron.path import MegatronPipePath
+
+    broken = MegatronPipePath("megatron.pp.broken", "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0)
+    found = check(_tied().with_data("megatron", Knobs(cut=2)), broken)
+    assert {(d.kind, d.param) for d in found} == {("replica", "w0"), ("value", "w0")}, found
+    untied = replace(_tied(), nodes=_tied().nodes[:2], outputs=(Use("n1"),)).with_data("megatron", Knobs(cut=1))
+    assert check(untied, broken) == []  # nothing shared: the all-reduce has nothing to do
