@@ -170,7 +170,7 @@ def test_the_pipeline_agrees_with_the_oracle_on_a_tied_weight_and_every_knob_run
 
     pp = _pp()
     for knobs in (Knobs(cut=2), Knobs(cut=1, overlap=True, bucket=1, nan_check=True, batch_p2p=False, deallocate=True),
-                  Knobs(cut=2, fp32_reduce=True, deallocate=True)):
+                  Knobs(cut=2, fp32_reduce=True, deallocate=True), Knobs(cut=2, per_token=True, overlap=True)):
         for case in (_tied(), replace(_tied(4, 1), exact=False)):
             case = case.with_data("megatron", knobs)
             assert pp.supports(case) is None and check(case, pp) == [], knobs
@@ -199,3 +199,7 @@ def test_a_finalize_without_the_embedding_allreduce_is_caught():
     assert {(d.kind, d.param) for d in found} == {("replica", "w0"), ("value", "w0")}, found
     untied = replace(_tied(), nodes=_tied().nodes[:2], outputs=(Use("n1"),)).with_data("megatron", Knobs(cut=1))
     assert check(untied, broken) == []  # nothing shared: the all-reduce has nothing to do
+    tokens = MegatronPipePath("megatron.pp.tokens", "harness.paths.megatron.canaries:drops_token_count", 60.0)
+    per_token = _tied().with_data("megatron", Knobs(cut=2, per_token=True))
+    assert {d.ratio for d in check(per_token, tokens) if d.kind == "value" and d.param in ("w0", "w1")} == {2.0}
+    assert _pp().supports(replace(per_token, exact=False, schedule=replace(per_token.schedule, microbatches=3)))

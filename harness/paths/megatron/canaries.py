@@ -53,3 +53,16 @@ class skips_embedding_allreduce:
                 module._allreduce_word_embedding_grads = saved
 
         return finalize
+
+
+class drops_token_count:
+    """A planted broken pipeline: ``finalize_model_grads`` called without the
+    token count under ``calculate_per_token_loss``, so the grads are never
+    divided by it (M times too large)."""
+
+    @staticmethod
+    def finalize(stock: Any) -> Any:
+        def finalize(model: Any, num_tokens: Any = None, **kwargs: Any) -> Any:
+            return stock(model, None, **kwargs)
+
+        return finalize

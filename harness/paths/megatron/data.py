@@ -33,6 +33,10 @@ class Knobs:
     cut: int = 0  # nodes[cut:] are the second pipeline stage (0: not cut; the pp paths refuse it)
     batch_p2p: bool = True  # ModelParallelConfig.batch_p2p_comm (batch_isend_irecv, else paired isend/irecv)
     deallocate: bool = False  # ModelParallelConfig.deallocate_pipeline_outputs (custom_backward on a freed output)
+    # TransformerConfig.calculate_per_token_loss: each microbatch's loss function reports one token, the schedule
+    # does not divide the loss, and finalize_model_grads broadcasts the token count from the last stage and
+    # scales the grad buffers by 1 / tokens
+    per_token: bool = False
 
 
 def knobs(case: Case) -> Knobs:
@@ -83,8 +87,12 @@ def _pp_knobs(draw, case: Case, stages: int) -> Case:
     cut = pool[draw(st.integers(0, 255)) % len(pool)] if pool else 0
     k = Knobs(overlap, draw(st.sampled_from(BUCKETS)) if overlap else 0,
               case.dtype == "float32" and draw(st.booleans()), draw(st.booleans()), False, cut,
-              not draw(st.booleans()), draw(st.booleans()))
+              not draw(st.booleans()), draw(st.booleans()), pow2(case.schedule.microbatches) and draw(st.booleans()))
     return case.with_data("megatron", None if k == Knobs() else k)
+
+
+def pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 def _check(case: Case, k: Knobs, where: str) -> None:
@@ -100,4 +108,5 @@ CASE_DATA = DataNamespace("megatron", Knobs, {
     "overlap": sc.boolean, "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "fp32_reduce": sc.boolean, "nan_check": sc.boolean, "shared": sc.boolean,
     "cut": lambda v, w: sc.integer(v, w, 0, 256), "batch_p2p": sc.boolean, "deallocate": sc.boolean,
+    "per_token": sc.boolean,
 }, check=_check)

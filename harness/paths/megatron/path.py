@@ -122,6 +122,9 @@ class MegatronPipePath(PooledPath):
         k = knobs(case)
         if k.fp32_reduce and case.dtype != "float32":
             return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
+        if k.per_token and s.microbatches & (s.microbatches - 1):
+            return (f"calculate_per_token_loss scales the grads by 1 / {s.microbatches} tokens computed in float32 "
+                    f"(1.0 / an int tensor), which is not the case's precision")
         if not k.cut:
             return f"no pipeline cut (family.megatron.cut): megatron.pp runs {PP_STAGES} stages"
         if draws_random(case):

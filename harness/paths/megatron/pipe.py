@@ -46,7 +46,14 @@ its hidden state); zero plus what arrives is what arrives.
 
 The loss is ``sum((output * grad_output).sum())`` with each grad output
 times the number of microbatches, since megatron divides every microbatch's
-loss by that number (exact mode needs it a power of two).
+loss by that number (exact mode needs it a power of two). With
+``calculate_per_token_loss`` (``family.megatron.per_token``) the loss
+function reports one token per microbatch instead: the schedule leaves the
+loss alone, and ``finalize_model_grads`` broadcasts the token count from the
+last stage over the pipeline group and scales every grad buffer by one over
+it (computed in float32, so only power-of-two microbatch counts are drawn).
+The first stage's input grads lie outside megatron's grad buffers, so the
+rank divides them by the token count itself, as finalize does to the buffers.
 
 Facts, after each iteration (grads are observable only then: the schedule
 interleaves the microbatches): every parameter's ``main_grad`` (or ``.grad``
@@ -166,7 +173,8 @@ def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: A
     _tie(module, first, ps)
     config = TransformerConfig(num_layers=STAGES, hidden_size=1, num_attention_heads=1,
                                pipeline_model_parallel_size=STAGES, pipeline_dtype=built.dtype,
-                               batch_p2p_comm=k.batch_p2p, deallocate_pipeline_outputs=k.deallocate)
+                               batch_p2p_comm=k.batch_p2p, deallocate_pipeline_outputs=k.deallocate,
+                               calculate_per_token_loss=k.per_token)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, False)), module)
     if k.overlap:  # megatron's train(): _update_model_config_funcs, align_grad_reduce on
         config.no_sync_func = ddp.no_sync
@@ -181,6 +189,7 @@ def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: A
 def _forward_step(case: Case, built: Built, ctx: Rank, first: bool, last: bool, leaves: dict, outputs: dict) -> Any:
     M = case.schedule.microbatches
     dev, dtype = ctx.device, built.dtype
+    per_token = knobs(case).per_token
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:
         k = next(data_iterator)
@@ -199,6 +208,8 @@ def _forward_step(case: Case, built: Built, ctx: Rank, first: bool, last: bool, 
         def loss_func(output: Any) -> tuple[torch.Tensor, dict]:
             terms = [(o * c).sum() for o, c in zip(output, cots) if o.requires_grad]
             loss = sum(terms[1:], terms[0]) if terms else torch.zeros((), dtype=dtype, device=dev)
+            if per_token:  # one token per microbatch: finalize_model_grads divides by M
+                return loss, torch.tensor(1, dtype=torch.int), {}
             return loss, {}
 
         return out, loss_func
@@ -267,9 +278,12 @@ def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
                         data_iterator=iter(range(step * M, (step + 1) * M)), model=[ddp], num_microbatches=M,
                         seq_length=n, micro_batch_size=1, forward_only=False)
                 k = step * M + M - 1
+                # Under calculate_per_token_loss finalize_model_grads scales megatron's grad buffers by one
+                # over the tokens (M); an input's grad is outside them, so it is scaled here the same way.
+                tokens = M if knobs(case).per_token else 1
                 mine = {"grads": _local(case, ddp, module),
                         "input_grads": {i: {x.name: None if t.grad is None else
-                                            t.grad.detach().to("cpu", torch.float64, copy=True)
+                                            t.grad.detach().to("cpu", torch.float64, copy=True) / tokens
                                             for x, t in zip(case.inputs, args)} for i, args in leaves.items()},
                         "outputs": outputs}
                 facts: list[Any] = [None] * ctx.world_size
