@@ -1,9 +1,11 @@
 """``megatron.*``: the case's module under megatron-core's
 ``DistributedDataParallel`` (grad buffers, ``main_grad``, the distributed
-optimizer's reduce-scatter) with gradient accumulation, on the worker pool's
-process group: the paths (``path``), what each rank runs (``rank``), the
-one CPU patch (``cpu``), the DDP config as case data (``data``), the canary,
-and the page.
+optimizer's reduce-scatter) with gradient accumulation, and the case cut
+into two pipeline stages under megatron's 1F1B schedule with a shared
+embedding (``megatron.pp``), on the worker pool's process group: the paths
+(``path``), what each rank runs (``rank``; ``pipe`` for the pipeline), the
+one CPU patch (``cpu``), the DDP config and the cut as case data
+(``data``), the canaries, and the page.
 
 megatron-core is optional (``pip install 'gradfuzz[megatron]'``): without it
 these paths are listed as unavailable with that command.
