@@ -203,3 +203,20 @@ def test_a_finalize_without_the_embedding_allreduce_is_caught():
     per_token = _tied().with_data("megatron", Knobs(cut=2, per_token=True))
     assert {d.ratio for d in check(per_token, tokens) if d.kind == "value" and d.param in ("w0", "w1")} == {2.0}
     assert _pp().supports(replace(per_token, exact=False, schedule=replace(per_token.schedule, microbatches=3)))
+
+
+@needs_megatron
+def test_a_stage_that_raises_is_the_finding_not_its_peers_wait():
+    """The known unused-parameter bug (NVIDIA/Megatron-LM#1150) through the
+    pipeline: w2 feeds a node nothing uses, so with overlap_grad_reduce the
+    first stage's next zero_grad_buffer() asserts while the last stage waits
+    for its activations. One finding, the ledger's signature; no hang."""
+    from harness.engine.check import check
+
+    case = Case(params=(Param("w0", (3, 3)), Param("w1", (3, 3)), Param("w2", (3, 3))), inputs=(Input("x0", (2, 3)),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "matmul", (Use("x0"), Use("w2"))),
+                       Node("n2", "matmul", (Use("n0"), Use("w1")))),
+                outputs=(Use("n2"),), schedule=Schedule(microbatches=2, steps=2))
+    found = check(case.with_data("megatron", Knobs(cut=2, overlap=True)), _pp())
+    assert [(d.kind, d.signature) for d in found] == [("error", "megatron.stock-error-a4118d4439")], found
+    assert check(case.with_data("megatron", Knobs(cut=2)), _pp()) == []  # without overlap it agrees
