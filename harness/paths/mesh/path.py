@@ -127,9 +127,17 @@ class MeshPath(PooledPath):
                     "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
         if self.kind == "dtensor2d":
             thin = _thin(case, codes)
-            if thin:
-                return (f"{thin} is sharded on a dim with fewer elements than the ranks that shard it: DTensor has "
-                        f"no in-place strategy for it and expand raises a bare KeyError (torch bugs, see cases/dtensor/)")
+            writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
+                      or (s.steps > 1 and s.zero_grad != "set_to_none"))
+            expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
+            if thin & expanded:
+                return (f"expand of {', '.join(sorted(thin & expanded))}, sharded on a dim with fewer elements than "
+                        f"the ranks that shard it: DTensor's sharding propagation raises a bare KeyError (torch bug, "
+                        f"seen on 2.13 on one mesh dim: _rewrite_plain_shard)")
+            if thin and writes:
+                return (f"{', '.join(sorted(thin))} sharded on a dim with fewer elements than the ranks that shard it: "
+                        f"DTensor has no in-place strategy for it, so accumulating into its .grad raises (torch bug, "
+                        f"see cases/dtensor/)")
         return None
 
     def run(self, case: Case) -> Observation:
@@ -147,8 +155,9 @@ class MeshPath(PooledPath):
         return replay_only(self.name)
 
 
-def _thin(case: Case, codes: dict[str, str]) -> str:
-    """A parameter some dim of which has fewer elements than the mesh ranks that shard it ("" if none)."""
+def _thin(case: Case, codes: dict[str, str]) -> set[str]:
+    """Parameters some dim of which has fewer elements than the mesh ranks that shard it."""
+    out = set()
     for p in case.params:
         dp, tp = split(codes[p.name])
         tp = {"colwise": "S1", "rowwise": "S0"}.get(tp, tp)
@@ -157,8 +166,8 @@ def _thin(case: Case, codes: dict[str, str]) -> str:
             if part.startswith("S"):
                 ways[int(part[1:])] = ways.get(int(part[1:]), 1) * 2
         if any(p.shape[d] < n for d, n in ways.items()):
-            return p.name
-    return ""
+            out.add(p.name)
+    return out
 
 
 def _unused_output(case: Case) -> str:
