@@ -260,7 +260,7 @@ def _explain_sites(case: Case, name: str, k: int, actual: torch.Tensor, oracle: 
         return None
     A = torch.stack([t.reshape(-1) for _, t in sites], dim=1)
     y = actual.reshape(-1, 1)
-    coef = torch.linalg.lstsq(A, y).solution.reshape(-1)
+    coef = _solve(A, y)
     if float((A @ coef.reshape(-1, 1) - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
         return None
     rounded = [round(float(c), 3) for c in coef]
@@ -269,6 +269,15 @@ def _explain_sites(case: Case, name: str, k: int, actual: torch.Tensor, oracle: 
         return None
     return Explanation("; ".join(odd) + f" (each of {len(sites)} use sites should count once)",
                        "a use site counted wrong")
+
+
+def _solve(A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The minimum-norm least-squares coefficients (SVD, ``gelsd``). The CPU
+    default ``gelsy`` answers a rank-deficient system (a backward whose grad
+    is zero) from a work array it does not clear, so one case's explanation,
+    and with it the signature, changed between replays in one process
+    (pytorch#187411; benchmarks/lstsq_gelsy_flaps.py)."""
+    return torch.linalg.lstsq(A, y, driver="gelsd").solution.reshape(-1)
 
 
 def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, oracle: Observation) -> Explanation | None:
@@ -289,7 +298,7 @@ def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, ora
         # The prefilled grad is a known constant part of the expected value.
         init = (oracle.steps[k].grads[name].reshape(-1, 1) - A.sum(dim=1, keepdim=True))
     try:
-        coef = torch.linalg.lstsq(A, y - init).solution.reshape(-1)
+        coef = _solve(A, y - init)
     except RuntimeError:
         return None
     if float((A @ coef.reshape(-1, 1) + init - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):

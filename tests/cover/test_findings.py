@@ -6,6 +6,7 @@ import multiprocessing
 import os
 
 import pytest
+import torch
 
 from harness.observation import Divergence
 from harness.artifacts import corpus
@@ -184,3 +185,20 @@ def test_fuzz_findings_are_labelled_with_their_ledger_bug_or_as_not_in_it(tmp_pa
     s.on_finding(Finding(resolve("eager.accumulate")[0], nested(), [d], False, 3, 0.1))
     assert s.details[d.signature]["ledger"].startswith("resembles accumulategrad-steals-views")
     assert "(resembles accumulategrad-steals-views" in events[-1]
+
+
+def test_an_explanation_from_a_rank_deficient_system_is_the_same_on_every_replay():
+    """A backward whose own grad is zero makes the explanation's system
+    rank-deficient; the signature must not depend on what the solver's
+    workspace held before (it flapped between two signatures in one process)."""
+    from harness.engine.check import CaseCheck
+    from harness.paths import resolve
+
+    entry = corpus.load(os.path.join("cases", "split", "sign_flip_hook_chunk_cat_batch1.json"))
+    (path,) = resolve("split.stock")
+    seen = set()
+    junk = []
+    for i in range(20):
+        junk.append(torch.randn(7 + i, 3))  # a different heap under the solver each time
+        seen.update(d.signature for d in CaseCheck(entry.case).run(path))
+    assert seen == {"split.stock-value-38a79323ac"}, seen
