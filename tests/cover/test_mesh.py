@@ -108,6 +108,10 @@ def test_refusals_say_why(paths):
     assert d2.supports(thin) is None  # one backward into an empty .grad: DTensor takes it
     assert "fewer elements than the ranks" in d2.supports(replace(thin, schedule=Schedule(microbatches=2)))
     assert stock.supports(thin) is None  # fsdp_tp reads only the styles; FSDP2 pads uneven dp shards
+    # In place on a value that may be Partial: DTensor refuses to change its placement.
+    inplace = replace(base, nodes=base.nodes + (Node("n3", "add_", (Use("n2"), Use("n2"))),), outputs=(Use("n3"),))
+    assert d2.supports(inplace) is None  # Replicate parameters: nothing is Partial
+    assert "in place with sharded parameters" in d2.supports(inplace.with_data("mesh", Placements(("R,R", "R,S1"))))
     # A chunk with an unused piece: its missing grad is a plain zeros tensor (raises on the fixed paths too).
     chunked = replace(base, nodes=base.nodes + (Node("n3", "chunk", (Use("n2"),), (("chunks", 2), ("dim", 1))),),
                       outputs=(Use("n3", index=0),))

@@ -122,6 +122,10 @@ class MeshPath(PooledPath):
                     f"chunk's cat raises 'got mixed torch.Tensor and DTensor' on 2.13, on the fixed paths too: "
                     f"cases/pipeline/inner_chunk_output_stride_mismatch.json)")
         sharded = styled if self.kind == "fsdp_tp" else [n for n, c in codes.items() if c != "R,R"]
+        if inplace and sharded:
+            return (f"{', '.join(inplace)} in place with sharded parameters: a value can be Partial (sum, or avg "
+                    f"from a mean over a sharded dim), and DTensor refuses in-place ops that would change it ('in-place "
+                    f"operations that require placement changes are not supported', raised on 2.13 on the fixed path too)")
         if sharded and any(n.op == "reshape" for n in case.nodes):
             return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
                     "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
