@@ -220,3 +220,6 @@ def test_a_stage_that_raises_is_the_finding_not_its_peers_wait():
     found = check(case.with_data("megatron", Knobs(cut=2, overlap=True)), _pp())
     assert [(d.kind, d.signature) for d in found] == [("error", "megatron.stock-error-a4118d4439")], found
     assert check(case.with_data("megatron", Knobs(cut=2)), _pp()) == []  # without overlap it agrees
+    # A parameter no node uses is held by the first stage, as a model chunk holds one: the same bug.
+    unused = replace(case, nodes=case.nodes[:1] + case.nodes[2:]).with_data("megatron", Knobs(cut=1, overlap=True))
+    assert [d.signature for d in check(unused, _pp())] == ["megatron.stock-error-a4118d4439"]

@@ -107,8 +107,8 @@ class MegatronPipePath(PooledPath):
 
     def supports(self, case: Case) -> str | None:
         from harness.case.ops import draws_random
-        from harness.materialize.stages import cut, requires_grad
-        from harness.paths.megatron.pipe import shared_params
+        from harness.materialize.stages import requires_grad
+        from harness.paths.megatron.pipe import shared_params, stage_specs
 
         s = case.schedule
         if reason := engine_owned(case, "megatron's pipeline"):
@@ -130,7 +130,7 @@ class MegatronPipePath(PooledPath):
         if draws_random(case):
             return ("dropout: each stage runs on its own rank and RNG stream, so masks cannot match the case's "
                     "(megatron's tensor-parallel RNG tracker is not part of this path)")
-        specs = cut(case, (k.cut,))
+        specs = stage_specs(case)
         shared = shared_params(case, specs)
         if len(shared) > 1:
             return (f"{len(shared)} parameters ({', '.join(shared)}) are used by both stages: megatron shares one "
