@@ -79,6 +79,8 @@ def _constants(case: Case, b: Built, title: str, path_name: str) -> list[str]:
         f"GRAD_INIT = {sched.grad_init!r}  # state of every .grad before the first backward",
         "PREFILL = {" + ", ".join(f"{n!r}: {literal(t)}" for n, t in b.prefill().items()) + "}",
         f"MICROBATCHES, STEPS, ZERO_GRAD = {sched.microbatches}, {sched.steps}, {sched.zero_grad!r}",
+        f"CLIP, MAX_NORM = {sched.clip!r}, {sched.max_norm!r}  # clip_grad_norm_ after each window ('' = none)",
+        f"OPTIMIZER = {sched.optimizer!r}  # the case's optimizer step: not spelled out here ('' = none)",
         "INPUT_GRAD = " + repr({x.name: x.requires_grad for x in case.inputs}),
         "INPUTS = [  # one dict per backward",
         *[
@@ -119,10 +121,15 @@ def expected():
             grads = torch.autograd.grad([o for o, _ in live], [params[n] for n in names], [c for _, c in live], allow_unused=True)
             for n, g in zip(names, grads):
                 if g is not None:
-                    acc[n] = g if acc[n] is None else acc[n] + g
+                    acc[n] = g.clone() if acc[n] is None else acc[n] + g  # autograd.grad may hand back views of one buffer
             OWN.append(dict(zip(names, grads)))
         else:
             OWN.append({})
+        if CLIP and (k + 1) % MICROBATCHES == 0:  # clipped in place, as the user's loop clips .grad
+            holders = [torch.zeros_like(params[n]) for n in acc if acc[n] is not None]
+            for holder, g in zip(holders, [g for g in acc.values() if g is not None]):
+                holder.grad = g
+            torch.nn.utils.clip_grad_norm_(holders, MAX_NORM, norm_type=float(CLIP), foreach=False)
         seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
     return seen
 
@@ -165,6 +172,9 @@ def actual():
         if HOLD_GRADS:  # grads a user keeps (a log, a running norm): earlier ones must stay as they were
             held += [(f"{n}.grad after backward {k}", p.grad, p.grad.detach().clone(), p) for n, p in params.items() if p.grad is not None]
             held += [(f"grad of input {n} from backward {k}", t.grad, t.grad.detach().clone()) for n, t in inputs.items() if t.grad is not None]
+        if CLIP and (k + 1) % MICROBATCHES == 0:
+            torch.nn.utils.clip_grad_norm_([p for p in params.values() if p.grad is not None], MAX_NORM,
+                                           norm_type=float(CLIP))
         seen.append({n: None if p.grad is None else p.grad.detach().to("cpu", torch.float64, copy=True) for n, p in params.items()})
     return seen, changed
 
@@ -173,6 +183,9 @@ HOLD_GRADS = "--no-hold" not in sys.argv  # --no-hold: the plain loop, keeping n
 
 
 def main():
+    if OPTIMIZER:
+        print(f"note: the case's {OPTIMIZER!r} optimizer step is not in this script; grads are compared before it "
+              "(the corpus file replays the whole step: gradfuzz repro FILE)")
     want = expected()
     try:
         got, changed = actual()

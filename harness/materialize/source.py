@@ -131,7 +131,7 @@ def expected():
                                         allow_unused=True)
             for n, g in zip(names, grads):
                 if g is not None:
-                    acc[n] = g if acc[n] is None else acc[n] + g
+                    acc[n] = g.clone() if acc[n] is None else acc[n] + g  # autograd.grad may hand back views of one buffer
         if CLIP and (k + 1) % MICROBATCHES == 0:
             leaves = [torch.zeros_like(params[n]) for n in acc if acc[n] is not None]
             for leaf, g in zip(leaves, [g for g in acc.values() if g is not None]):

@@ -97,3 +97,20 @@ def test_version_json_only_where_honoured_and_repro_script_alone_on_stdout(tmp_p
     out = capsys.readouterr()
     compile(out.out, "repro.py", "exec")  # stdout is the script alone: `> r.py` runs as is
     assert "split.fixed: agrees" in out.err
+
+
+@pytest.mark.parametrize("path, verdict", [("eager.accumulate", "DIVERGES"), ("split.fixed", "agrees")])
+def test_a_schedule_script_clips_as_the_case_does(tmp_path, path, verdict):
+    """The view steal seen only through clip_grad_norm_ (two grads sharing one
+    buffer are scaled twice): a script that left the clip out said 'agrees'."""
+    from harness.artifacts.corpus import load
+    from harness.artifacts.repro import script
+    from harness.paths import resolve
+
+    entry = load(os.path.join(ROOT, "cases", "compile", "clip_stack_alias_scaled_twice.json"))
+    (p,) = resolve(path)
+    file = tmp_path / "repro.py"
+    file.write_text(script(entry.case, p.name, p.repro(entry.case)))
+    run = subprocess.run([sys.executable, str(file)], capture_output=True, text=True, timeout=120)
+    assert f": {verdict} (" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.returncode == (1 if verdict == "DIVERGES" else 0)
