@@ -14,7 +14,9 @@ supports, availability, repro source) and sends cases to the child.
 
 Protocol, on the child's stdin and on a duplicate of its original stdout
 (its fd 1 is pointed at its log, so stray prints cannot corrupt it): 8-byte
-big-endian length, then a pickle. Parent sends ``("run", case_json)`` or
+big-endian length, then a pickle. Parent sends ``("run", case_json)`` (a child serving several
+paths: ``("run", case_json, path_name, workaround)``, the workaround "" or
+one of ``harness.materialize.workarounds.EFFECTS``, in force for that case) or
 ``("close",)``; the child answers ``("ready",)`` once and then
 ``("obs", Observation, healthy)`` per case.
 """
@@ -33,6 +35,7 @@ import tempfile
 import time
 from typing import Any
 
+from harness.materialize.workarounds import EFFECTS, in_force
 from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
@@ -260,6 +263,13 @@ def _squash(text: str) -> str:
 # --- the child's side ------------------------------------------------------
 
 
+def _workaround(name: str) -> Any:
+    """The outside workaround a case runs under in this child (none for "")."""
+    from contextlib import nullcontext
+
+    return in_force(name) if name in EFFECTS else nullcontext()
+
+
 def _read_exact(f: Any, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
@@ -310,7 +320,9 @@ def worker() -> int:
             send(("ready",))
         elif msg[0] == "run":
             assert path is not None
-            obs = path.run(Case.loads(msg[1])) if len(msg) < 3 else path.run_on(msg[2], Case.loads(msg[1]))
+            case = Case.loads(msg[1])
+            with _workaround(msg[3] if len(msg) > 3 else ""):
+                obs = path.run(case) if len(msg) < 3 else path.run_on(msg[2], case)
             healthy, why = _device_healthy(path)
             if not healthy:
                 k = obs.steps[-1].k if obs.steps else -1

@@ -207,3 +207,26 @@ def test_an_index_tensor_made_while_compiling_is_not_kept_for_later_cases():
     first = ops._ix(e, idx)
     assert ops._IX[key] is first and ops._ix(e, idx) is first
     ops._IX.pop(key, None)
+
+
+def test_an_outside_workaround_reaches_the_worker_so_known_is_causal_on_compile_paths():
+    """The parent's context variable does not reach the compile worker; the
+    workaround travels with the case. The triaged view steal seen through
+    clip_grad_norm_ diverges on compile.aot_eager and is gone with clone-grads."""
+    import os
+
+    from harness.artifacts.corpus import load
+    from harness.paths.workarounds import apply
+
+    entry = load(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "compile",
+                              "clip_stack_alias_scaled_twice.json"))
+    worker = SharedWorker()
+    try:
+        p = IsolatedCompilePath("compile.aot_eager", worker)
+        worked = apply(p, "clone-grads")
+        assert worked is not None and worked.name == p.name and apply(p, "split-clone-adopted") is None
+        assert check(entry.case, p) != []
+        assert check(entry.case, worked) == []
+        assert check(entry.case, p) != []  # in force for that case only
+    finally:
+        worker.close()

@@ -55,6 +55,7 @@ from harness.paths.base import Availability, Options, Repro
 from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_watch, near_recompile_limit, rss_mb, structure_key
 from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
 from harness.paths.compile.machinery import machinery
+from harness.paths.workarounds import IN_PROCESS
 from harness.workers.isolation import IsolatedPath, progress
 
 COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
@@ -369,13 +370,14 @@ class SharedWorker(IsolatedPath):
     def __init__(self, timeout: float = COMPILE_TIMEOUT,
                  recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile.path:Flavors", {})) -> None:
         super().__init__(recipe, timeout=timeout)
-        self._flavor = ""
+        self._flavor = self._workaround = ""
 
     def _message(self, case: Case) -> tuple:
-        return ("run", case.dumps(), self._flavor)
+        return ("run", case.dumps(), self._flavor, self._workaround)
 
-    def run_on(self, name: str, case: Case) -> Observation:
-        self._flavor = name
+    def run_on(self, name: str, case: Case, workaround: str = "") -> Observation:
+        """``workaround``: an outside workaround (``IN_PROCESS``) in force in the child for this case."""
+        self._flavor, self._workaround = name, workaround
         obs = self.run(case)
         obs.path = name  # a crash or timeout observation is made here, under the worker's name
         return obs
@@ -405,14 +407,37 @@ class IsolatedCompilePath:
     def repro(self, case: Case) -> Repro:
         return self.local.repro(case)
 
-    def run(self, case: Case) -> Observation:
-        obs = self.worker.run_on(self.name, case)
+    def run(self, case: Case, workaround: str = "") -> Observation:
+        obs = self.worker.run_on(self.name, case, workaround)
         if "compile" in obs.extra:
             self.stats.add(obs.extra["compile"])
         return obs
 
     def close(self) -> None:
         self.worker.close()  # the next run of any flavour starts a fresh one
+
+    def with_workaround(self, name: str) -> "_WorkedAround | None":
+        """The flavour with an in-process workaround in force in the worker
+        (the parent's context variable does not reach the child)."""
+        return _WorkedAround(self, name) if name in IN_PROCESS else None
+
+
+class _WorkedAround:
+    def __init__(self, path: IsolatedCompilePath, workaround: str) -> None:
+        self.path, self.workaround = path, workaround
+        self.name, self.contract = path.name, path.contract
+
+    def availability(self) -> Availability:
+        return self.path.availability()
+
+    def supports(self, case: Case) -> str | None:
+        return self.path.supports(case)
+
+    def run(self, case: Case) -> Observation:
+        return self.path.run(case, self.workaround)
+
+    def repro(self, case: Case) -> Repro:
+        return self.path.repro(case)
 
 
 def make(name: str) -> CompilePath:
