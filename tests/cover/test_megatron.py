@@ -170,7 +170,8 @@ def test_the_pipeline_agrees_with_the_oracle_on_a_tied_weight_and_every_knob_run
 
     pp = _pp()
     for knobs in (Knobs(cut=2), Knobs(cut=1, overlap=True, bucket=1, nan_check=True, batch_p2p=False, deallocate=True),
-                  Knobs(cut=2, fp32_reduce=True, deallocate=True), Knobs(cut=2, per_token=True, overlap=True)):
+                  Knobs(cut=2, fp32_reduce=True, deallocate=True), Knobs(cut=2, per_token=True, overlap=True),
+                  Knobs(cut=2, distopt=True, overlap=True, bucket=1), Knobs(cut=1, distopt=True)):
         for case in (_tied(), replace(_tied(4, 1), exact=False)):
             case = case.with_data("megatron", knobs)
             assert pp.supports(case) is None and check(case, pp) == [], knobs

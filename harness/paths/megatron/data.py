@@ -37,6 +37,9 @@ class Knobs:
     # does not divide the loss, and finalize_model_grads broadcasts the token count from the last stage and
     # scales the grad buffers by 1 / tokens
     per_token: bool = False
+    # DistributedDataParallelConfig.use_distributed_optimizer on each stage (data-parallel size 1: one shard, but the
+    # bucket layout, padding and the shared_embedding's own bucket are the distributed optimizer's)
+    distopt: bool = False
 
 
 def knobs(case: Case) -> Knobs:
@@ -87,7 +90,8 @@ def _pp_knobs(draw, case: Case, stages: int) -> Case:
     cut = pool[draw(st.integers(0, 255)) % len(pool)] if pool else 0
     k = Knobs(overlap, draw(st.sampled_from(BUCKETS)) if overlap else 0,
               case.dtype == "float32" and draw(st.booleans()), draw(st.booleans()), False, cut,
-              not draw(st.booleans()), draw(st.booleans()), pow2(case.schedule.microbatches) and draw(st.booleans()))
+              not draw(st.booleans()), draw(st.booleans()), pow2(case.schedule.microbatches) and draw(st.booleans()),
+              draw(st.booleans()))
     return case.with_data("megatron", None if k == Knobs() else k)
 
 
@@ -108,5 +112,5 @@ CASE_DATA = DataNamespace("megatron", Knobs, {
     "overlap": sc.boolean, "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "fp32_reduce": sc.boolean, "nan_check": sc.boolean, "shared": sc.boolean,
     "cut": lambda v, w: sc.integer(v, w, 0, 256), "batch_p2p": sc.boolean, "deallocate": sc.boolean,
-    "per_token": sc.boolean,
+    "per_token": sc.boolean, "distopt": sc.boolean,
 }, check=_check)

@@ -22,7 +22,8 @@ and last stage):
   ``shared_embedding``, and the two are all-reduced over the embedding group
   so both start from the first stage's values;
 - each stage is wrapped in megatron's ``DistributedDataParallel`` with the
-  case's DDP knobs, and the model config gets what megatron's ``train()``
+  case's DDP knobs (``distopt``: the distributed optimizer's buckets, which
+  give the ``shared_embedding`` weight a bucket of its own), and the model config gets what megatron's ``train()``
   sets: ``finalize_model_grads_func``, and with ``overlap_grad_reduce``
   ``no_sync_func`` and (``align_grad_reduce``, its default)
   ``grad_sync_func``.
@@ -189,7 +190,7 @@ def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: A
                                pipeline_model_parallel_size=STAGES, pipeline_dtype=built.dtype,
                                batch_p2p_comm=k.batch_p2p, deallocate_pipeline_outputs=k.deallocate,
                                calculate_per_token_loss=k.per_token)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, False)), module)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, k.distopt)), module)
     if k.overlap:  # megatron's train(): _update_model_config_funcs, align_grad_reduce on
         config.no_sync_func = ddp.no_sync
         config.grad_sync_func = ddp.start_grad_sync
@@ -233,7 +234,7 @@ def _forward_step(case: Case, built: Built, ctx: Rank, first: bool, last: bool, 
 
 def _local(case: Case, ddp: Any, module: MegatronStage) -> dict[str, Any]:
     """This rank's grads: ``main_grad`` of its trainable copies, ``.grad`` of frozen ones."""
-    main = main_grads(ddp, False)
+    main = main_grads(ddp, True)  # after finalize; under the distributed optimizer, its shards gathered
     out = {}
     for n, p in module.params().items():
         g = main.get(n) if p.requires_grad else p.grad
