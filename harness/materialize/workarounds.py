@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -36,6 +36,23 @@ def in_force(name: str) -> Iterator[None]:
         yield
     finally:
         ACTIVE.reset(token)
+
+
+@contextmanager
+def named(names: Iterable[str]) -> Iterator[None]:
+    """The workarounds a worker process is told to apply (a rank's or the
+    compile worker's message), in force for that one case; names it does not
+    know are not applied."""
+    token = ACTIVE.set(ACTIVE.get() | {n for n in names if n in EFFECTS})
+    try:
+        yield
+    finally:
+        ACTIVE.reset(token)
+
+
+def in_force_now() -> list[str]:
+    """What a message to a worker carries, so the workaround reaches where the case runs."""
+    return sorted(ACTIVE.get())
 
 
 def on_params(params: dict[str, torch.nn.Parameter]) -> None:

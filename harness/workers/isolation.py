@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-from harness.materialize.workarounds import EFFECTS, in_force
+from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
@@ -263,13 +263,6 @@ def _squash(text: str) -> str:
 # --- the child's side ------------------------------------------------------
 
 
-def _workaround(name: str) -> Any:
-    """The outside workaround a case runs under in this child (none for "")."""
-    from contextlib import nullcontext
-
-    return in_force(name) if name in EFFECTS else nullcontext()
-
-
 def _read_exact(f: Any, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
@@ -321,7 +314,7 @@ def worker() -> int:
         elif msg[0] == "run":
             assert path is not None
             case = Case.loads(msg[1])
-            with _workaround(msg[3] if len(msg) > 3 else ""):
+            with workarounds.named([msg[3]] if len(msg) > 3 else []):
                 obs = path.run(case) if len(msg) < 3 else path.run_on(msg[2], case)
             healthy, why = _device_healthy(path)
             if not healthy:

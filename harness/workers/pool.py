@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from harness.materialize import workarounds
 from harness.workers import host
 
 START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
@@ -165,7 +166,7 @@ class WorkerPool:
         """Send ``msg`` to every rank; wait up to ``timeout`` seconds for all replies."""
         self.start()
         self._next_id += 1
-        msg = dict(msg, id=self._next_id)
+        msg = dict(msg, id=self._next_id, workarounds=workarounds.in_force_now())
         outcome = self._gather(msg, timeout, send=True)
         if outcome.status != "ok":
             self.close()
@@ -370,7 +371,7 @@ class TorchrunGroup:
         import torch.distributed as dist
 
         self._next_id += 1
-        msg = dict(msg, id=self._next_id)
+        msg = dict(msg, id=self._next_id, workarounds=workarounds.in_force_now())
         t0 = time.monotonic()
         watchdog = threading.Timer(timeout, _torchrun_hang, args=(msg, timeout))
         watchdog.daemon = True

@@ -125,3 +125,23 @@ def test_standalone_script_runs_under_torchrun(tmp_path, kind, parallel, diverge
         assert run.returncode != 0 and "INTERNAL ASSERT" in out, out[-2000:]
     else:
         assert run.returncode == 0 and "agrees" in run.stdout, out[-2000:]
+
+
+def test_the_gates_workaround_reaches_the_ranks(paths):
+    """The pool's message carries the workaround in force: DDP's ranks put
+    clone-grads on their parameters, so the view steal seen through clipping
+    goes away with it; FSDP2 (sharded grads of its own) and DTensor (a clone
+    of a Partial grad all-reduces it) take only optimizer-for-loop."""
+    import os
+
+    from harness.artifacts.corpus import load
+    from harness.paths.workarounds import apply
+
+    entry = load(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "compile",
+                              "clip_stack_alias_scaled_twice.json"))
+    ddp = paths["ddp.stock"]
+    worked = apply(ddp, "clone-grads")
+    assert check(entry.case, ddp) != [] and check(entry.case, worked) == [] and check(entry.case, ddp) != []
+    assert apply(paths["fsdp2.stock"], "clone-grads") is None and apply(paths["fsdp2.stock"], "optimizer-for-loop")
+    (dt,) = resolve("dtensor.stock")
+    assert apply(dt, "clone-grads") is None and apply(dt, "optimizer-for-loop") is not None

@@ -33,6 +33,7 @@ from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Av
 from harness.paths.parallel.data import Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
+from harness.paths.workarounds import IN_PROCESS
 from harness.paths.assemble import observation as assemble
 
 STOCK = "stock"
@@ -63,6 +64,10 @@ class DataParallelPath(PooledPath):
         super().__init__(name, world_size, timeout, backend)
         self.kind = kind
         self.impl = impl
+        # The pool's request carries the gate's workaround to the ranks: DDP's
+        # parameters take clone-grads (on_params); FSDP2 reduces into its own
+        # sharded grads, so only its trainer's optimizer-for-loop reaches it.
+        self.workarounds = IN_PROCESS if kind == "ddp" else ("optimizer-for-loop",)
 
     def availability(self) -> Availability:
         where = self.group_availability()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.materialize import workarounds
 from harness.materialize.schedule import ends_step, ends_window, has_step, starts_step, zero_grad
 from harness.materialize.tensors import Built
 from harness.materialize.train import Trainer
@@ -176,6 +177,8 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
         reduced = getattr(wrapped, "reduced", reduced)
         counted = impl != STOCK or (kind == "ddp" and "hook_allreduce" in opts)
         params = module.params()
+        if kind == "ddp":  # FSDP2's grads reach its sharded parameters through its own reduce-scatter
+            workarounds.on_params(params)  # the gate's outside workaround, when one is in force
         sched = case.schedule
         if sched.grad_init != "none":
             _prefill(kind, case, built, params, ctx)
