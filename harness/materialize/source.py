@@ -140,3 +140,21 @@ def expected():
         seen.append({n: None if g is None else g.clone() for n, g in acc.items()})
     return seen
 '''
+
+
+# The case's module in a ranked script (DDP, FSDP2, DeepSpeed): parameters
+# under PREFIX + name (a case name may be an attribute of nn.Module), the
+# forward over the script's constants.
+CASE_MODULE = '''class Module(torch.nn.Module):
+    def __init__(self, device):
+        super().__init__()
+        for n, t in PARAMS.items():  # under PREFIX + n, never n itself: it may be "cuda"
+            self.register_parameter(PREFIX + n, torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=device),
+                                                                   requires_grad=n not in FROZEN))
+
+    def weights(self):
+        return {n: getattr(self, PREFIX + n) for n in PARAMS}
+
+    def forward(self, *inputs):
+        return tuple(forward({**self.weights(), **dict(zip(INPUT_NAMES, inputs))}))
+'''

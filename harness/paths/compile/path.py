@@ -55,7 +55,7 @@ from harness.paths.base import Availability, Options, Repro
 from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_watch, near_recompile_limit, rss_mb, structure_key
 from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
 from harness.paths.compile.machinery import machinery
-from harness.paths.workarounds import IN_PROCESS
+from harness.paths.workarounds import IN_PROCESS, WorkedAround
 from harness.workers.isolation import IsolatedPath, progress
 
 COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
@@ -422,22 +422,9 @@ class IsolatedCompilePath:
         return _WorkedAround(self, name) if name in IN_PROCESS else None
 
 
-class _WorkedAround:
-    def __init__(self, path: IsolatedCompilePath, workaround: str) -> None:
-        self.path, self.workaround = path, workaround
-        self.name, self.contract = path.name, path.contract
-
-    def availability(self) -> Availability:
-        return self.path.availability()
-
-    def supports(self, case: Case) -> str | None:
-        return self.path.supports(case)
-
-    def run(self, case: Case) -> Observation:
+class _WorkedAround(WorkedAround):
+    def run(self, case: Case) -> Observation:  # in force in the child, not in this process
         return self.path.run(case, self.workaround)
-
-    def repro(self, case: Case) -> Repro:
-        return self.path.repro(case)
 
 
 def make(name: str) -> CompilePath:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from harness.case.spec import Case
 from harness.materialize.names import PREFIX
-from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
+from harness.materialize.source import CASE_MODULE, EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.materialize.tensors import Built
 from harness.paths import loopback
 from harness.paths.base import Repro
@@ -67,23 +67,7 @@ import torch.distributed as dist
     return "\n".join([header, *function_helpers(case), "", *data, "", "", forward_source(case), "", "", _RUNNER, ""])
 
 
-_RUNNER = EAGER_WINDOWS + '''
-
-class Module(torch.nn.Module):
-    def __init__(self, device):
-        super().__init__()
-        for n, t in PARAMS.items():  # under PREFIX + n, never n itself: it may be "cuda"
-            self.register_parameter(PREFIX + n, torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=device),
-                                                                   requires_grad=n not in FROZEN))
-
-    def weights(self):
-        return {n: getattr(self, PREFIX + n) for n in PARAMS}
-
-    def forward(self, *inputs):
-        return tuple(forward({**self.weights(), **dict(zip(INPUT_NAMES, inputs))}))
-
-
-''' + loopback.SOURCE + '''
+_RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + '''
 
 def main():
     _gradfuzz_loopback()

@@ -19,7 +19,7 @@ from harness.materialize.names import PREFIX
 from harness.materialize.tensors import Built
 from harness.case.spec import Case
 from harness.paths import loopback
-from harness.materialize.source import EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
+from harness.materialize.source import CASE_MODULE, EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 from harness.paths.parallel.data import switches
 from harness.paths.parallel.path import SCRIPTED
@@ -60,23 +60,7 @@ from torch.distributed.tensor import DTensor
     return "\n".join([header, *function_helpers(case), "", *data, "", "", forward_source(case), "", "", _RUNNER, ""])
 
 
-_RUNNER = EAGER_WINDOWS + '''
-
-class Module(torch.nn.Module):
-    def __init__(self, device):
-        super().__init__()
-        for n, t in PARAMS.items():  # under PREFIX + n, never n itself: it may be "cuda"
-            self.register_parameter(PREFIX + n, torch.nn.Parameter(torch.tensor(t, dtype=DTYPE, device=device),
-                                                                   requires_grad=n not in FROZEN))
-
-    def weights(self):
-        return {n: getattr(self, PREFIX + n) for n in PARAMS}
-
-    def forward(self, *inputs):
-        return tuple(forward({**self.weights(), **dict(zip(INPUT_NAMES, inputs))}))
-
-
-''' + loopback.SOURCE + '''
+_RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + '''
 
 def main():
     _gradfuzz_loopback()

@@ -215,7 +215,7 @@ def run_ranks():
         results = queue.Queue()
         actual(0, store, results)
         return [results.get()]
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # not fork: a child forked from a process that ran torch ops can hang on a lock some thread held
     results = ctx.Queue()
     procs = [ctx.Process(target=actual, args=(r, store, results)) for r in range(WORLD_SIZE)]
     for p in procs:
