@@ -10,6 +10,7 @@ from harness.paths.mesh.data import CASE_DATA
 FAMILY = Family(
     "mesh",
     paths=lazy("harness.paths.mesh.path:paths"),
+    canaries=lazy("harness.paths.mesh.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/mesh/README.md",
     prefixes=("mesh",),

@@ -1,8 +1,6 @@
 """A deliberately wrong 2-D reference: a drop-in for ``oracles.mesh_fixed``
 (an object with ``Reference(mesh)``) that differs from it by one injected
-bug, which the harness must catch. Not registered as a self-check canary
-(``Family.canaries``): every gate would then start a 4-rank group; the mesh
-tests run it instead (``tests/cover/test_mesh.py``)."""
+bug, which the harness must catch: the family's self-check canary."""
 
 from __future__ import annotations
 
