@@ -318,7 +318,10 @@ class TargetRun:
         t0 = time.process_time()
         masked: list[bool] = []
         try:
-            hit = self.target.check(case, rnd.focus, self.known, self.profile, self._tally, masked)
+            # Shrinking re-runs the focus path: those runs are not examples (a racy
+            # bug shrinks in more or fewer steps, and the counts would follow it).
+            tally = self._tally if rnd.focus is None else None
+            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked)
             if hit is None and masked and self.database is not None:
                 self.database.masked = True  # passing only because its signature is known: keep it saved
         finally:
