@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -30,19 +30,10 @@ EFFECTS = {
 
 
 @contextmanager
-def in_force(name: str) -> Iterator[None]:
-    token = ACTIVE.set(ACTIVE.get() | {name})
-    try:
-        yield
-    finally:
-        ACTIVE.reset(token)
-
-
-@contextmanager
-def named(names: Iterable[str]) -> Iterator[None]:
-    """The workarounds a worker process is told to apply (a rank's or the
-    compile worker's message), in force for that one case; names it does not
-    know are not applied."""
+def in_force(*names: str) -> Iterator[None]:
+    """``names`` in force for what runs inside: the gate's worked-around run
+    here, or a worker's case whose message names them (names outside
+    ``EFFECTS`` are not applied)."""
     token = ACTIVE.set(ACTIVE.get() | {n for n in names if n in EFFECTS})
     try:
         yield

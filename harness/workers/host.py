@@ -60,7 +60,7 @@ def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
     if op == "ping":
         return {"pong": ctx.rank}
     if op == "call":  # a path family's rank code on this group: MODULE.handle(ctx, msg)
-        with workarounds.named(msg.get("workarounds", ())):  # the gate's outside workaround, for this case
+        with workarounds.in_force(*msg.get("workarounds", ())):  # the gate's outside workaround, for this case
             return load_object(msg["module"], "rank handler").handle(ctx, msg)
     raise ValueError(f"unknown message {op!r}")
 

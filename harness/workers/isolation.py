@@ -14,10 +14,10 @@ supports, availability, repro source) and sends cases to the child.
 
 Protocol, on the child's stdin and on a duplicate of its original stdout
 (its fd 1 is pointed at its log, so stray prints cannot corrupt it): 8-byte
-big-endian length, then a pickle. Parent sends ``("run", case_json)`` (a child serving several
-paths: ``("run", case_json, path_name, workaround)``, the workaround "" or
-one of ``harness.materialize.workarounds.EFFECTS``, in force for that case) or
-``("close",)``; the child answers ``("ready",)`` once and then
+big-endian length, then a pickle. Parent sends ``("run", case_json,
+path_name, workarounds)`` (``path_name`` None, or the path of a child
+serving several; ``workarounds`` those in force in the parent, in force in
+the child for that case) or ``("close",)``; the child answers ``("ready",)`` once and then
 ``("obs", Observation, healthy)`` per case.
 """
 
@@ -179,10 +179,11 @@ class IsolatedPath:
 
     # --- the path protocol ------------------------------------------------
 
-    def _message(self, case: Case) -> tuple:
-        """What the child gets for one case; a child serving several paths
-        (the compile flavours share one) also gets the path's name."""
-        return ("run", case.dumps())
+    def _message(self, case: Case, path_name: str | None = None) -> tuple:
+        """What the child gets for one case: a child serving several paths (the
+        compile flavours share one) also gets the path's name; the outside
+        workarounds in force here go with it."""
+        return ("run", case.dumps(), path_name, workarounds.in_force_now())
 
     def run(self, case: Case) -> Observation:
         if self._proc is None or self._proc.poll() is not None:
@@ -314,8 +315,8 @@ def worker() -> int:
         elif msg[0] == "run":
             assert path is not None
             case = Case.loads(msg[1])
-            with workarounds.named([msg[3]] if len(msg) > 3 else []):
-                obs = path.run(case) if len(msg) < 3 else path.run_on(msg[2], case)
+            with workarounds.in_force(*msg[3]):
+                obs = path.run(case) if msg[2] is None else path.run_on(msg[2], case)
             healthy, why = _device_healthy(path)
             if not healthy:
                 k = obs.steps[-1].k if obs.steps else -1

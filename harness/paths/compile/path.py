@@ -55,7 +55,7 @@ from harness.paths.base import Availability, Options, Repro
 from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_watch, near_recompile_limit, rss_mb, structure_key
 from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
 from harness.paths.compile.machinery import machinery
-from harness.paths.workarounds import IN_PROCESS, WorkedAround
+from harness.paths.workarounds import IN_PROCESS
 from harness.workers.isolation import IsolatedPath, progress
 
 COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
@@ -370,14 +370,13 @@ class SharedWorker(IsolatedPath):
     def __init__(self, timeout: float = COMPILE_TIMEOUT,
                  recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile.path:Flavors", {})) -> None:
         super().__init__(recipe, timeout=timeout)
-        self._flavor = self._workaround = ""
+        self._flavor = ""
 
-    def _message(self, case: Case) -> tuple:
-        return ("run", case.dumps(), self._flavor, self._workaround)
+    def _message(self, case: Case, path_name: str | None = None) -> tuple:
+        return super()._message(case, self._flavor)
 
-    def run_on(self, name: str, case: Case, workaround: str = "") -> Observation:
-        """``workaround``: an outside workaround (``IN_PROCESS``) in force in the child for this case."""
-        self._flavor, self._workaround = name, workaround
+    def run_on(self, name: str, case: Case) -> Observation:
+        self._flavor = name
         obs = self.run(case)
         obs.path = name  # a crash or timeout observation is made here, under the worker's name
         return obs
@@ -386,6 +385,9 @@ class SharedWorker(IsolatedPath):
 class IsolatedCompilePath:
     """A compile flavour run in the shared worker process, with the child's
     per-case compile figures summed here (``stats``)."""
+
+    # The gate's outside workarounds go to the worker with each case (IsolatedPath._message).
+    workarounds = IN_PROCESS
 
     def __init__(self, name: str, worker: SharedWorker) -> None:
         self.local = make(name)
@@ -407,24 +409,14 @@ class IsolatedCompilePath:
     def repro(self, case: Case) -> Repro:
         return self.local.repro(case)
 
-    def run(self, case: Case, workaround: str = "") -> Observation:
-        obs = self.worker.run_on(self.name, case, workaround)
+    def run(self, case: Case) -> Observation:
+        obs = self.worker.run_on(self.name, case)
         if "compile" in obs.extra:
             self.stats.add(obs.extra["compile"])
         return obs
 
     def close(self) -> None:
         self.worker.close()  # the next run of any flavour starts a fresh one
-
-    def with_workaround(self, name: str) -> "_WorkedAround | None":
-        """The flavour with an in-process workaround in force in the worker
-        (the parent's context variable does not reach the child)."""
-        return _WorkedAround(self, name) if name in IN_PROCESS else None
-
-
-class _WorkedAround(WorkedAround):
-    def run(self, case: Case) -> Observation:  # in force in the child, not in this process
-        return self.path.run(case, self.workaround)
 
 
 def make(name: str) -> CompilePath:
