@@ -56,18 +56,7 @@ class MegatronPath(PooledPath):
         return where if not where.ok else Availability(True, f"{where.reason}; megatron-core DDP, {what}")
 
     def supports(self, case: Case) -> str | None:
-        s = case.schedule
-        if reason := engine_owned(case, "megatron's DDP"):
-            return reason
-        if s.optimizer or s.clip:
-            return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
-                    "training step is not run for it")
-        if s.grad_init != "none" or s.zero_grad == "keep":
-            return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
-                    "iteration (documented); .grad is a transient its hook adds and clears")
-        if knobs(case).fp32_reduce and case.dtype != "float32":
-            return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
-        return exact_mean(case, self._world(), "megatron averages")
+        return megatron_refusal(case, "megatron's DDP") or exact_mean(case, self._world(), "megatron averages")
 
     def run(self, case: Case) -> Observation:
         outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.rank", "case": case.dumps(),
@@ -76,6 +65,22 @@ class MegatronPath(PooledPath):
 
     def repro(self, case: Case) -> Repro:
         return replay_only(self.name)
+
+
+def megatron_refusal(case: Case, engine: str) -> str | None:
+    """What neither megatron path (DDP, pipeline) takes; ``engine`` names the one asking."""
+    s = case.schedule
+    if reason := engine_owned(case, engine):
+        return reason
+    if s.optimizer or s.clip:
+        return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
+                "training step is not run for it")
+    if s.grad_init != "none" or s.zero_grad == "keep":
+        return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
+                "iteration (documented); .grad is a transient its hook adds and clears")
+    if knobs(case).fp32_reduce and case.dtype != "float32":
+        return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
+    return None
 
 
 PP_STAGES = 2
@@ -111,17 +116,9 @@ class MegatronPipePath(PooledPath):
         from harness.paths.megatron.pipe import shared_params, stage_specs
 
         s = case.schedule
-        if reason := engine_owned(case, "megatron's pipeline"):
+        if reason := megatron_refusal(case, "megatron's pipeline"):
             return reason
-        if s.optimizer or s.clip:
-            return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
-                    "training step is not run for it")
-        if s.grad_init != "none" or s.zero_grad == "keep":
-            return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
-                    "iteration (documented); .grad is a transient its hook adds and clears")
         k = knobs(case)
-        if k.fp32_reduce and case.dtype != "float32":
-            return f"grad_reduce_in_fp32 holds a {case.dtype} model's grads in float32, below the case's precision"
         if k.per_token and s.microbatches & (s.microbatches - 1):
             return (f"calculate_per_token_loss scales the grads by 1 / {s.microbatches} tokens computed in float32 "
                     f"(1.0 / an int tensor), which is not the case's precision")
