@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from harness.materialize import workarounds
 from harness.objects import load_object
-from harness.workers import lifeline
+from harness.workers import gpu, lifeline
 
 
 def preload() -> None:
@@ -152,9 +152,18 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
             reply = handle(ctx, msg)
         except Exception as e:
             reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        lost = gpu.device_error(ctx.device)
+        if lost:
+            reply["device_lost"] = lost
         reply["id"] = msg.get("id")
         conn.send_bytes(pickle.dumps(reply))
-    os._exit(0)  # no process-group teardown handshake: the pool may already be going
+    os._exit(0)
+
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as e:  # torch.AcceleratorError on 2.9+, RuntimeError before
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return None  # no process-group teardown handshake: the pool may already be going
 
 
 def follow(ctx: Rank, control: Any) -> int:

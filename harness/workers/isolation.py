@@ -275,17 +275,10 @@ def _read_exact(f: Any, n: int) -> bytes | None:
 
 
 def _device_healthy(path: Any) -> tuple[bool, str]:
-    device = getattr(path, "device", "cpu")
-    if device == "cpu":
-        return True, ""
-    import torch
+    from harness.workers.gpu import device_error
 
-    try:
-        torch.cuda.synchronize()
-        torch.ones(1, device=device).add_(1).item()
-    except Exception as e:  # a sticky CUDA error: the context is gone
-        return False, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    return True, ""
+    error = device_error(getattr(path, "device", "cpu"))
+    return error is None, error or ""
 
 
 def worker() -> int:

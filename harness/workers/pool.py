@@ -168,7 +168,8 @@ class WorkerPool:
         self._next_id += 1
         msg = dict(msg, id=self._next_id, workarounds=workarounds.in_force_now())
         outcome = self._gather(msg, timeout, send=True)
-        if outcome.status != "ok":
+        outcome, lost = lost_device(outcome)
+        if outcome.status != "ok" or lost:
             self.close()
         return outcome
 
@@ -311,6 +312,19 @@ class WorkerPool:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+
+def lost_device(outcome: Outcome) -> tuple[Outcome, bool]:
+    """A case after which a rank's GPU is unusable (``gpu.device_error``) ends
+    in a crash, so the pool replaces its ranks. Where a rank raised in the
+    case, that raise is the finding; otherwise the device error is, blamed on
+    this case, the one that ran when it happened."""
+    lost = {r: rep["device_lost"] for r, rep in outcome.replies.items()
+            if isinstance(rep, dict) and rep.get("device_lost")}
+    if not lost or outcome.status != "ok" or any(_failed(rep) for rep in outcome.replies.values()):
+        return outcome, bool(lost)
+    why = "; ".join(f"rank {r}: the GPU is unusable after the case ({m})" for r, m in sorted(lost.items()))
+    return Outcome("crash", outcome.replies, why, outcome.seconds), True
 
 
 def _failed(reply: Any) -> bool:

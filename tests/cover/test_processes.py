@@ -51,6 +51,37 @@ def test_failing_rank_ends_the_case_in_seconds() -> None:
         pool.close()
 
 
+def test_a_case_that_breaks_the_gpu_is_blamed_and_the_ranks_replaced(tmp_path, monkeypatch) -> None:
+    """A sticky device error after a case (what an illegal memory access
+    leaves): that case is a crash naming the error, and the next case runs on
+    new ranks instead of failing with the same error. No GPU here, so the
+    device check is replaced before the ranks fork: it reports the error while
+    a flag file exists."""
+    from harness.workers import gpu
+    from harness.workers.pool import Outcome, WorkerPool, lost_device
+
+    flag = tmp_path / "lost"
+    error = "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    monkeypatch.setattr(gpu, "device_error", lambda device: error if flag.exists() else None)
+    pool = WorkerPool(2, "gloo", start_method="fork")
+    try:
+        pool.start()
+        before = set(pool.pids)
+        flag.touch()
+        broke = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": None}, timeout=60)
+        flag.unlink()
+        assert broke.status == "crash" and "the GPU is unusable after the case" in broke.detail and error in broke.detail
+        assert not pool.procs
+        after = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": None}, timeout=60)
+        assert after.status == "ok" and after.replies[0]["sum"] == 2.0 and not before & set(pool.pids)
+    finally:
+        pool.close()
+    # A rank that raised in the case: its raise stays the finding, the ranks are still replaced.
+    raised = Outcome("ok", {0: {"failure": {"type": "AcceleratorError"}, "device_lost": error}, 1: {"sum": 2.0}})
+    assert lost_device(raised) == (raised, True)
+    assert lost_device(Outcome("ok", {0: {"sum": 2.0}, 1: {"sum": 2.0}})) == (Outcome("ok", {0: {"sum": 2.0}, 1: {"sum": 2.0}}), False)
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for d in os.listdir("/proc"):
