@@ -56,7 +56,7 @@ NAMES = [n for n in CANDIDATES if _allowed(n)]
 # base case agrees on all of them.
 PATHS = ["eager.accumulate", "split.stock", "checkpoint.nonreentrant.stock", "ddp.stock", "fsdp2.stock", "ddp.fixed",
          "fsdp2.fixed", "pipeline.GPipe.ranks2.stock", "pipeline.Interleaved1F1B.fixed", "dtensor.stock",
-         "dtensor.fixed"]
+         "dtensor.fixed", "mesh.fsdp_tp.stock", "mesh.dtensor2d.stock", "compile.aot_eager"]
 
 
 def _use(ref: str) -> dict:
