@@ -1,6 +1,7 @@
-"""The mesh paths on a 2 x 2 ("dp", "tp") mesh of 4 gloo ranks (this machine's CPU).
+"""The mesh paths on a 2 x 2 ("dp", "tp") mesh of 4 gloo ranks (this machine's CPU),
+and pipeline x data parallel on a ("pp", "dp") mesh of the same 4 ranks.
 
-Fast checks: fixed cases agree with the oracle on all four paths, the
+Fast checks: fixed cases agree with the oracle on all four 2-D paths, the
 broken reference (the tp all-reduce skipped) is caught, the refusal rules,
 the case data, and the 4-rank group being its own pool and reported
 unavailable (never passed) where it cannot start. Longer fuzzing is marked
@@ -23,7 +24,8 @@ from harness.paths.mesh.data import Placements
 from harness.paths.mesh.path import MeshPath
 from harness.workers import pool
 
-NAMES = ["mesh.fsdp_tp.stock", "mesh.fsdp_tp.fixed", "mesh.dtensor2d.stock", "mesh.dtensor2d.fixed"]
+NAMES_2D = ["mesh.fsdp_tp.stock", "mesh.fsdp_tp.fixed", "mesh.dtensor2d.stock", "mesh.dtensor2d.fixed"]
+NAMES = NAMES_2D + ["mesh.pp_dp.stock", "mesh.pp_dp.fixed"]
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +57,13 @@ CASES = {
 }
 
 
-def test_four_paths_on_a_four_rank_group(paths):
+def test_six_paths_on_a_four_rank_group(paths):
     assert list(paths) == NAMES
     for p in paths.values():
         a = p.availability()
         assert a.ok, a.reason
-        assert "world size 4" in a.reason and "mesh (dp=2, tp=2)" in a.reason
+        mesh = "mesh (pp=2, dp=2)" if ".pp_dp." in p.name else "mesh (dp=2, tp=2)"
+        assert "world size 4" in a.reason and mesh in a.reason
     # The group is keyed by world size: not the 2-rank pool the other families share.
     mesh_group = paths["mesh.fsdp_tp.stock"].group
     assert mesh_group is pool.group(4) and mesh_group is not pool.group(2) and mesh_group.world_size == 4
@@ -69,7 +72,7 @@ def test_four_paths_on_a_four_rank_group(paths):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fixed_cases_agree_with_the_oracle_on_every_path(paths, name):
     case = CASES[name]
-    for p in paths.values():
+    for p in (paths[n] for n in NAMES_2D):
         assert p.supports(case) is None, (p.name, p.supports(case))
         obs = p.run(case)
         assert obs.failure is None and len(obs.steps) == case.schedule.backwards, (p.name, obs.failure)
@@ -78,7 +81,7 @@ def test_fixed_cases_agree_with_the_oracle_on_every_path(paths, name):
 
 
 def test_a_reference_that_skips_the_tp_reduce_is_caught(paths):
-    (canary,) = canaries()
+    (canary,) = [c for c in canaries() if c.name == "mesh_skips_tp_reduce"]
     broken = canary.make()
     try:
         divs = check(CASES["colwise_rowwise_2mb"], broken)
@@ -117,6 +120,42 @@ def test_refusals_say_why(paths):
                       outputs=(Use("n3", index=0),))
     assert "multi-output chunk is unused" in stock.supports(chunked)
     assert d2.supports(replace(chunked, outputs=(Use("n3", index=0), Use("n3", index=1)))) is None
+
+
+def _tied_transposed(codes: tuple[str, ...], summed: bool = True) -> Case:
+    """x0 @ w0 and x0 @ w0.mT, summed (mesh.fixed-error-4d5d1aa689's case) or two outputs."""
+    uses = (Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "matmul", (Use("x0"), Use("w0", transpose=True))))
+    nodes, outputs = (uses + (Node("n2", "add", (Use("n0"), Use("n1"))),), (Use("n2"),)) if summed else \
+        (uses, (Use("n0"), Use("n1")))
+    case = Case(params=(Param("w0", (3, 3)),), inputs=(Input("x0", (2, 3), requires_grad=True),), nodes=nodes,
+                outputs=outputs)
+    return case.with_data("mesh", Placements(codes))
+
+
+@pytest.mark.parametrize("codes, summed, where", [
+    (("S0,S1",), True, "n2 (mesh dim dp)"),  # (Partial, S1) + (S1, Partial): the add follows the first
+    (("S1,S0",), True, "n2 (mesh dim tp)"),
+    (("S0,S1",), False, "the grad of x0 (mesh dim dp)"),  # no forward add: x0's two grad contributions
+    (("S0,R",), True, None),  # (Partial, R) + (S1, R): the add follows the sharded one, Partial to Shard is fine
+    (("S0,S0",), True, None),
+    (("R,S1",), False, None),
+])
+def test_shard_to_partial_refused_only_before_2_13(monkeypatch, codes, summed, where):
+    """torch < 2.13's DTensor cannot redistribute Shard to Partial (2.11 raised it on mesh.dtensor2d.fixed,
+    gloo and NCCL; the predictions here were each checked against 2.11.0's CPU wheel on gloo: every one
+    predicted to raise does, the others agree). 2.13 runs them all, so the refusal is version-gated."""
+    from harness.paths.mesh import path as mesh_path
+    from harness.paths.mesh.redistribute import shard_to_partial_add
+
+    case = _tied_transposed(codes, summed)
+    assert shard_to_partial_add(case) == where
+    d2, fsdp = MeshPath("mesh.dtensor2d.fixed", "dtensor2d", "x"), MeshPath("mesh.fsdp_tp.fixed", "fsdp_tp", "x")
+    monkeypatch.setattr(mesh_path, "_NO_SHARD_TO_PARTIAL", True)
+    reason = d2.supports(case)
+    assert (reason is None) if where is None else ("Shard into a Partial" in reason and where in reason)
+    assert fsdp.supports(case) is None  # fsdp_tp reads only the styles
+    monkeypatch.setattr(mesh_path, "_NO_SHARD_TO_PARTIAL", False)
+    assert d2.supports(case) is None
 
 
 def test_case_data_round_trips_and_is_checked():
@@ -167,3 +206,130 @@ def test_fixed_paths_fuzz_clean(name):
         assert not result.divergences, result.divergences[0].detail
     finally:
         path.close()
+
+
+# --- mesh.pp_dp: pipeline x data parallel on a ("pp", "dp") mesh ---------------------------------
+
+from harness.registry import namespace  # noqa: E402
+from oracles import mesh_pp_dp_fixed  # noqa: E402
+
+
+def staged(cut: int = 2, schedule: str = "", wrapper: str = "", exact: bool = True, **sched) -> Case:
+    """``mlp`` cut into two pipeline stages at node ``cut``, with a schedule and a dp wrapper."""
+    case = mlp(exact=exact, **sched).with_data("pipeline", namespace("pipeline").cls((cut,)))
+    data = Placements((), False, schedule, wrapper)
+    return case.with_data("mesh", data if data != Placements() else None)
+
+
+def tied(**kw) -> Case:
+    """w0 used by both stages (each holds a copy; the grad is their sum)."""
+    base = staged(**kw)
+    return replace(base, nodes=base.nodes + (Node("n3", "matmul", (Use("n2"), Use("w0"))),), outputs=(Use("n3"),))
+
+
+PP_CASES = {
+    "gpipe_ddp_2mb_2steps_prefill": staged(microbatches=2, steps=2, grad_init="prefilled"),
+    "1f1b_ddp_3mb_zero": staged(1, "1F1B", microbatches=3, grad_init="zero"),
+    "gpipe_fsdp2_2mb_2steps": staged(schedule="", wrapper="fsdp2", microbatches=2, steps=2),
+    "1f1b_fsdp2_4mb_tolerance": staged(2, "1F1B", "fsdp2", exact=False, microbatches=4),
+    "tied_across_stages_ddp": tied(microbatches=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PP_CASES))
+def test_pp_dp_fixed_agrees_with_the_oracle_and_stock_runs(paths, name):
+    case = PP_CASES[name]
+    for n in ("mesh.pp_dp.fixed", "mesh.pp_dp.stock"):
+        p = paths[n]
+        assert p.supports(case) is None, (n, p.supports(case))
+        obs = p.run(case)
+        assert obs.failure is None and not obs.violations, (n, obs.failure, obs.violations)
+        assert len(obs.steps) == case.schedule.backwards
+        # grads after the last microbatch of every step, on every rank
+        M = case.schedule.microbatches
+        assert all((s.grads is not None) == (s.k % M == M - 1) for s in obs.steps)
+    divs = check(case, paths["mesh.pp_dp.fixed"])
+    assert not divs, divs[0].detail
+
+
+def test_pp_dp_stock_agrees_where_torch_is_right(paths):
+    """No prefilled .grad and no non-contiguous value across the cut: both wrappers, both schedules agree."""
+    for schedule in ("", "1F1B"):
+        for wrapper in ("", "fsdp2"):
+            case = staged(2, schedule, wrapper, microbatches=2, steps=2)
+            divs = check(case, paths["mesh.pp_dp.stock"])
+            assert not divs, (schedule, wrapper, divs[0].detail)
+
+
+def test_pp_dp_fixed_fuzzes_clean():
+    """A short fuzz of the reference from a cold start: nothing it draws disagrees with the oracle."""
+    (path,) = resolve("mesh.pp_dp.fixed")
+    try:
+        result = Result()
+        fuzz_path(path, examples=30, deadline=None, seed=0, result=result, save_dir=None)
+        assert result.paths["mesh.pp_dp.fixed"].run >= 20
+        assert not result.divergences, result.divergences[0].detail
+    finally:
+        path.close()
+
+
+def test_a_pp_dp_reference_that_skips_the_dp_reduce_is_caught(paths):
+    """The test-only broken reference (each replica keeps its own grad) on a fixed case,
+    and the family canary built from it caught from a cold start."""
+    from harness.paths.mesh.path import PpDpPath
+
+    broken = PpDpPath("mesh.pp_dp.broken", "pp_dp", "tests.cover.test_mesh:SkipsDpReduce")
+    try:
+        divs = check(PP_CASES["gpipe_ddp_2mb_2steps_prefill"], broken)
+        assert {d.kind for d in divs} >= {"value", "replica"}, [d.detail for d in divs]
+    finally:
+        broken.close()
+    (canary,) = [c for c in canaries() if c.name == "mesh_pp_dp_skips_dp_reduce"]
+    assert canary.base == "mesh.pp_dp.fixed"
+    made = canary.make()
+    try:
+        result = Result()
+        fuzz_path(made, examples=30, deadline=None, seed=0, result=result, save_dir=None,
+                  relative_to=paths[canary.base])
+        assert result.divergences, "the canary survived 30 examples"
+        assert result.divergences[0].kind in canary.expects
+    finally:
+        made.close()
+
+
+def test_pp_dp_refusals_say_why(paths):
+    p = paths["mesh.pp_dp.stock"]
+    assert "2 pipeline stages" in p.supports(mlp(microbatches=2))  # no cut: one stage
+    three = mlp(microbatches=2).with_data("pipeline", namespace("pipeline").cls((1, 2)))
+    assert "the case has 3" in p.supports(three)
+    assert "Schedule1F1B refuses fewer microbatches" in p.supports(staged(schedule="1F1B"))
+    frozen = staged(microbatches=2)
+    frozen = replace(frozen, params=(frozen.params[0], replace(frozen.params[1], requires_grad=False)))
+    assert "DistributedDataParallel" in p.supports(frozen)
+    fsdp = frozen.with_data("mesh", Placements((), False, "", "fsdp2"))
+    assert p.supports(fsdp) is None  # FSDP2 takes a stage with nothing to train
+    step = staged(microbatches=2)
+    step = replace(step, schedule=replace(step.schedule, optimizer="momentum", optimizer_impl="foreach", lr=0.1))
+    assert "training step" in p.supports(step)
+
+
+def test_pp_dp_case_data_round_trips_and_is_checked():
+    case = staged(schedule="1F1B", wrapper="fsdp2", microbatches=2)
+    again = Case.loads(case.dumps())
+    assert again.data("mesh") == Placements((), False, "1F1B", "fsdp2")
+    assert again.data("pipeline").cuts == (2,)
+    bad = case.with_data("mesh", Placements((), False, "1F1B", "zero3"))
+    with pytest.raises(SpecError, match="wrapper"):
+        Case.loads(bad.dumps())
+
+
+class SkipsDpReduce:
+    """Test-only broken reference: ``oracles.mesh_pp_dp_fixed`` without the dp
+    all-reduce (each replica keeps the grad of its own share)."""
+
+    class Reference(mesh_pp_dp_fixed.Reference):
+        def reduce_grads(self, step_grads, params):
+            for n in sorted(step_grads):
+                if step_grads[n] is not None:
+                    p = params[n]
+                    p.grad = step_grads[n].clone() if p.grad is None else p.grad + step_grads[n]

@@ -13,7 +13,13 @@ over "tp", and FSDP2 shards everything over "dp").
 grad output as a ``(Partial(), Replicate())`` DTensor (the shares sum to the
 case's grad output), so grads arrive Partial over "dp", as data parallelism
 written in DTensors has them; off, grad outputs are Replicate on both dims.
-``mesh.fsdp_tp`` always splits grad outputs over "dp" and ignores it."""
+``mesh.fsdp_tp`` always splits grad outputs over "dp" and ignores it.
+
+``mesh.pp_dp`` (a ("pp", "dp") mesh) reads no codes (``codes`` may be
+empty); its stages are the pipeline family's cuts (``family.pipeline``) and
+its own knobs are ``schedule`` (the torch.distributed.pipelining schedule,
+``""`` for ``GPipe``) and ``wrapper`` (the data-parallel wrapper of each
+stage over "dp", ``""`` for ``ddp``, or ``fsdp2``)."""
 
 from __future__ import annotations
 
@@ -28,12 +34,27 @@ from harness.case.vocab import SpecError
 STYLES = ("colwise", "rowwise")
 DIM_SIZES = (2, 2)  # the mesh: ("dp", "tp")
 MESH_DIMS = ("dp", "tp")
+PP_DP_DIMS = ("pp", "dp")  # mesh.pp_dp's mesh, of the same sizes
+PP_SCHEDULES = ("GPipe", "1F1B")  # the first is the default ("")
+DP_WRAPPERS = ("ddp", "fsdp2")
 
 
 @dataclass(frozen=True)
 class Placements:
     codes: tuple[str, ...] = ()
     partial_dp: bool = False
+    schedule: str = ""  # mesh.pp_dp: "" (GPipe) or another of PP_SCHEDULES
+    wrapper: str = ""  # mesh.pp_dp: "" (ddp) or fsdp2
+
+
+def pp_schedule(case: Case) -> str:
+    data = case.data("mesh")
+    return (data.schedule if data is not None else "") or PP_SCHEDULES[0]
+
+
+def dp_wrapper(case: Case) -> str:
+    data = case.data("mesh")
+    return (data.wrapper if data is not None else "") or DP_WRAPPERS[0]
 
 
 def partial_dp(case: Case) -> bool:
@@ -44,7 +65,7 @@ def partial_dp(case: Case) -> bool:
 def placements(case: Case) -> tuple[str, ...]:
     """One code per parameter ("R,R" where the case has none)."""
     data = case.data("mesh")
-    return data.codes if data is not None else tuple("R,R" for _ in case.params)
+    return data.codes if data is not None and data.codes else tuple("R,R" for _ in case.params)
 
 
 def split(code: str) -> tuple[str, str]:
@@ -66,7 +87,7 @@ def _codes(v: Any, where: str) -> tuple[str, ...]:
 
 
 def _check(case: Case, value: Placements, where: str) -> None:
-    if len(value.codes) != len(case.params):
+    if value.codes and len(value.codes) != len(case.params):
         raise SpecError(f"{where}.codes", f"one code per parameter: {len(case.params)} parameter(s), "
                         f"{len(value.codes)} code(s)")
     for i, (p, code) in enumerate(zip(case.params, value.codes)):
@@ -77,4 +98,10 @@ def _check(case: Case, value: Placements, where: str) -> None:
         _part(tp, f"{where}.codes[{i}]", len(p.shape), styles=True)
 
 
-CASE_DATA = DataNamespace("mesh", Placements, {"codes": _codes, "partial_dp": sc.boolean}, check=_check)
+def _choice(options: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    return lambda v, where: sc.string(v, where, max_len=16, choices=("",) + options)
+
+
+CASE_DATA = DataNamespace("mesh", Placements, {"codes": _codes, "partial_dp": sc.boolean,
+                                               "schedule": _choice(PP_SCHEDULES), "wrapper": _choice(DP_WRAPPERS)},
+                          check=_check)

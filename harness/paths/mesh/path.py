@@ -38,8 +38,9 @@ from harness.observation import PLACEMENT, Observation
 from harness.paths.assemble import observation
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.engine_rules import replay_only
-from harness.paths.mesh.data import STYLES, placements, split
-from harness.paths.mesh.strategy import MESH
+from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, pp_schedule, split
+from harness.paths.mesh.redistribute import shard_to_partial_add
+from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
 from harness.paths.pooled import PooledPath
 
 WORLD = 4
@@ -49,6 +50,8 @@ FIXED = {"fsdp_tp": "oracles.mesh_fixed", "dtensor2d": "oracles.dtensor_fixed"}
 MIN_TIMEOUT = 60.0
 
 _REFUSES_INPLACE_REDISTRIBUTION = Version(torch.__version__.split("+")[0]) < Version("2.13")
+# Before 2.13 DTensor cannot redistribute Shard to Partial, which an add can ask for on a 2-d mesh (redistribute.py).
+_NO_SHARD_TO_PARTIAL = Version(torch.__version__.split("+")[0]) < Version("2.13")
 
 NOT_2D = (PLACEMENT, "the mesh paths report full values only: the AccumulateGrad placement and collective rules "
                      "are written for a 1-d mesh (dtensor.*)")
@@ -130,6 +133,10 @@ class MeshPath(PooledPath):
             return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
                     "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
         if self.kind == "dtensor2d":
+            at = shard_to_partial_add(case) if _NO_SHARD_TO_PARTIAL else None
+            if at:
+                return (f"a sum at {at} would redistribute a Shard into a Partial, which this torch's DTensor "
+                        f"cannot do ('redistribute from S(1) to P(sum) not supported yet'); 2.13 can")
             thin = _thin(case, codes)
             writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
                       or (s.steps > 1 and s.zero_grad != "set_to_none"))
@@ -195,8 +202,183 @@ def _unused_output(case: Case) -> str:
     return ""
 
 
+NOT_2D_PP = (PLACEMENT, "mesh.pp_dp reports full values only (each stage's grads put together over \"dp\"): the "
+                        "AccumulateGrad placement and collective rules are written for a 1-d mesh (dtensor.*)")
+
+
+class PpDpPath(MeshPath):
+    """``mesh.pp_dp.*``: two pipeline stages over "pp", each replicated (DDP)
+    or sharded (FSDP2) over "dp" (``harness.paths.mesh.pp_dp``)."""
+
+    contract = Contract(retained_grads=False, draws=(PP_DP,), model_parts=True, random_ops=False,
+                        blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED, NOT_2D_PP))
+
+    def availability(self) -> Availability:
+        if self.broken:
+            return Availability(False, self.broken)
+        if self._world() != WORLD:
+            return Availability(False, f"mesh.pp_dp needs {WORLD} ranks (a 2 x 2 mesh); torchrun started "
+                                       f"{self._world()}")
+        where = self.group_availability()
+        if not where.ok:
+            return where
+        try:
+            import importlib
+
+            import numpy  # noqa: F401  (stages on several ranks exchange shapes with send_object_list)
+
+            for module, attr in [("torch.distributed.device_mesh", "init_device_mesh"),
+                                 ("torch.distributed.pipelining", "PipelineStage"),
+                                 ("torch.distributed.pipelining", "ScheduleGPipe"),
+                                 ("torch.distributed.pipelining", "Schedule1F1B"),
+                                 ("torch.distributed.fsdp", "fully_shard"),
+                                 ("torch.nn.parallel", "DistributedDataParallel")]:
+                if not hasattr(importlib.import_module(module), attr):
+                    raise ImportError(f"{module} has no {attr}")
+        except ImportError as e:
+            return Availability(False, f"this torch lacks what pipeline x data parallel needs ({e})")
+        what = "PipelineStage over DDP / FSDP2 as installed" if self.impl == STOCK else self.impl
+        return Availability(True, f"{where.reason}, mesh (pp=2, dp=2); pp_dp: {what}")
+
+    def supports(self, case: Case) -> str | None:
+        from harness.case.ops import draws_random
+        from harness.materialize.stages import cut, requires_grad
+        from harness.paths.mesh.pp_dp import stage_cuts
+
+        s = case.schedule
+        if s.events or s.retain_outputs or s.param_hooks:
+            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if s.clip or s.optimizer:
+            return "a training step after the schedule (clip, optimizer) is not part of this path (as pipeline.*)"
+        if any(len(x.shape) == 0 for x in case.inputs):
+            return "an input without a batch dim cannot be split into microbatches"
+        if draws_random(case):
+            return ("dropout: the schedule runs the microbatches' forwards in its own order on its own RNG stream, "
+                    "so masks cannot match the case's (no RNG replay across stages in torch.distributed.pipelining)")
+        stages = len(stage_cuts(case)) + 1
+        if stages != DIM_SIZES[0]:
+            return f"mesh.pp_dp runs {DIM_SIZES[0]} pipeline stages (one per pp rank), the case has {stages}"
+        schedule = pp_schedule(case)
+        if s.microbatches < min_microbatches(schedule):
+            return (f"Schedule{schedule} refuses fewer microbatches than stages ({s.microbatches} < {stages}: its "
+                    f"constructor raises)")
+        need = requires_grad(case)
+        if not any(need[u.ref] for u in case.outputs):
+            return "no output requires grad (nothing for the schedule to train)"
+        if dp_wrapper(case) == "ddp":
+            frozen = {p.name for p in case.params if not p.requires_grad}
+            for spec in cut(case, stage_cuts(case)):
+                if all(n in frozen for n in spec.params):
+                    return (f"stage {spec.index} has no parameter that requires grad: DistributedDataParallel "
+                            f"refuses such a module (\"DistributedDataParallel is not needed when a module doesn't "
+                            f"have any parameter that requires a gradient\")")
+        return None
+
+    def run(self, case: Case) -> Observation:
+        from harness.workers.pool import PoolError
+
+        try:
+            outcome = self.group.request({"op": "call", "module": "harness.paths.mesh.rank", "case": case.dumps(),
+                                          "kind": self.kind, "impl": self.impl}, self.timeout)
+        except PoolError as e:
+            self.broken = f"the {WORLD}-rank process group did not start here: {e}"[:2000]
+            raise
+        if any(isinstance(r, dict) and (r.get("failure") or "error" in r) for r in outcome.replies.values()):
+            # A rank that raised mid-schedule leaves sends and receives on the
+            # "pp" group unmatched (a peer's recv, PipelineStage's posted
+            # irecvs): the next case's messages would pair with them (a fixed
+            # case hung after a stock one raised, gloo). Fresh ranks, and so
+            # fresh sub-groups, for the next case (on NCCL too, as pipeline.*).
+            self.group.close()
+        return pp_dp_observation(self.name, case, outcome)
+
+
+def _orphans(case: Case, held: set[str]) -> dict[str, Any]:
+    """A parameter no stage uses belongs to no stage: its .grad is what it started as (as pipeline.* has it)."""
+    from harness.materialize.tensors import Built
+
+    init = case.schedule.grad_init
+    out: dict[str, Any] = {}
+    for p in case.params:
+        if p.name not in held:
+            out[p.name] = None if init == "none" or not p.requires_grad else \
+                torch.zeros(p.shape, dtype=torch.float64) if init == "zero" else Built(case).prefill()[p.name]
+    return out
+
+
+def pp_dp_observation(name: str, case: Case, outcome: Any) -> Observation:
+    """Rank facts -> one Observation: a Step per microbatch; parameter grads
+    at the last microbatch of each ``step()`` (a schedule interleaves a
+    step's microbatches), each stage's put together over its dp replicas
+    (the replica rule), copies of a tied weight summed over stages; input
+    grads from the first stage's replicas (each its own, the mean is the
+    grad), outputs from the last stage's (replicas)."""
+    from harness.observation import Failure, Step, Violation
+    from harness.paths.assemble import _assemble, _first_failure, _judge_layout
+
+    obs = Observation(path=name)
+    obs.extra["seconds"] = outcome.seconds
+    replies = outcome.replies
+    _first_failure(obs, replies)
+    if outcome.status == "timeout":
+        raised = f"; {obs.failure.message} first" if obs.failure else ""
+        obs.violations.append(Violation("timeout", -1, "process group",
+                                        f"the case hung (a rank waiting on a send, recv or collective){raised}: "
+                                        f"{outcome.detail}", key="timeout"))
+    elif outcome.status == "crash":
+        obs.violations.append(Violation("crash", -1, "process group",
+                                        f"a rank died running the case: {outcome.detail}", key="crash"))
+    ranks = sorted(replies)
+    if outcome.status != "ok" or len(ranks) != WORLD or any("steps" not in replies[r] for r in ranks):
+        if outcome.status == "ok" and obs.failure is None:
+            obs.failure = Failure(-1, "WorkerError", "not every rank replied")
+        return obs
+    stages: dict[int, list[int]] = {}
+    for r in ranks:
+        stages.setdefault(int(replies[r].get("pp", r // DIM_SIZES[1])), []).append(r)
+    firsts, lasts = stages[min(stages)], stages[max(stages)]
+    M = case.schedule.microbatches
+    n_steps = min(len(replies[r]["steps"]) for r in ranks)
+    if len({len(replies[r]["steps"]) for r in ranks}) > 1 and obs.failure is None:
+        obs.failure = Failure(n_steps * M, "WorkerError", "ranks completed different numbers of steps")
+    problems: set[str] = set()
+    held = {n for r in ranks for rec in replies[r]["steps"][:1] for n in rec["grads"]}
+    orphan = _orphans(case, held) if n_steps else {}
+    for s in range(n_steps):
+        recs = {r: replies[r]["steps"][s] for r in ranks}
+        end = s * M + M - 1
+        grads: dict[str, Any] = {p.name: None for p in case.params}
+        for st in sorted(stages):
+            rs = stages[st]
+            for n in recs[rs[0]]["grads"]:
+                v = _assemble(obs, problems, end, n, [recs[r]["grads"].get(n) for r in rs], len(rs))
+                if v is not None:
+                    grads[n] = v if grads[n] is None else grads[n] + v
+        grads.update(orphan)
+        for r in ranks:
+            _judge_layout(obs, problems, end, r, recs[r].get("layout", {}))
+        for j in range(M):
+            k = s * M + j
+            in_grads = {}
+            for x in case.inputs:
+                encs = [(recs[r].get("input_grads") or {}).get(x.name) for r in firsts]
+                in_grads[x.name] = _assemble(obs, problems, k, f"input grad {x.name}",
+                                             [None if e is None else e[j] for e in encs], len(firsts))
+            seen = [(recs[r].get("outputs") or {}).get(str(k)) or [] for r in lasts]
+            outputs = [_assemble(obs, problems, k, f"output {i}", [e[i] if i < len(e) else None for e in seen],
+                                 len(lasts)) for i in range(max((len(e) for e in seen), default=0))]
+            obs.steps.append(Step(k=k, grads=dict(grads) if j == M - 1 else None,  # type: ignore[arg-type]
+                                  input_grads=in_grads, outputs=outputs))
+    return obs
+
+
+PP_DP_FIXED = "oracles.mesh_pp_dp_fixed"
+
+
 def paths(options: Options) -> list[MeshPath]:
-    """The registry's hook: four paths on one 4-rank group."""
+    """The registry's hook: six paths on one 4-rank group."""
     t, b = options.timeout, options.backend
     return [MeshPath(f"mesh.{kind}.{variant}", kind, STOCK if variant == "stock" else FIXED[kind], t, b)
-            for kind in ("fsdp_tp", "dtensor2d") for variant in ("stock", "fixed")]
+            for kind in ("fsdp_tp", "dtensor2d") for variant in ("stock", "fixed")] + \
+        [PpDpPath(f"mesh.pp_dp.{variant}", "pp_dp", STOCK if variant == "stock" else PP_DP_FIXED, t, b)
+         for variant in ("stock", "fixed")]
