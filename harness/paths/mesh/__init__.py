@@ -1,8 +1,10 @@
 """``mesh.*``: two-dimensional device meshes ("dp" x "tp", 2 x 2) on a
 4-rank process group: FSDP2 over "dp" composed with tensor parallelism over
 "tp" (``mesh.fsdp_tp.*``), and DTensor parameters placed on both mesh dims
-(``mesh.dtensor2d.*``). The paths (``path``), what each rank runs
-(``rank``), the case data and draws (``data``, ``strategy``)."""
+(``mesh.dtensor2d.*``); and pipeline x data parallel on a ("pp", "dp")
+mesh of the same ranks (``mesh.pp_dp.*``). The paths (``path``), what each
+rank runs (``rank``, ``pp_dp``), the case data and draws (``data``,
+``strategy``)."""
 
 from harness.paths.family import Family, lazy
 from harness.paths.mesh.data import CASE_DATA

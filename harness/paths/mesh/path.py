@@ -10,6 +10,10 @@
 - ``mesh.dtensor2d.stock`` / ``.fixed``: parameters as DTensors with a
   placement on each mesh dim, the forward on DTensors; fixed installs
   ``oracles.dtensor_fixed`` as ``dtensor.fixed`` does on one dim.
+- ``mesh.pp_dp.stock`` / ``.fixed`` (``PpDpPath``): the same ranks as a
+  ("pp", "dp") mesh: two pipeline stages, each under DDP or FSDP2 over "dp",
+  in PipelineStage and a schedule over "pp"; fixed is
+  ``oracles.mesh_pp_dp_fixed`` (plain send/recv and a dp all-reduce).
 
 Values are compared after every backward (full tensors, assembled by
 ``harness.paths.assemble``), with the replica rule (every rank sees the
