@@ -285,6 +285,28 @@ def test_two_ranks_fixed_agrees_and_a_raising_rank_is_an_error_not_a_hang():
     assert check(viewed, PipelinePath("GPipe", FIXED, world_size=2)) == []
 
 
+def test_fresh_ranks_build_their_p2p_group_before_a_case_is_timed(monkeypatch):
+    """A new pool's p2p group is built and used in a request of its own
+    (``path._warm``), once per pool start, so a case's time limit never pays
+    for communicator set-up (NCCL builds them on first use)."""
+    from harness.paths.pipeline import path as pipeline_path
+    from harness.workers import pool
+
+    group = pool.group(2, "gloo")
+    sent = []
+    request = group.request
+    monkeypatch.setattr(group, "request", lambda msg, timeout: sent.append(msg.get("what")) or request(msg, timeout))
+    fixed = PipelinePath("GPipe", FIXED, world_size=2, backend="gloo")
+    group.close()
+    for _ in range(2):
+        assert check(chain(), fixed) == []
+    assert sent.count("warm") == 1 and pipeline_path._warmed[group] == group.starts
+    group.close()
+    assert check(chain(), fixed) == [] and sent.count("warm") == 2
+    reply = request({"op": "call", "module": "harness.paths.pipeline.rank", "what": "warm", "wait": 3.0}, 60)
+    assert reply.status == "ok" and all(r["warm"] is True for r in reply.replies.values())
+
+
 def test_a_rank_that_hangs_with_no_cause_is_a_timeout():
     obs = observation("pipeline.X.ranks2.stock", chain(), Outcome("ok", {
         0: {"steps": [], "failure": {"step": 0, "type": "RuntimeError", "message": "Timed out waiting 3000ms",

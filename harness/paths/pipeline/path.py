@@ -41,6 +41,7 @@ dead rank are findings, as on every path.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -67,6 +68,28 @@ def _group(world_size: int, backend: str | None = None) -> Any:
     from harness.workers import pool
 
     return pool.group(world_size, backend)
+
+
+# A group's ranks, by the pool start they belong to, whose p2p group is built and used once.
+_warmed: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+WARM_TIMEOUT = 120.0
+
+
+def _warm(group: Any, wait: float) -> None:
+    """Build fresh ranks' p2p group and its communicators in a request of
+    their own, outside any case's time limit.
+
+    NCCL makes a communicator on its first use, and on NCCL the ranks are
+    replaced after every case that raised: the next case paid for the new
+    group inside its 10 s. On four loaded H100s the fixed path after a raising
+    stock case hung past that (a false finding on
+    pipeline.InterleavedZeroBubble.ranks2.fixed in the gate); alone, the same
+    pair takes 1.6 s instead of 0.01 s."""
+    if getattr(group, "starts", None) is None or (group.alive and _warmed.get(group) == group.starts):
+        return
+    group.request({"op": "call", "module": "harness.paths.pipeline.rank", "what": "warm", "wait": wait},
+                  WARM_TIMEOUT)
+    _warmed[group] = group.starts
 
 
 def _ask(world_size: int, msg: dict[str, Any], what: str, timeout: float, backend: str | None = None) -> dict[str, Any]:
@@ -227,9 +250,12 @@ class PipelinePath:
         info = probe(self.world_size, backend=self.backend)
         where = info["placement"][self.schedule][len(stage_cuts(case)) + 1]
         group = _group(self.world_size, self.backend)
+        wait = max(1.0, min(3.0, self.timeout / 3))
+        if self.world_size > 1:
+            _warm(group, wait)
         outcome = group.request(
             {"op": "call", "module": "harness.paths.pipeline.rank", "case": case.dumps(), "schedule": self.schedule,
-             "impl": self.impl, "placement": list(where), "wait": max(1.0, min(3.0, self.timeout / 3))}, self.timeout)
+             "impl": self.impl, "placement": list(where), "wait": wait}, self.timeout)
         if self.world_size > 1 and getattr(group, "backend", None) == "nccl" and \
                 any(isinstance(r, dict) and (r.get("failure") or "error" in r) for r in outcome.replies.values()):
             # A rank that raised mid-schedule leaves its peer's send or recv

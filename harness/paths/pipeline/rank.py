@@ -401,12 +401,32 @@ def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     if msg.get("what") == "same_rank":
         return same_rank_p2p(ctx.device, msg.get("impl", STOCK), _own_group(ctx))
     group = _group(ctx, msg.get("wait", 3.0))
+    if msg.get("what") == "warm":
+        return _warm(ctx, group)
     args = (ctx.rank, ctx.world_size, Case.loads(msg["case"]), msg["schedule"], msg["impl"], msg["placement"],
             ctx.device, group)
     out = run_case(*args) if ctx.world_size == 1 else _run_watched(ctx, args)
     if out["failure"] is not None:
         _pp["dirty"] = True
     return out
+
+
+def _warm(ctx: Any, group: Any) -> dict[str, Any]:
+    """One all-reduce and one send and receive between neighbours on the p2p
+    group: NCCL builds its communicators on first use (``path._warm``)."""
+    import torch.distributed as dist
+
+    if group is None:
+        return {"warm": False}
+    t = torch.ones(1, device=ctx.device)
+    dist.all_reduce(t, group=group)
+    back = torch.zeros(1, device=ctx.device)
+    nxt, prev = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t, nxt, group), dist.P2POp(dist.irecv, back, prev, group)]):
+        work.wait()
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    return {"warm": float(back.item()) == ctx.world_size}
 
 
 POLL_S = 0.02
