@@ -43,7 +43,7 @@ from harness.paths.assemble import observation
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.engine_rules import replay_only
 from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, pp_schedule, split
-from harness.paths.mesh.redistribute import shard_to_partial_add
+from harness.paths.mesh.redistribute import shard_to_partial
 from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
 from harness.paths.pooled import PooledPath
 
@@ -137,10 +137,10 @@ class MeshPath(PooledPath):
             return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
                     "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
         if self.kind == "dtensor2d":
-            at = shard_to_partial_add(case) if _NO_SHARD_TO_PARTIAL else None
+            at = shard_to_partial(case, self.impl) if _NO_SHARD_TO_PARTIAL else None
             if at:
-                return (f"a sum at {at} would redistribute a Shard into a Partial, which this torch's DTensor "
-                        f"cannot do ('redistribute from S(1) to P(sum) not supported yet'); 2.13 can")
+                return (f"DTensor would redistribute a Shard into a Partial, which this torch cannot do (a dry run "
+                        f"on a fake group raised at {at}; harness/paths/mesh/redistribute.py); 2.13 can")
             thin = _thin(case, codes)
             writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
                       or (s.steps > 1 and s.zero_grad != "set_to_none"))
