@@ -136,6 +136,10 @@ class Observation:
     mutations: list[Mutation] = field(default_factory=list)
     failure: Failure | None = None
     violations: list[Violation] = field(default_factory=list)
+    # The lower type the path rounded grads to on the way ("bfloat16": an FSDP2
+    # reduce_dtype, DDP's bf16 compress hook); None: the case's own dtype. The
+    # comparison loosens to it (harness.compare.values.LOW_EPS).
+    precision: str | None = None
     # Oracle only: each backward's own parameter grads, before accumulation.
     contributions: list[Grads] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

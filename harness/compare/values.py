@@ -29,6 +29,17 @@ EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
 # counted twice, a missed reduction) are differences of order one.
 REL_AFTER_STEP = {"float32": 1e-4, "float64": 1e-9}
 SLACK = 128  # rounding steps allowed per unit of term magnitude
+# A path that rounds grads to a lower precision than the case's on the way (an
+# FSDP2 reduce_dtype of bfloat16, DDP's bf16 compress hook) says so in
+# Observation.precision. Such a path rounds each grad a few times (the cast,
+# the reduction's sums, the cast back), not once per op as a forward in that
+# type would, so the slack is small: 8 bf16 steps are 3% of the term size,
+# while the bugs this harness looks for are of order one (a microbatch lost
+# or counted twice in a window of up to 8). After a training step, relative
+# to the largest element as for the case's own dtype.
+LOW_EPS = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
+LOW_SLACK = 8
+REL_AFTER_STEP.update({"bfloat16": 3e-2, "float16": 4e-3})
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class Tolerance:
     bounds: dict[str, torch.Tensor]
     peak: float
     scale: float = 1.0  # the slack's loosening, applied to after-step comparisons too
+    precision: str | None = None  # LOW_EPS's type the path rounded to; None: the case's dtype
 
     @classmethod
     def for_case(cls, case: Case, slack: float | None = None, lazy: bool = False) -> "Tolerance":
@@ -53,6 +65,14 @@ class Tolerance:
         b = magnitude_bounds(case)
         return cls(False, eps, b, float(b.pop("__peak__")), scale)
 
+    def lowered(self, precision: str | None, case: Case) -> "Tolerance":
+        """This tolerance for a path that rounded grads to ``precision``
+        (``LOW_EPS``): never exact (an integer past 256 is not a bfloat16),
+        each element against its term size as in tolerance mode."""
+        if precision not in LOW_EPS:
+            return self
+        return _LazyTolerance(LOW_EPS[precision] * LOW_SLACK * self.scale, case, self.scale, precision)
+
     def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
         if self.exact:
             return 0.0
@@ -67,8 +87,9 @@ class _LazyTolerance(Tolerance):
     the cheap test in ``_value`` (every element within eps of its own size),
     and the bounds cost a forward and backward of their own."""
 
-    def __init__(self, eps: float, case: Case, scale: float = 1.0) -> None:
-        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale), ("_case", case)):
+    def __init__(self, eps: float, case: Case, scale: float = 1.0, precision: str | None = None) -> None:
+        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale),
+                     ("precision", precision), ("_case", case)):
             object.__setattr__(self, k, v)
 
     def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
@@ -86,7 +107,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     ``blind``: the observations (``harness.observation.OBSERVATIONS``) the
     path's contract says its machinery cannot show; compare does not hold it to them."""
     none_matters = GRAD_NONE not in blind
-    tol = tol or Tolerance.for_case(case)
+    tol = (tol or Tolerance.for_case(case)).lowered(obs.precision, case)
     found = _events(case, obs)
     if HOOK_FIRING not in blind:
         found += _hook_counts(obs.path, oracle, obs, retained_grads)
@@ -111,7 +132,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
         for role, expected, actual in groups:
             if actual is None:  # not observable at this backward (a pipeline schedule's mid-step grads)
                 continue
-            relative = REL_AFTER_STEP[case.dtype] * tol.scale if role == "after step" or (inexact is not None and k >= inexact) else None
+            relative = REL_AFTER_STEP[tol.precision or case.dtype] * tol.scale if role == "after step" or (inexact is not None and k >= inexact) else None
             for name, e in expected.items():
                 key = f"{role}:{name}"
                 if key in done:
@@ -213,6 +234,8 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
     explain = why.text if why else ""
     tol_txt = ("exact mode: any difference is a bug" if tol.exact else f"tolerance {tol.eps:.1e} x term size") \
         if relative is None else f"after a training step: tolerance {relative:.0e} x the largest element"
+    if tol.precision:
+        tol_txt += f", the path rounds grads to {tol.precision}"
     detail = (
         f"{label} after backward {k}: {int(bad.sum())} of {e.numel()} elements differ; "
         f"max abs diff {max_abs:g}, max rel diff {max_rel:g} (first at index {at}: "

@@ -75,6 +75,32 @@ def test_wrappers_agree_with_the_oracle_on_tied_uneven_accumulation(paths, name,
     assert check(case, path) == []
 
 
+def test_a_bf16_reduce_is_compared_at_bf16_and_still_catches_a_lost_microbatch(paths):
+    """FSDP2 with reduce_dtype bfloat16 really rounds (its grads differ from
+    the oracle's in float32's exactness), agrees within bf16's tolerance, and a
+    grad off by a quarter (a microbatch of four lost) is still a finding."""
+    from harness.compare.values import LOW_EPS, LOW_SLACK, Tolerance, compare
+    from harness.engine.check import CaseCheck
+
+    case = replace(tied(("no_sync", "units", "bf16_reduce")), exact=False)
+    cc = CaseCheck(case)
+    stock, ddp = paths["fsdp2.stock"], paths["ddp.stock"]
+    assert stock.supports(case) is None and "needs NCCL" in ddp.supports(case)
+    obs = cc.observe(stock)
+    assert obs.precision == "bfloat16" and cc.observe(paths["fsdp2.fixed"]).precision is None
+    rel = max(float(((obs.steps[-1].grads[n] - e).abs() / e.abs().clamp_min(1e-6)).max())
+              for n, e in cc.oracle.steps[-1].grads.items() if e is not None)
+    assert rel > 1e-5, "no bfloat16 rounding seen: the switch did not reach FSDP2"
+    assert compare(case, cc.oracle, obs, tol=cc.tol) == []
+    tol = Tolerance.for_case(tied()).lowered("bfloat16", tied())
+    assert not tol.exact and tol.eps == LOW_EPS["bfloat16"] * LOW_SLACK and tol.precision == "bfloat16"
+    last = obs.steps[-1]
+    wrong = replace(obs, steps=[*obs.steps[:-1], replace(last, grads={n: g * 0.75 if g is not None else g
+                                                                      for n, g in last.grads.items()})])
+    found = compare(case, cc.oracle, wrong, tol=cc.tol)
+    assert found and "rounds grads to bfloat16" in found[0].detail
+
+
 def test_exact_mode_needs_a_power_of_two_world():
     three = DataParallelPath("ddp.fixed", "ddp", "oracles.ddp_fixed", world_size=3)
     assert "power-of-two" in three.supports(tied())

@@ -24,7 +24,9 @@ OPTIONS = (
     "no_reshard_after_backward",  # FSDP2 set_reshard_after_backward(False) inside no_sync windows
     "units",            # a block per span between ``units`` cuts (FSDP2: a unit each, besides the root)
     "checkpoint",       # each block recomputed in backward (non-reentrant torch.utils.checkpoint); needs units
+    "bf16_reduce",      # grads reduced in bfloat16: FSDP2 MixedPrecisionPolicy(reduce_dtype), DDP's bf16 compress hook
 )
+LOW_PRECISION = {"bf16_reduce": "bfloat16"}  # option -> the type the stock wrapper rounds grads to
 
 
 @dataclass(frozen=True)

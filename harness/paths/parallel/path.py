@@ -30,7 +30,7 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
-from harness.paths.parallel.data import Machinery, switches
+from harness.paths.parallel.data import LOW_PRECISION, Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
 from harness.paths.workarounds import IN_PROCESS
@@ -95,6 +95,10 @@ class DataParallelPath(PooledPath):
             if unused:
                 return (f"parameter(s) {', '.join(unused)} get no grad: DDP requires find_unused_parameters=True "
                         f"then (documented; it raises at the next forward otherwise)")
+        if self.kind == "ddp" and self.impl == STOCK and "bf16_reduce" in switches(case).options \
+                and self.backend_name() != "nccl":
+            return ("bf16_reduce: DDP's bf16_compress_hook needs NCCL (it raises 'BF16 all reduce communication "
+                    "hook required CUDA 11+ and NCCL 2.10+' on gloo)")
         if s.optimizer == "adagrad" and s.optimizer_impl == "fused" and self.backend_name() == "nccl":
             return ("fused Adagrad takes no CUDA float64 parameters (torch raises \"`fused=True` requires all the "
                     "params to be floating point Tensors of supported devices\"; seen on 2.11 with NCCL)")
@@ -109,6 +113,8 @@ class DataParallelPath(PooledPath):
         outcome = self.group.request({"op": "call", "module": "harness.paths.parallel.rank", "case": case.dumps(),
                                       "kind": self.kind, "impl": self.impl}, self.timeout)
         obs = assemble(self.name, case, outcome)
+        if self.impl == STOCK:  # the fixed references reduce in the case's dtype, whatever the switch
+            obs.precision = next((LOW_PRECISION[o] for o in switches(case).options if o in LOW_PRECISION), None)
         if outcome.status == "ok":
             _judge_reductions(obs, self.kind, outcome.replies)
             _judge_shards(obs, self.kind, outcome.replies)

@@ -59,7 +59,9 @@ def _ddp(module: CaseModule, ctx: Rank, opts: frozenset[str], reduced: Counter[s
         gradient_as_bucket_view="bucket_view" in opts, static_graph="static_graph" in opts,
         find_unused_parameters="find_unused" in opts)
     names = {id(p): n for n, p in module.params().items()}
-    if "hook_allreduce" in opts:
+    if "bf16_reduce" in opts:  # the hook slot holds one hook: bf16 takes it
+        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
+    elif "hook_allreduce" in opts:
         def counted(state, bucket):  # type: ignore[no-untyped-def]  (DDP refuses any annotation but GradBucket)
             for p in bucket.parameters():
                 reduced[names.get(id(p), "?")] += 1
@@ -74,10 +76,13 @@ def _ddp(module: CaseModule, ctx: Rank, opts: frozenset[str], reduced: Counter[s
 def _fsdp2(module: CaseModule, ctx: Rank, opts: frozenset[str]) -> Any:
     from torch.distributed.fsdp import fully_shard
 
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     reshard: bool | int = False if "keep_unsharded" in opts else 1 if "reshard_int" in opts else True
+    mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if "bf16_reduce" in opts else MixedPrecisionPolicy()
     for block in module.blocks:
-        fully_shard(block, mesh=ctx.mesh, reshard_after_forward=reshard)
-    return fully_shard(module, mesh=ctx.mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=ctx.mesh, reshard_after_forward=reshard, mp_policy=mp)
+    return fully_shard(module, mesh=ctx.mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 
 def load_impl(impl: str) -> Any:
