@@ -324,10 +324,14 @@ def pp_dp_observation(name: str, case: Case, outcome: Any) -> Observation:
     obs.extra["seconds"] = outcome.seconds
     replies = outcome.replies
     _first_failure(obs, replies)
-    if outcome.status == "timeout":
-        raised = f"; {obs.failure.message} first" if obs.failure else ""
+    if outcome.status == "timeout" and obs.failure is not None:
+        # A rank raised mid-schedule and its pp peer waits for ever on a recv
+        # it will not get: the raise is the finding, the wait its consequence
+        # (as pipeline.* judges it). Only a wait with no raise is a hang.
+        obs.extra["peers_waited"] = outcome.detail[:2000]
+    elif outcome.status == "timeout":
         obs.violations.append(Violation("timeout", -1, "process group",
-                                        f"the case hung (a rank waiting on a send, recv or collective){raised}: "
+                                        f"the case hung (a rank waiting on a send, recv or collective): "
                                         f"{outcome.detail}", key="timeout"))
     elif outcome.status == "crash":
         obs.violations.append(Violation("crash", -1, "process group",

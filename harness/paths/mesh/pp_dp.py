@@ -160,7 +160,7 @@ def _target(case: Case, built: Built, ks: range, dp: int, device: Any) -> torch.
     return torch.stack(rows).to(device, built.dtype)
 
 
-def _record(step_no: int, ks: range, params: dict[str, Any], args: list[torch.Tensor] | None,
+def _record(step_no: int, ks: range, params: dict[str, Any],
             input_grads: dict[str, list[Any]] | None, seen: dict[int, list[Any]] | None) -> dict[str, Any]:
     rec: dict[str, Any] = {"step": step_no,
                            "grads": {n: _enc(p.grad, "R") for n, p in params.items()},
@@ -219,7 +219,7 @@ def _stock(ctx: Rank, case: Case, built: Built, mesh: Any, out: dict[str, Any]) 
         schedule.step(*args, return_outputs=False, **kwargs)
         input_grads = {x.name: None if t.grad is None else [encode(c, "P(avg)") for c in t.grad.chunk(M)]
                        for x, t in zip(case.inputs, args)} if first else None
-        out["steps"].append(_record(step_no, ks, params, args, input_grads, seen if last else None))
+        out["steps"].append(_record(step_no, ks, params, input_grads, seen if last else None))
 
 
 def _fixed(ctx: Rank, case: Case, built: Built, mesh: Any, impl: Any, out: dict[str, Any]) -> None:
@@ -263,7 +263,7 @@ def _fixed(ctx: Rank, case: Case, built: Built, mesh: Any, impl: Any, out: dict[
                        [encode(xs[i].grad if xs[i].grad is not None else torch.zeros_like(xs[i]), "P(avg)")
                         for xs in inputs] for i, x in enumerate(case.inputs)} if first else None
         outs = {k: list(o) for k, o in zip(ks, seen)} if last else None
-        out["steps"].append(_record(step_no, ks, params, None, input_grads, outs))
+        out["steps"].append(_record(step_no, ks, params, input_grads, outs))
 
 
 def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
