@@ -97,11 +97,28 @@ def _loopback() -> str | None:
     return None
 
 
-def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None, timeout_s: float) -> Rank:
+def first_gpu(world_size: int) -> int:
+    """The GPU a harness-started group's rank 0 takes: groups of different
+    pytest-xdist workers spread over the machine's GPUs in blocks of
+    ``world_size`` (worker gw<n> takes block n mod blocks), instead of every
+    group's rank r sitting on GPU r. With -n 32 on four H200s every group put
+    its ranks on GPUs 0 and 1, and their contexts and NCCL buffers ran GPU 0
+    out of memory (session 13, second call); the 4-rank mesh groups still
+    take all four."""
+    import torch
+
+    blocks = torch.cuda.device_count() // world_size if torch.cuda.is_available() else 0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() and worker[2:].isascii() else 0
+    return (n % blocks) * world_size if blocks > 1 else 0
+
+
+def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None, timeout_s: float,
+              first: int = 0) -> Rank:
     from datetime import timedelta
 
     if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank))
+        local = int(os.environ.get("LOCAL_RANK", first + rank))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:
@@ -116,7 +133,8 @@ def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None
     return Rank(rank, world_size, device, mesh)
 
 
-def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, log_path: str, parent: int) -> None:
+def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, log_path: str, parent: int,
+          first: int = 0) -> None:
     """A pool worker: set up, say ready, then answer messages until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
     _die_with_harness(parent)
@@ -135,7 +153,8 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
         if lo:
             os.environ["GLOO_SOCKET_IFNAME"] = lo
     try:
-        ctx = init_rank(rank, world_size, backend, dist.FileStore(store_path, world_size), timeout_s=3600)
+        ctx = init_rank(rank, world_size, backend, dist.FileStore(store_path, world_size), timeout_s=3600,
+                        first=first)
     except Exception:
         traceback.print_exc()
         conn.send_bytes(pickle.dumps({"ready": False, "error": traceback.format_exc()[-2000:]}))

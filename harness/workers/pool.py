@@ -140,12 +140,13 @@ class WorkerPool:
         store = os.path.join(self.tmp, "store")
         sys.stdout.flush()
         sys.stderr.flush()
+        first = host.first_gpu(self.world_size) if self.backend == "nccl" else 0
         for rank in range(self.world_size):
             here, there = ctx.Pipe(duplex=True)
             log = os.path.join(self.tmp, f"rank{rank}.log")
             proc = ctx.Process(
                 target=host.serve,
-                args=(there, rank, self.world_size, self.backend, store, log, os.getpid()),
+                args=(there, rank, self.world_size, self.backend, store, log, os.getpid(), first),
                 name=f"gradfuzz-rank{rank}",
                 daemon=True,
             )

@@ -192,3 +192,21 @@ def test_repro_scripts_keep_to_loopback(monkeypatch) -> None:
     monkeypatch.setenv("GRADFUZZ_REPRO_ANY_INTERFACE", "1")
     space["_gradfuzz_loopback"]()
     assert "127.0.0.1" in loopback.RUN
+
+
+@pytest.mark.parametrize("gpus,world,worker,first", [
+    (0, 2, "gw3", 0), (2, 2, "gw3", 0), (4, 2, "gw0", 0), (4, 2, "gw1", 2), (4, 2, "gw2", 0), (4, 4, "gw1", 0),
+    (8, 2, "gw7", 6), (4, 2, "", 0), (4, 2, "gw\u0663", 0), (3, 2, "gw1", 0)])
+def test_groups_of_xdist_workers_spread_over_the_gpus(monkeypatch, gpus, world, worker, first) -> None:
+    """Rank 0 of a harness-started NCCL group sits on a block of ``world``
+    GPUs chosen by the xdist worker, so -n N does not stack every group on
+    GPUs 0 and 1; each rank of one group still gets its own GPU."""
+    import torch
+
+    from harness.workers.host import first_gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    got = first_gpu(world)
+    assert got == first and got + world <= max(gpus, world)
