@@ -181,3 +181,29 @@ def test_the_zero_script_runs_alone_agrees_and_fails_when_the_grads_are_doubled(
     assert doubled != text
     line, rc = _zero_script_verdict(doubled, tmp_path)
     assert "DIVERGES" in line and rc == 1, line
+
+
+@needs_deepspeed
+def test_bf16_runs_in_bfloat16_is_compared_at_bf16_and_a_lost_micro_step_is_still_found():
+    """bf16.enabled (a knob): the engine's grads carry bfloat16 rounding (not
+    float32's), agree within bf16's tolerance, and the last micro-step alone
+    (what the canary keeps) is still a finding."""
+    from dataclasses import replace
+
+    from harness.compare.values import compare
+    from harness.engine.check import CaseCheck
+    from tests.helpers import nested
+
+    case = replace(nested(microbatches=2), exact=False).with_data("deepspeed", Knobs(bf16=True))
+    assert config(case, 2, 1)["bf16"] == {"enabled": True}
+    cc = CaseCheck(case)
+    for p in resolve(["deepspeed.zero0.stock", "deepspeed.zero2.stock"]):
+        obs = cc.observe(p)
+        assert obs.precision == "bfloat16" and compare(case, cc.oracle, obs, tol=cc.tol) == [], p.name
+        last, want = obs.steps[-1], cc.oracle.steps[-1]
+        rel = max(float(((last.grads[n] - e).abs() / e.abs().clamp_min(1e-6)).max())
+                  for n, e in want.grads.items() if e is not None)
+        assert rel > 1e-5, f"{p.name}: no bfloat16 rounding seen"
+        lone = {n: g - cc.oracle.steps[-2].grads[n] if g is not None else g for n, g in last.grads.items()}
+        wrong = replace(obs, steps=[*obs.steps[:-1], replace(last, grads=lone)])
+        assert compare(case, cc.oracle, wrong, tol=cc.tol), p.name

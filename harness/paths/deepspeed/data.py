@@ -21,6 +21,7 @@ class Knobs:
     contiguous: bool = True  # zero_optimization.contiguous_gradients
     overlap: bool = False  # zero_optimization.overlap_comm
     scatter: bool = True  # zero_optimization.reduce_scatter
+    bf16: bool = False  # bf16.enabled: the module, its forward and backward in bfloat16, fp32 master grads
 
 
 def knobs(case: Case) -> Knobs:
@@ -36,22 +37,26 @@ def config(case: Case, stage: int, batch: int, gas: int | None = None) -> dict:
     if k.bucket:
         zero["reduce_bucket_size"] = k.bucket
         zero["allgather_bucket_size"] = max(k.bucket, 2)
-    return {"train_micro_batch_size_per_gpu": batch,
-            "gradient_accumulation_steps": case.schedule.microbatches if gas is None else gas,
-            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
-            "wall_clock_breakdown": False}
+    out = {"train_micro_batch_size_per_gpu": batch,
+           "gradient_accumulation_steps": case.schedule.microbatches if gas is None else gas,
+           "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+           "wall_clock_breakdown": False}
+    if k.bf16:
+        out["bf16"] = {"enabled": True}
+    return out
 
 
 @st.composite
 def _knobs(draw, case: Case) -> Case:
-    k = Knobs(draw(st.sampled_from(BUCKETS)), not draw(st.booleans()), draw(st.booleans()), not draw(st.booleans()))
+    k = Knobs(draw(st.sampled_from(BUCKETS)), not draw(st.booleans()), draw(st.booleans()), not draw(st.booleans()),
+              draw(st.integers(0, 7)) == 7)  # bf16 in one case of eight (compared loosely), shrinking to off
     return case.with_data("deepspeed", None if k == Knobs() else k)
 
 
 KNOBS = Draw("deepspeed", (_knobs,))
 CASE_DATA = DataNamespace("deepspeed", Knobs, {
     "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
-    "contiguous": sc.boolean, "overlap": sc.boolean, "scatter": sc.boolean,
+    "contiguous": sc.boolean, "overlap": sc.boolean, "scatter": sc.boolean, "bf16": sc.boolean,
 })
 
 

@@ -20,7 +20,7 @@ from harness.case.spec import Case
 from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.deepspeed.data import KNOBS
+from harness.paths.deepspeed.data import KNOBS, knobs
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath
 
@@ -67,10 +67,13 @@ class DeepSpeedPath(PooledPath):
         warm(self.group)
         outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "case": case.dumps(),
                                       "stage": self.stage, "impl": self.impl, "drive": self.drive}, self.timeout)
-        return assemble(self.name, case, outcome)
+        obs = assemble(self.name, case, outcome)
+        if knobs(case).bf16:  # forward and backward in bfloat16, fp32 master grads: compared at bf16
+            obs.precision = "bfloat16"
+        return obs
 
     def repro(self, case: Case) -> Repro:
-        if self.impl != STOCK:
+        if self.impl != STOCK or knobs(case).bf16:  # the script feeds the engine float32 data
             return replay_only(self.name)
         from harness.paths.deepspeed.script import Engine
 

@@ -26,7 +26,7 @@ from harness.case.spec import Case
 from harness.materialize.tensors import Built
 from harness.materialize.units import CaseModule
 from harness.objects import load_object
-from harness.paths.deepspeed.data import config
+from harness.paths.deepspeed.data import config, knobs
 from harness.paths.rankfacts import encode, rank_data, rank_failure
 from harness.workers.host import Rank
 
@@ -107,7 +107,7 @@ def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> Any:
 
 
 def _facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: bool, inputs: list[torch.Tensor],
-           outs: list[torch.Tensor]) -> dict[str, Any]:
+           outs: list[torch.Tensor], mid_window: bool) -> dict[str, Any]:
     """What micro-step ``k`` left that the user can read. At a boundary the
     reduced grads (``safe_get_full_grad``, the same on every rank). Inside a
     window stages 0 and 1 leave each rank's own running sum in ``.grad``
@@ -119,8 +119,8 @@ def _facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: 
     if boundary:
         grads = {n: encode(safe_get_full_grad(p), "R") for n, p in params.items()}
     else:
-        grads = {n: encode(p.grad, "P(avg)") for n, p in params.items()} if stage in MID_WINDOW else {}
-    return {"k": k, "sync": boundary, "observable": boundary or stage in MID_WINDOW, "grads": grads,
+        grads = {n: encode(p.grad, "P(avg)") for n, p in params.items()} if mid_window else {}
+    return {"k": k, "sync": boundary, "observable": boundary or mid_window, "grads": grads,
             "input_grads": {x.name: encode(t.grad, "P(avg)") for x, t in zip(case.inputs, inputs)},
             "outputs": [encode(o, "R") for o in outs],
             "retained": {n: encode(t.grad, "P(avg)") for n, t in built.retained.items()}}
@@ -135,12 +135,19 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
     try:
         fault = load_object(impl, "deepspeed impl") if impl != STOCK else None
         gas = case.schedule.microbatches
+        low = torch.bfloat16 if knobs(case).bf16 else None
+        # Under bf16 the engine accumulates into fp32 buffers of its own and
+        # .grad is not the running sum: grads are read at boundaries only.
+        mid_window = stage in MID_WINDOW and low is None
         engine = _engine(case, built, stage, ctx, 1 if drive == NOSYNC else gas)
         for k in range(case.schedule.backwards):
             boundary = k % gas == gas - 1
             if drive == MANUAL:
                 engine.set_gradient_accumulation_boundary(boundary)
             inputs, cots = rank_data(case, built, k, ctx)
+            if low is not None:  # the user feeds a bf16 module bf16 data
+                inputs = [x.detach().to(low).requires_grad_(x.requires_grad) for x in inputs]
+                cots = [c.to(low) for c in cots]
             outs = engine(*inputs)
             live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
             if fault is not None:
@@ -148,7 +155,7 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
             if live:
                 with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
                     engine.backward(sum((o * c).sum() for o, c in live) * (1 if drive == NOSYNC else gas))
-            out["steps"].append(_facts(case, built, k, engine, stage, boundary, inputs, outs))
+            out["steps"].append(_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window))
             if drive == AUTO or boundary:
                 engine.step()
     except Exception as e:  # a rank that raises reports it; the parent judges
