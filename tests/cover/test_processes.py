@@ -145,14 +145,15 @@ def test_sigkill_of_fuzz_n2_leaves_no_workers(tmp_path) -> None:
     assert not left
 
 
-FAMILIES = ["ddp.fixed", "fsdp2.fixed", "dtensor.fixed", "pipeline.GPipe.ranks2.fixed"]
+FAMILIES = [("ddp.fixed", 2), ("fsdp2.fixed", 2), ("dtensor.fixed", 2), ("pipeline.GPipe.ranks2.fixed", 2),
+            ("mesh.fsdp_tp.fixed", 4), ("mesh.pp_dp.fixed", 4)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("paths", FAMILIES)
-def test_sigterm_exits_in_seconds(tmp_path, paths: str) -> None:
+@pytest.mark.parametrize("paths,ranks", FAMILIES)
+def test_sigterm_exits_in_seconds(tmp_path, paths: str, ranks: int) -> None:
     proc = _fuzz(tmp_path, paths)
-    before = _wait_tree(proc, 2)
+    before = _wait_tree(proc, ranks)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=60)
@@ -163,10 +164,10 @@ def test_sigterm_exits_in_seconds(tmp_path, paths: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("paths", FAMILIES)
-def test_sigkill_leaves_no_ranks(tmp_path, paths: str) -> None:
+@pytest.mark.parametrize("paths,ranks", FAMILIES)
+def test_sigkill_leaves_no_ranks(tmp_path, paths: str, ranks: int) -> None:
     proc = _fuzz(tmp_path, paths)
-    before = _wait_tree(proc, 2)
+    before = _wait_tree(proc, ranks)
     proc.kill()
     proc.wait()
     took, left = _gone_within(before, 10.0)
