@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from harness.case.spec import Case, Schedule
 from harness.generate.blocks import BLOCKS, BUILDERS, MODEL_BLOCKS, OPTIONAL_BLOCKS, interpret
-from harness.generate.draws import PLACEMENTS, Draw, dtensor_placements, gap_cases, lifetime_schedules, tp_eligible, training_steps
+from harness.generate.draws import ONE_IN_EIGHT, PLACEMENTS, Draw, dtensor_placements, gap_cases, lifetime_schedules, tp_eligible, training_steps
 
 __all__ = [
-    "BLOCKS", "BUILDERS", "MODEL_BLOCKS", "MODES", "OPTIONAL_BLOCKS", "PLACEMENTS", "Draw", "cases",
+    "BLOCKS", "BUILDERS", "MODEL_BLOCKS", "MODES", "ONE_IN_EIGHT", "OPTIONAL_BLOCKS", "PLACEMENTS", "Draw", "cases",
     "dtensor_placements", "gap_cases", "interpret", "lifetime_schedules", "tp_eligible", "training_steps",
 ]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from harness.case import schema as sc
 from harness.case.namespace import DataNamespace
 from harness.case.spec import Case
-from harness.generate import Draw
+from harness.generate import ONE_IN_EIGHT, Draw
 
 BUCKETS = (0, 8, 10**6)  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
 
@@ -49,7 +49,7 @@ def config(case: Case, stage: int, batch: int, gas: int | None = None) -> dict:
 @st.composite
 def _knobs(draw, case: Case) -> Case:
     k = Knobs(draw(st.sampled_from(BUCKETS)), not draw(st.booleans()), draw(st.booleans()), not draw(st.booleans()),
-              draw(st.integers(0, 7)) == 7)  # bf16 in one case of eight (compared loosely), shrinking to off
+              draw(ONE_IN_EIGHT))  # bf16 (compared loosely: compare.values.LOW_EPS)
     return case.with_data("deepspeed", None if k == Knobs() else k)
 
 

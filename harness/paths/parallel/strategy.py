@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from harness.case.spec import Case
-from harness.generate import Draw, training_steps
+from harness.generate import ONE_IN_EIGHT, Draw, training_steps
 from harness.paths.parallel.data import OPTIONS, Switches
 
 @st.composite
@@ -15,11 +15,11 @@ def data_parallel(draw, case: Case) -> Case:
     shrinks to "off"; with ``units`` the node list is cut into FSDP2 units
     (``Switches.units``), so a weight used in two units lives in the root, tied
     across them. Then, as for DTensor, maybe a training step."""
-    rare = ("bf16_reduce",)  # one case in 8: a low-precision case is compared loosely (compare.values.LOW_EPS)
+    rare = ("bf16_reduce",)  # one case in eight: a low-precision case is compared loosely (compare.values.LOW_EPS)
     common = [o for o in OPTIONS if o not in rare]
     on = draw(st.lists(st.booleans(), min_size=len(common), max_size=len(common)))
     opts = [o for o, b in zip(common, on) if b]
-    opts += [o for o in rare if draw(st.integers(0, 7)) == 7]  # shrinks to 0: off
+    opts += [o for o in rare if draw(ONE_IN_EIGHT)]
     stages: tuple[int, ...] = ()
     free = list(range(1, len(case.nodes)))
     if "units" in opts and not free:
