@@ -1,7 +1,8 @@
-"""Contract rules shared by the families that hand the training loop to a
+"""Contract rules shared by families: the ones whose loop runs on worker
+ranks (the lifetime rule), and those that hand the training loop to a
 stack's engine (DeepSpeed, megatron-core, torchtitan). Each is written once
-here, with its reason, so the three families refuse alike and a change to a
-rule reaches all of them."""
+here, with its reason, so the families refuse alike and a change to a rule
+reaches all of them."""
 
 from __future__ import annotations
 
@@ -9,12 +10,20 @@ from harness.case.spec import Case
 from harness.paths.base import Repro
 
 
-def engine_owned(case: Case, engine: str) -> str | None:
-    """What no engine-driven loop can take: buffer-lifetime schedules, and a
-    model with nothing to train."""
+def lifetime_schedule(case: Case) -> str | None:
+    """Buffer-lifetime schedules are drawn for the graphed paths, whose static
+    buffers they probe; every path whose loop runs on worker ranks refuses them."""
     s = case.schedule
     if s.events or s.retain_outputs or s.param_hooks:
         return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+    return None
+
+
+def engine_owned(case: Case, engine: str) -> str | None:
+    """What no engine-driven loop can take: buffer-lifetime schedules, and a
+    model with nothing to train."""
+    if reason := lifetime_schedule(case):
+        return reason
     if not any(p.requires_grad for p in case.params):
         return f"every parameter is frozen: {engine} has nothing to train"
     return None

@@ -43,6 +43,7 @@ from harness.observation import Observation
 from harness.generate import PLACEMENTS
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.assemble import observation
+from harness.paths.engine_rules import lifetime_schedule
 from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
 from harness.case.spec import Case
@@ -102,8 +103,8 @@ class DTensorPath(PooledPath):
         from harness.paths.dtensor.rank import mode_of
 
         s = case.schedule
-        if getattr(s, "events", ()) or getattr(s, "retain_outputs", False) or getattr(s, "param_hooks", ()):
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if reason := lifetime_schedule(case):
+            return reason
         if s.optimizer in DTENSOR_UNFUSED and s.optimizer_impl == "fused":
             return f"DTensor has no sharding strategy for fused {s.optimizer} (NotImplementedError on every path)"
         if s.optimizer == "rprop" and (s.optimizer_impl != "for_loop" or mode_of(case) == "dtensor"):

@@ -41,7 +41,7 @@ from harness.generate import tp_eligible
 from harness.observation import PLACEMENT, Observation
 from harness.paths.assemble import observation
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
-from harness.paths.engine_rules import replay_only
+from harness.paths.engine_rules import lifetime_schedule, replay_only
 from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, pp_schedule, split
 from harness.paths.mesh.redistribute import shard_to_partial
 from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
@@ -96,8 +96,8 @@ class MeshPath(PooledPath):
 
     def supports(self, case: Case) -> str | None:
         s = case.schedule
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if reason := lifetime_schedule(case):
+            return reason
         if s.optimizer and s.optimizer_impl == "fused":
             return "fused optimizers have no DTensor sharding strategy on every torch (the parameters are DTensors)"
         if s.optimizer == "rprop":
@@ -250,8 +250,8 @@ class PpDpPath(MeshPath):
         from harness.paths.mesh.pp_dp import stage_cuts
 
         s = case.schedule
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if reason := lifetime_schedule(case):
+            return reason
         if s.clip or s.optimizer:
             return "a training step after the schedule (clip, optimizer) is not part of this path (as pipeline.*)"
         if any(len(x.shape) == 0 for x in case.inputs):

@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
+from harness.paths.engine_rules import lifetime_schedule
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.parallel.data import LOW_PRECISION, Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
@@ -82,8 +83,8 @@ class DataParallelPath(PooledPath):
 
     def supports(self, case: Case) -> str | None:
         s = case.schedule
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if reason := lifetime_schedule(case):
+            return reason
         world = self._world()
         if case.exact and world & (world - 1):
             return (f"exact mode needs a power-of-two world size: the wrappers divide by {world}, which rounds "

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
+from harness.paths.engine_rules import lifetime_schedule
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.pipeline.data import Machinery, stage_cuts
 from harness.paths.pipeline.strategy import layout_draw
@@ -225,8 +226,8 @@ class PipelinePath:
         from harness.materialize.stages import requires_grad
 
         s = case.schedule
-        if s.events or s.retain_outputs or s.param_hooks:
-            return "buffer-lifetime schedules (allocator events, held outputs, parameter hooks) are the graphed paths'"
+        if reason := lifetime_schedule(case):
+            return reason
         if s.clip or s.optimizer:
             return "a training step after the schedule (clip, optimizer) is not part of this path"
         if any(len(x.shape) == 0 for x in case.inputs):
