@@ -60,14 +60,7 @@ class Reference:
         for inputs, loss_fn in microbatches:
             for p in weights.values():
                 p.grad = None
-            if first:
-                args = inputs
-            else:
-                args = []
-                for shape, need in zip(shapes, needs_grad):
-                    t = torch.empty(shape, dtype=dtype, device=device)
-                    dist.recv(t, self._peer(self.pp_rank - 1), group=self.pp_group)
-                    args.append(t.requires_grad_(need))
+            args = inputs if first else self._receive(shapes, needs_grad, dtype, device)
             outs = module(*args)
             outs = outs if isinstance(outs, tuple) else (outs,)
             if last:
@@ -76,33 +69,48 @@ class Reference:
                 if loss is not None:
                     loss.backward()
             else:
-                for t in outs:
-                    if t.dtype != dtype:
-                        raise TypeError(f"a value crossing the cut is {t.dtype}, the reference sends {dtype}")
-                    dist.send(t.detach().contiguous(), self._peer(self.pp_rank + 1), group=self.pp_group)
-                grads = []
-                for t, shape, need in zip(outs, shapes, needs_grad):
-                    if need:
-                        g = torch.empty(shape, dtype=dtype, device=device)
-                        dist.recv(g, self._peer(self.pp_rank + 1), group=self.pp_group)
-                        grads.append((t, g))
-                live = [(t, g) for t, g in grads if t.requires_grad]
-                if live:
-                    torch.autograd.backward([t for t, _ in live], [g for _, g in live])
+                self._hand_on(outs, shapes, needs_grad, dtype, device)
                 seen.append(())
             if not first:
-                for t, need in zip(args, needs_grad):
-                    if need:
-                        g = t.grad if t.grad is not None else torch.zeros_like(t)
-                        dist.send(g.detach().contiguous(), self._peer(self.pp_rank - 1), group=self.pp_group)
-            for n, p in weights.items():
-                if p.grad is not None:
-                    g = p.grad.detach().clone()
-                    acc[n] = g if acc[n] is None else acc[n] + g
-                p.grad = None
+                self._send_back(args, needs_grad)
+            _take_grads(weights, acc)
         for n, p in weights.items():
             p.grad = before[n]
         return seen, acc
+
+    def _receive(self, shapes: list[tuple[int, ...]], needs_grad: list[bool], dtype: torch.dtype,
+                 device: Any) -> list[torch.Tensor]:
+        """The values crossing the cut, from the previous stage's rank."""
+        args = []
+        for shape, need in zip(shapes, needs_grad):
+            t = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(t, self._peer(self.pp_rank - 1), group=self.pp_group)
+            args.append(t.requires_grad_(need))
+        return args
+
+    def _hand_on(self, outs: tuple[torch.Tensor, ...], shapes: list[tuple[int, ...]], needs_grad: list[bool],
+                 dtype: torch.dtype, device: Any) -> None:
+        """Send this stage's outputs on, take their grads back, run its backward."""
+        for t in outs:
+            if t.dtype != dtype:
+                raise TypeError(f"a value crossing the cut is {t.dtype}, the reference sends {dtype}")
+            dist.send(t.detach().contiguous(), self._peer(self.pp_rank + 1), group=self.pp_group)
+        grads = []
+        for t, shape, need in zip(outs, shapes, needs_grad):
+            if need:
+                g = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(g, self._peer(self.pp_rank + 1), group=self.pp_group)
+                grads.append((t, g))
+        live = [(t, g) for t, g in grads if t.requires_grad]
+        if live:
+            torch.autograd.backward([t for t, _ in live], [g for _, g in live])
+
+    def _send_back(self, args: list[torch.Tensor], needs_grad: list[bool]) -> None:
+        """The grads of the values that crossed the cut, to the previous stage (zeros where none arrived)."""
+        for t, need in zip(args, needs_grad):
+            if need:
+                g = t.grad if t.grad is not None else torch.zeros_like(t)
+                dist.send(g.detach().contiguous(), self._peer(self.pp_rank - 1), group=self.pp_group)
 
     def reduce_grads(self, step_grads: dict[str, torch.Tensor | None], params: dict[str, torch.Tensor]) -> None:
         """Each grad of the step averaged over "dp", added into its parameter's ``.grad``."""
@@ -118,3 +126,12 @@ class Reference:
                 p.grad = g
             else:
                 p.grad.add_(g)
+
+
+def _take_grads(weights: dict[str, torch.Tensor], acc: dict[str, torch.Tensor | None]) -> None:
+    """A microbatch's fresh grads, added out of place into the step's; ``.grad`` cleared."""
+    for n, p in weights.items():
+        if p.grad is not None:
+            g = p.grad.detach().clone()
+            acc[n] = g if acc[n] is None else acc[n] + g
+        p.grad = None

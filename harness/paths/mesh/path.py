@@ -137,22 +137,7 @@ class MeshPath(PooledPath):
             return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
                     "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
         if self.kind == "dtensor2d":
-            at = shard_to_partial(case, self.impl) if _NO_SHARD_TO_PARTIAL else None
-            if at:
-                return (f"DTensor would redistribute a Shard into a Partial, which this torch cannot do (a dry run "
-                        f"on a fake group raised at {at}; harness/paths/mesh/redistribute.py); 2.13 can")
-            thin = _thin(case, codes)
-            writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
-                      or (s.steps > 1 and s.zero_grad != "set_to_none"))
-            expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
-            if thin & expanded:
-                return (f"expand of {', '.join(sorted(thin & expanded))}, sharded on a dim with fewer elements than "
-                        f"the ranks that shard it: DTensor's sharding propagation raises a bare KeyError (torch bug, "
-                        f"seen on 2.13 on one mesh dim: _rewrite_plain_shard)")
-            if thin and writes:
-                return (f"{', '.join(sorted(thin))} sharded on a dim with fewer elements than the ranks that shard it: "
-                        f"DTensor has no in-place strategy for it, so accumulating into its .grad raises (torch bug, "
-                        f"see cases/dtensor/)")
+            return _dtensor2d_refusal(case, codes, self.impl)
         return None
 
     def run(self, case: Case) -> Observation:
@@ -297,6 +282,29 @@ class PpDpPath(MeshPath):
         return pp_dp_observation(self.name, case, outcome)
 
 
+def _dtensor2d_refusal(case: Case, codes: dict[str, str], impl: str) -> str | None:
+    """What only the 2-D DTensor paths refuse: a redistribution this torch
+    cannot do, and parameters sharded thinner than their ranks."""
+    s = case.schedule
+    at = shard_to_partial(case, impl) if _NO_SHARD_TO_PARTIAL else None
+    if at:
+        return (f"DTensor would redistribute a Shard into a Partial, which this torch cannot do (a dry run "
+                f"on a fake group raised at {at}; harness/paths/mesh/redistribute.py); 2.13 can")
+    thin = _thin(case, codes)
+    writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
+              or (s.steps > 1 and s.zero_grad != "set_to_none"))
+    expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
+    if thin & expanded:
+        return (f"expand of {', '.join(sorted(thin & expanded))}, sharded on a dim with fewer elements than "
+                f"the ranks that shard it: DTensor's sharding propagation raises a bare KeyError (torch bug, "
+                f"seen on 2.13 on one mesh dim: _rewrite_plain_shard)")
+    if thin and writes:
+        return (f"{', '.join(sorted(thin))} sharded on a dim with fewer elements than the ranks that shard it: "
+                f"DTensor has no in-place strategy for it, so accumulating into its .grad raises (torch bug, "
+                f"see cases/dtensor/)")
+    return None
+
+
 def _orphans(case: Case, held: set[str]) -> dict[str, Any]:
     """A parameter no stage uses belongs to no stage: its .grad is what it started as (as pipeline.* has it)."""
     from harness.materialize.tensors import Built
@@ -317,13 +325,44 @@ def pp_dp_observation(name: str, case: Case, outcome: Any) -> Observation:
     (the replica rule), copies of a tied weight summed over stages; input
     grads from the first stage's replicas (each its own, the mean is the
     grad), outputs from the last stage's (replicas)."""
-    from harness.observation import Failure, Step, Violation
-    from harness.paths.assemble import _assemble, _first_failure, _judge_layout
+    from harness.observation import Failure
+    from harness.paths.assemble import _first_failure, _judge_layout
 
     obs = Observation(path=name)
     obs.extra["seconds"] = outcome.seconds
     replies = outcome.replies
     _first_failure(obs, replies)
+    _judge_group(obs, outcome)
+    ranks = sorted(replies)
+    if outcome.status != "ok" or len(ranks) != WORLD or any("steps" not in replies[r] for r in ranks):
+        if outcome.status == "ok" and obs.failure is None:
+            obs.failure = Failure(-1, "WorkerError", "not every rank replied")
+        return obs
+    stages: dict[int, list[int]] = {}
+    for r in ranks:
+        stages.setdefault(int(replies[r].get("pp", r // DIM_SIZES[1])), []).append(r)
+    M = case.schedule.microbatches
+    n_steps = min(len(replies[r]["steps"]) for r in ranks)
+    if len({len(replies[r]["steps"]) for r in ranks}) > 1 and obs.failure is None:
+        obs.failure = Failure(n_steps * M, "WorkerError", "ranks completed different numbers of steps")
+    problems: set[str] = set()
+    held = {n for r in ranks for rec in replies[r]["steps"][:1] for n in rec["grads"]}
+    orphan = _orphans(case, held) if n_steps else {}
+    for s in range(n_steps):
+        recs = {r: replies[r]["steps"][s] for r in ranks}
+        grads = {**_step_grads(obs, problems, case, stages, recs, s * M + M - 1), **orphan}
+        for r in ranks:
+            _judge_layout(obs, problems, s * M + M - 1, r, recs[r].get("layout", {}))
+        for j in range(M):
+            obs.steps.append(_microbatch(obs, problems, case, recs, stages, s * M + j, j,
+                                         dict(grads) if j == M - 1 else None))
+    return obs
+
+
+def _judge_group(obs: Observation, outcome: Any) -> None:
+    """A hang or a dead rank, as a violation of the whole group."""
+    from harness.observation import Violation
+
     if outcome.status == "timeout" and obs.failure is not None:
         # A rank raised mid-schedule and its pp peer waits for ever on a recv
         # it will not get: the raise is the finding, the wait its consequence
@@ -336,48 +375,40 @@ def pp_dp_observation(name: str, case: Case, outcome: Any) -> Observation:
     elif outcome.status == "crash":
         obs.violations.append(Violation("crash", -1, "process group",
                                         f"a rank died running the case: {outcome.detail}", key="crash"))
-    ranks = sorted(replies)
-    if outcome.status != "ok" or len(ranks) != WORLD or any("steps" not in replies[r] for r in ranks):
-        if outcome.status == "ok" and obs.failure is None:
-            obs.failure = Failure(-1, "WorkerError", "not every rank replied")
-        return obs
-    stages: dict[int, list[int]] = {}
-    for r in ranks:
-        stages.setdefault(int(replies[r].get("pp", r // DIM_SIZES[1])), []).append(r)
+
+
+def _step_grads(obs: Observation, problems: set[str], case: Case, stages: dict[int, list[int]],
+                recs: dict[int, Any], end: int) -> dict[str, Any]:
+    """One step's parameter grads: each stage's over its dp replicas, a tied weight's copies summed."""
+    from harness.paths.assemble import _assemble
+
+    grads: dict[str, Any] = {p.name: None for p in case.params}
+    for st in sorted(stages):
+        rs = stages[st]
+        for n in recs[rs[0]]["grads"]:
+            v = _assemble(obs, problems, end, n, [recs[r]["grads"].get(n) for r in rs], len(rs))
+            if v is not None:
+                grads[n] = v if grads[n] is None else grads[n] + v
+    return grads
+
+
+def _microbatch(obs: Observation, problems: set[str], case: Case, recs: dict[int, Any],
+                stages: dict[int, list[int]], k: int, j: int, grads: dict[str, Any] | None) -> Any:
+    """Microbatch ``j`` of the step (backward ``k``): input grads from the
+    first stage's replicas, outputs from the last's, ``grads`` at a step's end."""
+    from harness.observation import Step
+    from harness.paths.assemble import _assemble
+
     firsts, lasts = stages[min(stages)], stages[max(stages)]
-    M = case.schedule.microbatches
-    n_steps = min(len(replies[r]["steps"]) for r in ranks)
-    if len({len(replies[r]["steps"]) for r in ranks}) > 1 and obs.failure is None:
-        obs.failure = Failure(n_steps * M, "WorkerError", "ranks completed different numbers of steps")
-    problems: set[str] = set()
-    held = {n for r in ranks for rec in replies[r]["steps"][:1] for n in rec["grads"]}
-    orphan = _orphans(case, held) if n_steps else {}
-    for s in range(n_steps):
-        recs = {r: replies[r]["steps"][s] for r in ranks}
-        end = s * M + M - 1
-        grads: dict[str, Any] = {p.name: None for p in case.params}
-        for st in sorted(stages):
-            rs = stages[st]
-            for n in recs[rs[0]]["grads"]:
-                v = _assemble(obs, problems, end, n, [recs[r]["grads"].get(n) for r in rs], len(rs))
-                if v is not None:
-                    grads[n] = v if grads[n] is None else grads[n] + v
-        grads.update(orphan)
-        for r in ranks:
-            _judge_layout(obs, problems, end, r, recs[r].get("layout", {}))
-        for j in range(M):
-            k = s * M + j
-            in_grads = {}
-            for x in case.inputs:
-                encs = [(recs[r].get("input_grads") or {}).get(x.name) for r in firsts]
-                in_grads[x.name] = _assemble(obs, problems, k, f"input grad {x.name}",
-                                             [None if e is None else e[j] for e in encs], len(firsts))
-            seen = [(recs[r].get("outputs") or {}).get(str(k)) or [] for r in lasts]
-            outputs = [_assemble(obs, problems, k, f"output {i}", [e[i] if i < len(e) else None for e in seen],
-                                 len(lasts)) for i in range(max((len(e) for e in seen), default=0))]
-            obs.steps.append(Step(k=k, grads=dict(grads) if j == M - 1 else None,  # type: ignore[arg-type]
-                                  input_grads=in_grads, outputs=outputs))
-    return obs
+    in_grads = {}
+    for x in case.inputs:
+        encs = [(recs[r].get("input_grads") or {}).get(x.name) for r in firsts]
+        in_grads[x.name] = _assemble(obs, problems, k, f"input grad {x.name}",
+                                     [None if e is None else e[j] for e in encs], len(firsts))
+    seen = [(recs[r].get("outputs") or {}).get(str(k)) or [] for r in lasts]
+    outputs = [_assemble(obs, problems, k, f"output {i}", [e[i] if i < len(e) else None for e in seen], len(lasts))
+               for i in range(max((len(e) for e in seen), default=0))]
+    return Step(k=k, grads=grads, input_grads=in_grads, outputs=outputs)  # type: ignore[arg-type]
 
 
 PP_DP_FIXED = "oracles.mesh_pp_dp_fixed"
