@@ -8,6 +8,8 @@ corpus to be found): nothing was tested.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import io
 import os
 import sys
 import warnings
@@ -493,13 +495,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _native_crashes_print_the_stack() -> None:
+    """A SIGSEGV or SIGABRT in gradfuzz's own process (rank 0 under torchrun
+    runs cases in-process) otherwise leaves no trace of where it was."""
+    if faulthandler.is_enabled():  # pytest's, or the caller's own
+        return
+    try:
+        faulthandler.enable(file=sys.__stderr__, all_threads=False)
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):  # no usable stderr: nothing to print to
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _native_crashes_print_the_stack()
     from harness.workers import pool
 
-    if pool.torchrun_env() and int(os.environ["RANK"]) != 0:
+    if not pool.torchrun_env():
+        return _run(args)
+    if int(os.environ["RANK"]) != 0:
         # Under torchrun, ranks other than 0 follow rank 0's cases and exit when it is done.
-        return pool.follow_torchrun(getattr(args, "backend", None))
+        pool.leave_torchrun(pool.follow_torchrun(getattr(args, "backend", None)))
+    pool.leave_torchrun(_run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     with escaped_output():  # names, titles and rows of strangers' files reach the terminal as text
         try:
             check_args(args)

@@ -1,5 +1,5 @@
-"""What a generated torchrun repro script runs before it joins its group:
-keep the group's sockets on loopback.
+"""What a generated torchrun repro script runs before it joins its group
+(keep the group's sockets on loopback) and how it leaves (``ENTRY``).
 
 A repro is run by whoever got the findings file, often on a shared or
 networked machine. torchrun's default rendezvous and gloo's pairs otherwise
@@ -27,4 +27,17 @@ SOURCE = '''def _gradfuzz_loopback():
     if lo:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+'''
+
+# The verdict is flushed, then the interpreter's teardown is skipped.
+ENTRY = '''
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: in the interpreter's teardown gloo's threads sometimes abort
+    # the process (SIGABRT, "terminate called without an active exception", even
+    # after destroy_process_group), and the exit status would be the abort's.
+    os._exit(code)
 '''

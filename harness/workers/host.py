@@ -192,6 +192,7 @@ def follow(ctx: Rank, control: Any) -> int:
         dist.broadcast_object_list(box, src=0, group=control)
         msg = box[0]
         if msg is None or msg.get("op") == "stop":
+            dist.barrier(group=control)  # TorchrunGroup.stop's: rank 0 leaves after everyone read it
             return 0
         try:
             reply = handle(ctx, msg)

@@ -117,7 +117,4 @@ def main():
     dist.barrier()
     dist.destroy_process_group()
     return 1 if flag.item() else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())'''
+''' + loopback.ENTRY
