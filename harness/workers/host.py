@@ -176,13 +176,7 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
             reply["device_lost"] = lost
         reply["id"] = msg.get("id")
         conn.send_bytes(pickle.dumps(reply))
-    os._exit(0)
-
-    try:
-        torch.cuda.synchronize(device)
-    except Exception as e:  # torch.AcceleratorError on 2.9+, RuntimeError before
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    return None  # no process-group teardown handshake: the pool may already be going
+    os._exit(0)  # no process-group teardown handshake: the pool may already be going
 
 
 def follow(ctx: Rank, control: Any) -> int:
