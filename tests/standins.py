@@ -198,3 +198,14 @@ class crashes_in_its_own_code:
         from oracles import split_fixed
 
         return split_fixed.stage_backward_weight(weights, param_groups, retain_graph)
+
+
+class exits:
+    """A split implementation whose process dies on its first backward (a
+    case that kills the process it runs in, as a native crash would)."""
+
+    @staticmethod
+    def stage_backward_input(*args, **kwargs):
+        os._exit(3)
+
+    stage_backward_weight = stage_backward_input

@@ -1,13 +1,18 @@
 """Corpus replay on N processes (``gate -n N``): the same results as one process.
 
-Each job is a group of paths that share their setup (a family, a pipeline
-schedule, the compile flavours of one backend: pools and compile caches are
-built once per job) and replays every corpus case on them in a child process
-(``python -m harness.engine.replay_pool SPEC OUT``), N jobs at a time. The
-child writes one JSON line per (case, path) as it goes, so the parent shows
-progress and keeps what a dead child did finish. The parent hands the
-results back in the one-process order (cases, then paths in registry order),
-so the gate classifies them exactly as it would in one process.
+The unit of work is a group of paths that share their setup (a family, a
+pipeline schedule, the compile flavours of one backend: pools and compile
+caches are built once per group). N children (``python -m
+harness.engine.replay_pool SPEC``) each take the next unclaimed group, in
+registry order, replay every corpus case on it, close its paths, and take
+the next, so a process start (torch, the corpus, the families: about 3 s
+here) is paid N times, not once per group (33 groups on 2.13 CPU). A group
+is claimed by creating its claim file exclusively, so no group runs twice.
+Each group's results go to its own file, one JSON line per (case, path) as
+they come, so the parent shows progress and keeps what a dead child did
+finish. The parent hands the results back in the one-process order (cases,
+then paths in registry order), so the gate classifies them exactly as it
+would in one process.
 """
 
 from __future__ import annotations
@@ -34,40 +39,35 @@ def job_key(name: str) -> str:
 
 def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: int, options: Options,
                       progress: Callable[[str], None] = lambda s: None) -> list[Replayed]:
-    jobs: dict[str, list[str]] = {}
+    groups: dict[str, list[str]] = {}
     for p in live:
-        jobs.setdefault(job_key(p.name), []).append(p.name)
+        groups.setdefault(job_key(p.name), []).append(p.name)
     files = [os.path.abspath(e.file) for e in entries]
     total = len(files) * len(live)
-    lines: list[dict[str, Any]] = []
-    failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gradfuzz-replay-") as d:
         started = time.monotonic()
-
-        def out(key: str) -> str:
-            return os.path.join(d, f"{key}.jsonl")
-
-        def ended(e: Ended) -> None:
-            got = _read_lines(out(e.key))
-            lines.extend(got)
-            want = len(files) * len(jobs[e.key])
-            if e.returncode != 0 or len(got) != want:
-                failures.append(f"replay of {', '.join(jobs[e.key])} exited {e.returncode} after {len(got)} of {want} "
-                                f"(case, path) pairs; its log ends: {e.tail()}")
+        ends: list[Ended] = []
 
         def tick(pending: list[str], running: list[str]) -> None:
-            done = len(lines) + sum(len(_read_lines(out(k))) for k in running)
+            done = sum(len(_read_lines(_out(d, k))) for k in groups)
             left = (time.monotonic() - started) / done * (total - done) if done else 0.0
-            progress(f"[phase] replay {done}/{total} (case, path) pairs on {workers} processes, "
-                     f"{len(pending) + len(running)} of {len(jobs)} path groups to go, ~{left:.0f}s left")
+            to_go = sum(1 for k in groups if not os.path.exists(_claim(d, k)))
+            progress(f"[phase] replay {done}/{total} (case, path) pairs on {len(running)} processes, "
+                     f"{to_go} of {len(groups)} path groups not started, ~{left:.0f}s left")
 
-        argvs = []
-        for key, names in jobs.items():
-            spec = os.path.join(d, f"{key}.spec.json")
-            with open(spec, "w") as fh:
-                json.dump({"paths": names, "files": files, "options": dataclasses.asdict(options)}, fh)
-            argvs.append((key, python("harness.engine.replay_pool", spec, out(key))))
-        run_jobs(argvs, workers, d, ended, tick)
+        spec = os.path.join(d, "spec.json")
+        with open(spec, "w") as fh:
+            json.dump({"groups": list(groups.items()), "files": files, "folder": d,
+                       "options": dataclasses.asdict(options)}, fh)
+        unclaimed = list(groups)
+        while unclaimed:  # a child that died left groups unclaimed: the next children take them
+            argvs = [(f"replay-{len(ends) + i}", python("harness.engine.replay_pool", spec))
+                     for i in range(min(workers, len(unclaimed)))]
+            run_jobs(argvs, workers, d, ends.append, tick)
+            before, unclaimed = unclaimed, [k for k in groups if not os.path.exists(_claim(d, k))]
+            if unclaimed == before:  # not one group started: the children die before claiming (their logs say why)
+                break
+        lines, failures = _collect(d, groups, len(files), ends)
     if failures:
         raise ReplayError("; ".join(failures))
     by_file = {os.path.abspath(e.file): e for e in entries}
@@ -78,6 +78,41 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
     return [Replayed(by_file[x["file"]], by_name[x["path"]], x["skipped"],
                      [Divergence.from_json(dv) for dv in x["divergences"]])
             for x in lines]
+
+
+def _collect(folder: str, groups: dict[str, list[str]], cases: int,
+             ends: list[Ended]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every group's lines, and a sentence for each group that stopped short
+    (naming the child's exit and its log) or that no child lived to start."""
+    lines: list[dict[str, Any]] = []
+    failures = []
+    logs = "; ".join(f"{e.key} exited {e.returncode}, its log ends: {e.tail()}" for e in ends if e.returncode != 0)
+    for key, names in groups.items():
+        got = _read_lines(_out(folder, key))
+        lines.extend(got)
+        want = cases * len(names)
+        if len(got) != want:
+            started = "stopped" if os.path.exists(_claim(folder, key)) else "was never started"
+            failures.append(f"replay of {', '.join(names)} {started} after {len(got)} of {want} (case, path) pairs"
+                            + (f" ({logs})" if logs else ""))
+    return lines, failures
+
+
+def _out(folder: str, key: str) -> str:
+    return os.path.join(folder, f"{key}.jsonl")
+
+
+def _claim(folder: str, key: str) -> str:
+    return os.path.join(folder, f"{key}.claim")
+
+
+def _take(folder: str, key: str) -> bool:
+    """Claim a group for this child; False if another child has it."""
+    try:
+        os.close(os.open(_claim(folder, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 class ReplayError(RuntimeError):
@@ -94,7 +129,7 @@ def _read_lines(file: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.split("\n")[:-1] if line]
 
 
-def _child(spec_file: str, out: str) -> int:
+def _child(spec_file: str) -> int:
     from harness.engine.session import _single_thread
 
     _single_thread()  # N children share the cores, as fuzzing workers do
@@ -102,8 +137,15 @@ def _child(spec_file: str, out: str) -> int:
         spec = json.load(fh)
     raw = spec["options"]
     options = Options(**{**raw, "extra": tuple(raw["extra"]), "impls": tuple(tuple(x) for x in raw["impls"])})
-    paths = [p for p in resolve(spec["paths"], options) if p.name in set(spec["paths"])]
     entries = [corpus.load(f) for f in spec["files"]]
+    for key, names in spec["groups"]:
+        if _take(spec["folder"], key):
+            _replay_group(entries, names, options, _out(spec["folder"], key))
+    return 0
+
+
+def _replay_group(entries: list[corpus.Entry], names: list[str], options: Options, out: str) -> None:
+    paths = [p for p in resolve(names, options) if p.name in set(names)]
     try:
         with open(out, "w") as fh:
             for r in replay_entries(entries, paths):
@@ -112,8 +154,7 @@ def _child(spec_file: str, out: str) -> int:
                 fh.flush()
     finally:
         close_paths(paths)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], sys.argv[2]))
+    sys.exit(_child(sys.argv[1]))

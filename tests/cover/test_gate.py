@@ -383,6 +383,23 @@ def test_replay_on_two_processes_gives_the_one_process_rows(tmp_path):
     assert one[0]["known"] > 0 and one[0]["error"] == 0
 
 
+def test_a_replay_child_that_dies_is_named_and_its_groups_taken_by_the_others(tmp_path):
+    """A case that kills its replay child: the group it was on is reported
+    stopped, with the child's exit, and the groups it had not reached still
+    replay on the next children (one worker here, so a fresh one starts)."""
+    from harness.engine.replay_pool import ReplayError, replay_on_workers
+
+    options = Options(impls=(("split_impl", "tests.standins:exits"),))
+    live = [p for p in resolve("split,checkpoint.reentrant", options) if p.availability().ok]
+    entries = [corpus.load(f) for f in corpus.discover(["cases/split"])]
+    with pytest.raises(ReplayError) as e:
+        replay_on_workers(entries, live, 1, options)
+    why = str(e.value)
+    dead = [p.name for p in live if p.name.startswith("split.")]
+    assert f"replay of {', '.join(dead)} stopped after" in why and "exited 3" in why, why
+    assert "checkpoint" not in why.split("(replay-")[0], why  # taken after split's, on a fresh child
+
+
 def test_a_racy_known_bug_counts_once_per_path_whatever_signatures_it_showed():
     """Two runs of one seed: a racy bug showed one signature in the first and
     two in the second (seen on two-rank zero bubble). Counted per (status, bug,
