@@ -3,6 +3,7 @@ its peer never joins (what a rank error inside DDP or FSDP2 leaves behind)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -12,6 +13,11 @@ import torch.distributed as dist
 def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     if ctx.rank == msg.get("raise_on"):
         raise RuntimeError("injected rank failure")
+    if msg.get("busy_s"):  # a peer still computing when the other raises: it must get to answer
+        end = time.monotonic() + msg["busy_s"]
+        while time.monotonic() < end:
+            pass
+        return {"busy": True}
     t = torch.ones(1)
     dist.all_reduce(t)
     return {"sum": float(t)}

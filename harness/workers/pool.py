@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 
 from harness.materialize import workarounds
 from harness.workers import host
+from harness.workers.stillness import POLL, WINDOW, Stillness
 
 START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
 FAILED_PEER_GRACE = 5.0  # seconds the other ranks get to answer once one rank has reported a failure
@@ -187,15 +188,20 @@ class WorkerPool:
         pending = set(range(self.world_size))
         deadline = t0 + timeout
         failed: int | None = None  # the first rank that replied with a failure while others were still running
+        still = Stillness() if not msg.get("wait") else None  # ranks with bounded waits of their own answer by themselves
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
             left = deadline - time.monotonic()
-            if left <= 0:
+            stuck = failed is not None and still is not None and still.blocked([self.procs[r].pid for r in pending])
+            if left <= 0 or stuck:
                 why = self._hang_report(sorted(pending), timeout if failed is None else time.monotonic() - t0)
                 if failed is not None:
-                    why = f"rank {failed} failed and its peers did not finish within {self._grace(msg):g}s: {why}"
+                    waited = (f"were blocked for good (no thread runnable, no CPU used for {WINDOW:g}s)" if stuck
+                              else f"did not finish within {self._grace(msg):g}s")
+                    why = f"rank {failed} failed and its peers {waited}: {why}"
                 return Outcome("timeout", replies, why, time.monotonic() - t0)
-            ready = wait([self.conns[r] for r in pending] + list(sentinels), timeout=left)
+            poll = left if failed is None or still is None else min(left, POLL)
+            ready = wait([self.conns[r] for r in pending] + list(sentinels), timeout=poll)
             dead = []
             for obj in ready:
                 if obj in sentinels:

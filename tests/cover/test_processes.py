@@ -44,9 +44,24 @@ def test_failing_rank_ends_the_case_in_seconds() -> None:
         assert out.status == "timeout" and "injected rank failure" in out.replies[1]["error"]
         assert "rank 1 failed" in out.detail
         assert took < FAILED_PEER_GRACE + 10
+        if sys.platform.startswith("linux"):  # seen blocked in /proc, well before the grace
+            assert "were blocked for good" in out.detail, out.detail
         assert not pool.procs  # closed: the blocked rank is gone
         ok = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": None}, timeout=120)
         assert ok.status == "ok" and ok.replies[0]["sum"] == 2.0
+    finally:
+        pool.close()
+
+
+def test_a_peer_that_is_still_computing_is_not_taken_for_blocked() -> None:
+    """Rank 1 raises while rank 0 computes for 3 s before answering: the pool
+    must not cut rank 0 off as blocked (it answers within the grace)."""
+    from harness.workers.pool import WorkerPool
+
+    pool = WorkerPool(2, "gloo")
+    try:
+        out = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": 1, "busy_s": 3.0}, timeout=120)
+        assert out.replies.get(0) == {"busy": True, "id": out.replies[0]["id"]}, (out.status, out.detail)
     finally:
         pool.close()
 
