@@ -3,13 +3,13 @@
 The unit of work is a group of paths that share their setup (a family, a
 pipeline schedule, the compile flavours of one backend: pools and compile
 caches are built once per group). N children (``python -m
-harness.engine.replay_pool SPEC``) each take the next unclaimed group, in
-registry order, replay every corpus case on it, close its paths, and take
-the next, so a process start (torch, the corpus, the families: about 3 s
-here) is paid N times, not once per group (33 groups on 2.13 CPU). A group
-is claimed by creating its claim file exclusively, so no group runs twice.
-Each group's results go to its own file, one JSON line per (case, path) as
-they come, so the parent shows progress and keeps what a dead child did
+harness.engine.replay_pool SPEC``) each take the next unclaimed group,
+heaviest first (``harness.paths.heaviness``), replay every corpus case on
+it, close its paths, and take the next, so a process start (torch, the
+corpus, the families: about 3 s here) is paid N times, not once per group
+(33 groups on 2.13 CPU). A group is claimed by creating its claim file
+exclusively, so no group runs twice. Each group's results go to its own
+file, one JSON line per (case, path) as they come, so the parent shows progress and keeps what a dead child did
 finish. The parent hands the results back in the one-process order (cases,
 then paths in registry order), so the gate classifies them exactly as it
 would in one process.
@@ -28,7 +28,7 @@ from typing import Any, Callable
 from harness.engine.check import Replayed, replay_entries
 from harness.observation import Divergence
 from harness.artifacts import corpus
-from harness.paths import Options, Path, close_paths, resolve
+from harness.paths import Options, Path, close_paths, heaviness, resolve
 from harness.workers.interpreter import python
 from harness.workers.jobs import Ended, run_jobs
 
@@ -40,7 +40,7 @@ def job_key(name: str) -> str:
 def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: int, options: Options,
                       progress: Callable[[str], None] = lambda s: None) -> list[Replayed]:
     groups: dict[str, list[str]] = {}
-    for p in live:
+    for p in sorted(live, key=lambda p: -heaviness(p)):  # heaviest groups claimed first (a stable sort)
         groups.setdefault(job_key(p.name), []).append(p.name)
     files = [os.path.abspath(e.file) for e in entries]
     total = len(files) * len(live)

@@ -24,7 +24,7 @@ from harness.observation import Divergence
 from harness.paths import Path
 from harness.engine.result import Result, Tally
 from harness.artifacts.findings import finding_entry
-from harness.paths import close_paths, split_available
+from harness.paths import close_paths, heaviness, split_available
 from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
 
 
@@ -34,7 +34,9 @@ def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
     groups: dict[tuple, list[Path]] = {}
     for p in paths:
         groups.setdefault(strategy_flags(p), []).append(p)
-    return [Target(ps, exact=exact, seed=seed, shard=s, slack=slack) for ps in groups.values() for s in range(shards)]
+    # Heaviest first (a target's seed is its own, so the order changes only who waits at the end).
+    ordered = sorted(groups.values(), key=lambda ps: -max(heaviness(p) for p in ps))
+    return [Target(ps, exact=exact, seed=seed, shard=s, slack=slack) for ps in ordered for s in range(shards)]
 
 
 class Session:

@@ -20,10 +20,10 @@ from typing import Any, Callable, Iterable
 
 from harness.objects import LoadError, load_object
 from harness.materialize.schedule import run_schedule
-from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError
+from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError, heaviness
 from harness.paths.family import Canary, Family, UserImpl
 
-__all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl",
+__all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl", "heaviness",
            "all_paths", "check_options", "close_paths", "families", "register_path", "resolve", "run_schedule",
            "split_available"]
 

@@ -187,5 +187,18 @@ class Path(Protocol):
         ...
 
 
+def heaviness(path: Path) -> int:
+    """A rough cost class of a case on ``path``, for handing work out heaviest
+    first (gate replay groups, fuzz targets) so that the slowest group does
+    not start last while the other processes sit idle. A path run in a child
+    (``worker``, ``recipe``: compile, graphed) compiles or captures there,
+    about a second per new structure, and ranks first; then the paths with
+    ranks, by their number; in-process paths are 0."""
+    if hasattr(path, "worker") or hasattr(path, "recipe"):
+        return 100
+    ranks = getattr(path, "world_size", 0)
+    return ranks if isinstance(ranks, int) and ranks > 0 else 0
+
+
 def format_exception(e: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(e), e)).strip()
