@@ -54,13 +54,13 @@ def test_failing_rank_ends_the_case_in_seconds() -> None:
 
 
 def test_a_peer_that_is_still_computing_is_not_taken_for_blocked() -> None:
-    """Rank 1 raises while rank 0 computes for 3 s before answering: the pool
+    """Rank 1 raises while rank 0 computes for 2 s before answering: the pool
     must not cut rank 0 off as blocked (it answers within the grace)."""
     from harness.workers.pool import WorkerPool
 
     pool = WorkerPool(2, "gloo")
     try:
-        out = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": 1, "busy_s": 3.0}, timeout=120)
+        out = pool.request({"op": "call", "module": "tests.rank_faults", "raise_on": 1, "busy_s": 2.0}, timeout=120)
         assert out.replies.get(0) == {"busy": True, "id": out.replies[0]["id"]}, (out.status, out.detail)
     finally:
         pool.close()
