@@ -470,7 +470,11 @@ def leave_torchrun(code: int) -> NoReturn:
     are already told to stop."""
     for g in list(groups.values()):
         if isinstance(g, TorchrunGroup):
-            g.stop()
+            try:
+                g.stop()
+            except Exception as e:  # a follower already gone: torchrun is taking the group down anyway
+                print(f"gradfuzz: the other ranks could not be told to stop: {type(e).__name__}: {e}",
+                      file=sys.stderr)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if stream is not None:
