@@ -188,7 +188,9 @@ class WorkerPool:
         pending = set(range(self.world_size))
         deadline = t0 + timeout
         failed: int | None = None  # the first rank that replied with a failure while others were still running
-        still = Stillness() if not msg.get("wait") else None  # ranks with bounded waits of their own answer by themselves
+        # Ranks with bounded waits of their own answer by themselves; a GPU rank
+        # can sleep in a stream sync while its kernels still run: both keep the grace.
+        still = Stillness() if not msg.get("wait") and self.backend == "gloo" else None
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
             left = deadline - time.monotonic()

@@ -14,6 +14,8 @@ shows a runnable thread, so load lengthens the wait but never cuts short a
 rank that would still have answered.
 
 Linux only (``/proc``); elsewhere ``blocked`` says no and the grace applies.
+The pool uses it for gloo groups only: a GPU rank may sleep in a stream
+sync while its kernels still run, and would look blocked.
 """
 
 from __future__ import annotations
