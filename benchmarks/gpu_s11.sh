@@ -14,13 +14,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 W=${W:-/tmp/s11}; mkdir -p "$W"; S=$OUT/summary.txt
 B=nccl; GATE_EX=2; GATE_N=6; PIPE_EX=15; ST_EX=60; LIGER_N=300; DEADLINE=${DEADLINE:-470}
 [ -n "${DRY:-}" ] && { B=gloo; GATE_EX=1; GATE_N=2; PIPE_EX=1; ST_EX=4; LIGER_N=0; DEADLINE=200; }
-step() {  # step NAME LIMIT COMMAND...
-    local name=$1 limit=$2 start=$SECONDS rc; shift 2
-    echo "$(date -u +%T) start $name: $*" >>"$W/cmds.txt"
-    timeout -k 5 "$limit" "$@" >"$W/$name.log" 2>&1; rc=$?
-    echo "$(date -u +%T) $name: exit $rc in $((SECONDS - start)) s" | tee -a "$S"
-}
-packer() { while :; do sleep 20; tar -czf "$OUT/.all.tgz" -C "$W" . 2>/dev/null && mv "$OUT/.all.tgz" "$OUT/all.tgz"; done; }
+. benchmarks/device_steps.sh  # step and packer
 packer & PACK=$!
 { python -c "import torch; print('torch', torch.__version__, torch.cuda.device_count(), 'GPUs')"; echo "cores $(OMP_NUM_THREADS= nproc)"; } >>"$S" 2>&1
 SITE=/tmp/site

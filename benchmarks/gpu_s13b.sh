@@ -24,13 +24,7 @@ if [ -n "${DRY:-}" ]; then
     GATE_ARGS="--paths mesh.fsdp_tp.fixed,ddp.fixed --corpus --no-selfcheck"
 fi
 W=${W:-/tmp/s13b}; mkdir -p "$W"; S=${OUT:?}/summary.txt; SITE=/tmp/site
-step() {
-    local name=$1 limit=$2 start=$SECONDS rc; shift 2
-    echo "$(date -u +%T) start $name: $*" >>"$W/cmds.txt"
-    timeout -k 5 "$limit" "$@" >"$W/$name.log" 2>&1; rc=$?
-    echo "$(date -u +%T) $name: exit $rc in $((SECONDS - start)) s" | tee -a "$S"
-}
-packer() { while :; do sleep 20; tar -czf "$OUT/.all.tgz" -C "$W" . 2>/dev/null && mv "$OUT/.all.tgz" "$OUT/all.tgz"; done; }
+. benchmarks/device_steps.sh  # step and packer
 packer & PACK=$!
 { echo "checkout $(cat COMMIT 2>/dev/null || git log -1 --format=%H 2>/dev/null)"
   python -c "import torch; print('torch', torch.__version__, torch.cuda.device_count(), 'GPUs')"

@@ -28,13 +28,7 @@ if [ "$SCALE" = tiny ]; then
 else
     EX_STOCK=300; EX_FIXED=500; EX_PIPE=15; EX_DP=150; DRAW_D=24; DRAW_P=24; DRAW_PP=14; GATE_EX=2; GATE_N=8
 fi
-step() {  # step NAME LIMIT COMMAND...: its log in $W/NAME.log, one summary line
-    local name=$1 limit=$2 start=$SECONDS rc; shift 2
-    echo "$(date -u +%T) start $name: $*" >>"$W/cmds.txt"
-    timeout -k 5 "$limit" "$@" >"$W/$name.log" 2>&1; rc=$?
-    echo "$(date -u +%T) $name: exit $rc in $((SECONDS - start)) s" | tee -a "$S"
-}
-packer() { while :; do sleep 20; tar -czf "$OUT/.all.tgz" -C "$W" . 2>/dev/null && mv "$OUT/.all.tgz" "$OUT/all.tgz"; done; }
+. benchmarks/device_steps.sh  # step and packer
 packer & PACK=$!
 { git log -1 --format='checkout %H' 2>/dev/null || echo "checkout: not a git tree ($(cat COMMIT 2>/dev/null))"
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
