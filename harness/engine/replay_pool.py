@@ -9,10 +9,10 @@ it, close its paths, and take the next, so a process start (torch, the
 corpus, the families: about 3 s here) is paid N times, not once per group
 (33 groups on 2.13 CPU). A group is claimed by creating its claim file
 exclusively, so no group runs twice. Each group's results go to its own
-file, one JSON line per (case, path) as they come, so the parent shows progress and keeps what a dead child did
-finish. The parent hands the results back in the one-process order (cases,
-then paths in registry order), so the gate classifies them exactly as it
-would in one process.
+file, one JSON line per (case, path) as they come, so the parent shows
+progress and keeps what a dead child did finish. The parent hands the
+results back in the one-process order (cases, then paths in registry
+order), so the gate classifies them exactly as it would in one process.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
         ends: list[Ended] = []
 
         def tick(pending: list[str], running: list[str]) -> None:
-            done = sum(len(_read_lines(_out(d, k))) for k in groups)
+            done = sum(_count_lines(_out(d, k)) for k in groups)
             left = (time.monotonic() - started) / done * (total - done) if done else 0.0
             to_go = sum(1 for k in groups if not os.path.exists(_claim(d, k)))
             progress(f"[phase] replay {done}/{total} (case, path) pairs on {len(running)} processes, "
@@ -117,6 +117,15 @@ def _take(folder: str, key: str) -> bool:
 
 class ReplayError(RuntimeError):
     """A replay child died or stopped short: part of the replay did not run."""
+
+
+def _count_lines(file: str) -> int:
+    """Whole lines written so far (progress only: nothing is parsed)."""
+    try:
+        with open(file, "rb") as fh:
+            return fh.read().count(b"\n")
+    except OSError:
+        return 0
 
 
 def _read_lines(file: str) -> list[dict[str, Any]]:

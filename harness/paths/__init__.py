@@ -23,9 +23,9 @@ from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError, heaviness
 from harness.paths.family import Canary, Family, UserImpl
 
-__all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl", "heaviness",
-           "all_paths", "check_options", "close_paths", "families", "register_path", "resolve", "run_schedule",
-           "split_available"]
+__all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl",
+           "all_paths", "check_options", "close_paths", "families", "heaviness", "register_path", "resolve",
+           "run_schedule", "split_available"]
 
 from harness.registry import BUILTIN, GROUP, add_namespace, listed  # noqa: F401  (GROUP: for third parties' docs)
 
