@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 15: one-GPU device calls for issue 34's GPU rows, each step alone
+# on the machine's 16 cores (call "a": table and gate; call "b": gate2):
+#   table   issue 34's table in one run: the fast families, the process-group
+#           families (gloo, world size 2), checkpointing, the compile paths
+#           and graphed.fixed, 100 examples each, 16 workers
+#   gate    README's gate (--examples 20 -n 16) on the GPU machine, every path
+#           that runs there, with its phase breakdown
+#   gate2   the same gate at -n 2: the 16-core speed-up at the same budget
+#           (issue 34 item 6)
+# Logs and JSON go to $W, re-tarred into $OUT/all.tgz every 20 s.
+#
+#   bash benchmarks/gpu_s15.sh a      # on the device machine, repository root
+#   bash benchmarks/gpu_s15.sh b
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+W=${W:-/tmp/s15}; mkdir -p "$W"; S=${OUT:?}/summary.txt
+. benchmarks/device_steps.sh  # step and packer
+packer & PACK=$!
+{ echo "checkout $(git log -1 --format=%H 2>/dev/null)"
+  python -c "import torch; print('torch', torch.__version__, torch.cuda.device_count(), 'GPUs')"
+  echo "cores $(nproc)"; nvidia-smi -L 2>/dev/null; } >>"$S" 2>&1
+TABLE=split.fixed,eager.accumulate,ddp.fixed,fsdp2.fixed,dtensor.fixed,checkpoint.fixed,compile.aot_eager,compile.inductor,graphed.fixed
+CALL=${1:?call a or b}
+if [ "$CALL" = a ]; then
+step table 150 python -m harness fuzz --paths $TABLE --examples 100 --seed 0 --db none -n 16 --json "$W/table.json"
+step gate 300 python -m harness gate --examples 20 -n 16 --json "$W/gate.json" --markdown "$W/gate.md" --save "$W/found-gate"
+else
+step gate2 520 python -m harness gate --examples 20 -n 2 --json "$W/gate2.json" --save "$W/found-gate2"
+fi
+kill $PACK; tar -czf "$OUT/all.tgz" -C "$W" .; cp "$W/gate.md" "$OUT/" 2>/dev/null
+echo "done $(date -u +%T)" >>"$S"
