@@ -24,7 +24,7 @@ TABLE=split.fixed,eager.accumulate,ddp.fixed,fsdp2.fixed,dtensor.fixed,checkpoin
 CALL=${1:?call a or b}
 if [ "$CALL" = a ]; then
 step table 150 python -m harness fuzz --paths $TABLE --examples 100 --seed 0 --db none -n 16 --json "$W/table.json"
-step gate 300 python -m harness gate --examples 20 -n 16 --json "$W/gate.json" --markdown "$W/gate.md" --save "$W/found-gate"
+step gate 420 python -m harness gate --examples 20 -n 16 --json "$W/gate.json" --markdown "$W/gate.md" --save "$W/found-gate"
 else
 step gate2 520 python -m harness gate --examples 20 -n 2 --json "$W/gate2.json" --save "$W/found-gate2"
 fi
