@@ -358,3 +358,37 @@ def test_canary_stage_is_caught_from_a_cold_start():
     d = result.divergences[0]
     print(f"double_weight: caught after {result.paths[path.name].first_hit_examples} examples; shrunk: {d.detail}")
     assert d.kind == "value"
+
+
+def test_a_send_written_before_its_wait_is_reported_and_one_written_after_it_is_not(monkeypatch):
+    """The watch reads version counters at the schedule's own post and wait:
+    the same order on every run, whatever the transport's thread did."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+
+    from harness.paths.pipeline.inflight import watched
+
+    monkeypatch.setattr(schedules, "_batch_p2p", lambda ops, desc=None: [object()])
+    monkeypatch.setattr(schedules, "_wait_batch_p2p", lambda work: None)
+    early, late, received = torch.zeros(2), torch.zeros(2), torch.zeros(2)
+    with watched([]) as found:
+        work = schedules._batch_p2p([SimpleNamespace(op=dist.isend, tensor=early, peer=1),
+                                     SimpleNamespace(op=dist.irecv, tensor=received, peer=1)])
+        early.add_(1)
+        received.add_(1)  # a receive buffer's writes are not the send's business
+        schedules._wait_batch_p2p(work)
+        work = schedules._batch_p2p([SimpleNamespace(op=dist.isend, tensor=late, peer=1)])
+        schedules._wait_batch_p2p(work)
+        late.add_(1)
+    assert len(found) == 1 and "sent to rank 1" in found[0] and "version 0 -> 1" in found[0], found
+    assert schedules._batch_p2p is not None and "watched" not in repr(schedules._wait_batch_p2p)
+
+
+def test_a_send_written_in_flight_is_the_finding_and_the_racy_grads_are_not_compared():
+    case = corpus.load(os.path.join(os.path.dirname(corpus.__file__), "..", "..", "cases", "pipeline",
+                                    "zbv_two_ranks_tied_weight_passthrough_input_grad.json")).case
+    path = next(p for p in resolve("pipeline.ZBVZeroBubble.ranks2.stock") if p.supports(case) is None)
+    kinds = [[d.kind for d in check(case, path)] for _ in range(3)]
+    assert kinds == [["race"]] * 3, kinds

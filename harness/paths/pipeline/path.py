@@ -313,6 +313,24 @@ def _orphans(case: Case, replies: dict[int, Any]) -> Grads:
     return orphan
 
 
+def _raced(obs: Observation, replies: dict[int, Any], M: int) -> bool:
+    """A send buffer written while in flight (``inflight``) is the finding,
+    and what the peer received after it is timing: the grads are then not
+    compared, or the same case would diverge on one run and agree on the
+    next, and the verdict would follow the machine's load."""
+    written = [(r, step, what) for r in sorted(replies) for step, what in replies[r].get("inflight", [])]
+    if not written:
+        return False
+    r, step, what = written[0]
+    more = f" ({len(written) - 1} more)" if len(written) > 1 else ""
+    obs.violations.append(Violation(
+        "race", step * M + M - 1, "send buffer",
+        f"rank {r}, step {step}: {what}{more}. torch.distributed.isend leaves a tensor written before its request "
+        f"completes undefined: the peer gets the old or the new values depending on timing, so the grads after "
+        f"it are not compared", key="send written in flight"))
+    return True
+
+
 def observation(name: str, case: Case, outcome: Any) -> Observation:
     """Rank facts -> one Observation: a Step per backward (parameter grads at
     the last backward of each step only), copies summed, failures merged."""
@@ -342,6 +360,8 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
     if not ranks or any("steps" not in replies[r] for r in ranks):
         if obs.failure is None:
             obs.failure = Failure(-1, "WorkerError", "not every rank replied")
+        return obs
+    if _raced(obs, replies, M):
         return obs
     for r in ranks:
         for m in replies[r].get("mutations", []):

@@ -36,6 +36,7 @@ from harness.observation import snap
 from harness.case.spec import Case
 from harness.materialize.stages import StageModule, StageSpec, cut
 from harness.paths.pipeline.data import stage_cuts
+from harness.paths.pipeline.inflight import watched
 
 STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
@@ -288,7 +289,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
     built = Built(case)
     sched = case.schedule
     M = sched.microbatches
-    out: dict[str, Any] = {"rank": rank, "steps": [], "failure": None, "mutations": []}
+    out: dict[str, Any] = {"rank": rank, "steps": [], "failure": None, "mutations": [], "inflight": []}
     specs = cut(case, stage_cuts(case))
     mine = [s for s in specs if placement[s.index] == rank]
     first = any(s.index == 0 for s in mine)
@@ -317,7 +318,9 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
             args = _stacked_inputs(case, built, ks, step_no, held, device) if first else []
             kwargs = {"target": _target(built, ks, step_no, held, device)} if last else {}
             seen.clear()
-            schedule_obj.step(*args, return_outputs=False, **kwargs)
+            with watched(stages) as written:
+                schedule_obj.step(*args, return_outputs=False, **kwargs)
+            out["inflight"] += [(step_no, w) for w in written]
             for m in held.check(step_no):
                 if m.what not in reported:
                     reported.add(m.what)
