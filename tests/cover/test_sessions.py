@@ -163,3 +163,18 @@ def test_pytest_plugin_items_are_plain_hypothesis_tests():
     test = Target(resolve("split.fixed"), exact=True).plain_test(max_examples=5)
     assert getattr(test, "is_hypothesis_test", False)
     test()  # split.fixed agrees with the oracle: passes as a plain Hypothesis test
+
+
+def test_shards_are_planned_shard_by_shard_heaviest_target_first():
+    """With S shards on S workers, the first S items must not all be the
+    heaviest target's: every target's shard 0 comes before any shard 1."""
+    from harness.engine.session import plan
+    from harness.paths import heaviness, resolve
+
+    paths = resolve("split.fixed,ddp.fixed,compile.aot_eager")
+    targets = plan(paths, exact=None, seed=0, shards=3)
+    order = [(t.shard, t.paths[0].name) for t in targets]
+    assert [s for s, _ in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2], order
+    names = [n for _, n in order[:3]]
+    assert names == sorted(names, key=lambda n: -heaviness(next(p for p in paths if p.name == n))), names
+    assert names[0] == "compile.aot_eager"
