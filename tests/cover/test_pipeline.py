@@ -392,3 +392,18 @@ def test_a_send_written_in_flight_is_the_finding_and_the_racy_grads_are_not_comp
     path = next(p for p in resolve("pipeline.ZBVZeroBubble.ranks2.stock") if p.supports(case) is None)
     kinds = [[d.kind for d in check(case, path)] for _ in range(3)]
     assert kinds == [["race"]] * 3, kinds
+
+
+def test_clone_grads_reaches_the_ranks_case_thread_and_removes_the_send_race():
+    """The gate's causal "known" for the pipeline entries: the workaround rides
+    the pool's request into the rank's case thread (a copied context), where
+    the stages' parameters take the clone hook."""
+    from harness.engine.check import CaseCheck
+    from harness.paths.workarounds import apply
+
+    case = corpus.load(os.path.join(os.path.dirname(corpus.__file__), "..", "..", "cases", "pipeline",
+                                    "zbv_two_ranks_tied_weight_passthrough_input_grad.json")).case
+    path = next(p for p in resolve("pipeline.ZBVZeroBubble.ranks2.stock") if p.supports(case) is None)
+    cc = CaseCheck(case)
+    assert [d.kind for d in cc.run(path)] == ["race"]
+    assert cc.run(apply(path, "clone-grads")) == []

@@ -140,6 +140,9 @@ class PipelinePath:
         self.world_size = world_size
         self.timeout = timeout
         self.backend = backend  # --backend; None: NCCL with a GPU per rank, else gloo
+        # The gate's workaround reaches the ranks in the pool's request; the stages' parameters take
+        # clone-grads there (rank.run_case), so the W pass's ``weight.grad = dw`` adopts a clone.
+        self.workarounds = ("clone-grads",)
 
     @property
     def layouts(self) -> tuple[tuple[int, int], ...]:

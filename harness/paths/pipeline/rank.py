@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.materialize.schedule import Held, first_line, starts_step, zero_grad
 from harness.materialize.tensors import Built
@@ -300,6 +301,8 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
         Stage = stage_class(impl)
         values = built.params()
         modules = [StageModule(case, s, values, device) for s in mine]
+        for mod in modules:
+            workarounds.on_params(mod.weights)
         _start_grads(case, built, specs, modules, device)
         stages = [Stage(mod, mod.spec.index, len(specs), device, group=group) for mod in modules]
         seen: dict[int, list[torch.Tensor | None]] = {}
@@ -441,6 +444,7 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
     has failed. A rank whose peer failed stops waiting for it at once
     (its thread stays blocked on the old p2p group until that group's
     timeout, then ends; the group is replaced before the next case)."""
+    import contextvars
     import threading
 
     import torch.distributed as dist
@@ -460,7 +464,8 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
             box["out"] = {"rank": ctx.rank, "steps": [], "mutations": [], "failure": {
                 "step": -1, "type": type(e).__name__, "message": first_line(e), "waited": False}}
 
-    t = threading.Thread(target=work, name="gradfuzz-pipeline-case", daemon=True)
+    # The thread runs in a copy of this context: the gate's workaround in force here reaches run_case.
+    t = threading.Thread(target=contextvars.copy_context().run, args=(work,), name="gradfuzz-pipeline-case", daemon=True)
     _pp["threads"].append(t)
     t.start()
     while True:
