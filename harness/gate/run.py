@@ -17,7 +17,7 @@ against the ledger and the installed torch version:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -131,6 +131,7 @@ def run_gate(
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
     seen_as: dict[tuple[str, str], ledger_mod.Bug] = {}
+    seen_by: dict[tuple[str, str], set[str]] = {}
     shapes: set[tuple[str, str]] = set()
     try:
         if workers > 1 and options is not None and slack is None and live and entries:
@@ -138,7 +139,7 @@ def run_gate(
             results: Iterable[Replayed] = replay_on_workers(entries, live, workers, options, progress)
         else:
             results = replay_entries(entries, live, slack)
-        seen_as, shapes = _replay(live, results, led, version, report, progress, len(entries))
+        seen_as, shapes = _replay(live, results, led, version, report, progress, len(entries), seen_by)
     except ReplayError as e:  # what did not replay cannot be classified: fixed or not_reproduced would be guesses
         report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
     finally:
@@ -154,7 +155,7 @@ def run_gate(
             report.examples[name] = report.examples.get(name, 0) + t.examples
         report.rows.extend(_fuzz_rows(result.divergences, report.rows, led, version, seen_as, shapes))
         lap("fuzz")
-    confirm_known(report.rows, live, led, slack, version)
+    confirm_known(report.rows, live, led, slack, version, Fits(led, seen_by, shapes, version))
     lap("workarounds")
     report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
@@ -206,8 +207,32 @@ def _fuzz_rows(divergences: list[Divergence], rows: list[Row], led: ledger_mod.L
     return out
 
 
+@dataclass
+class Fits:
+    """Every ledger bug a row's signature fits on its path, not only the one
+    the match picked: coarse signatures (a value ratio class, "no grad") are
+    shared by bugs of one path, and a workaround that leaves the case wrong
+    says only that it is not that one."""
+
+    led: ledger_mod.Ledger
+    seen_by: dict[tuple[str, str], set[str]]
+    shapes: set[tuple[str, str]]
+    version: str
+
+    def others(self, r: Row) -> list[ledger_mod.Bug]:
+        shape = (r.divergence or {}).get("shape")
+        ids = self.seen_by.get((r.path, r.signature or ""), set())
+        fits = [b for b in self.led.for_path(r.path) if r.signature in b.signatures or b.id in ids
+                or shape and (b.id, shape) in self.shapes]
+        out: list[ledger_mod.Bug] = []
+        for b in fits:
+            if b.id != r.bug and b.relation(self.version) == "in" and all(b.id != o.id for o in out):
+                out.append(b)
+        return out
+
+
 def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, slack: float | None,
-                  version: str) -> None:
+                  version: str, fits: Fits | None = None) -> None:
     """"Known" is causal: each (bug, path, signature) row the ledger would call
     known is run again with the bug's outside workaround in force. Gone: known.
     Still wrong at the same place: it only resembles the bug, and fails the
@@ -215,19 +240,27 @@ def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, sla
     only, shown apart. What the worked-around run shows that the plain run did
     not (a second bug the first one hid, as ``split.twin`` exposes) is new."""
     by_name = {p.name: p for p in live}
-    verdicts: dict[tuple[str, str, str | None], Verdict] = {}
+    verdicts: dict[tuple[str, str, str | None], tuple[Verdict, ledger_mod.Bug]] = {}
     seen = {(r.path, r.signature) for r in rows}
     for r in list(rows):
         if r.status != "known" or r.bug is None:
             continue
         key = (r.bug, r.path, r.signature)
         if key not in verdicts:
-            v = verdicts[key] = _workaround_verdict(led, led.by_id(r.bug, r.path), by_name.get(r.path), r, slack, version)
+            bug = led.by_id(r.bug, r.path)
+            v = _workaround_verdict(led, bug, by_name.get(r.path), r, slack, version)
+            for other in (fits.others(r) if fits is not None and v.status == "resembles" else []):
+                w = _workaround_verdict(led, other, by_name.get(r.path), r, slack, version)
+                if w.status != "resembles":
+                    v, bug = replace(w, note=f"not {r.bug} ({v.note}); {w.note}"), other
+                    break
+            verdicts[key] = (v, bug)
             for d in v.exposed:
                 if (d.path, d.signature) not in seen:
                     seen.add((d.path, d.signature))
                     rows.append(_row("new", d, None, f"{r.source}, with {v.workaround} in force"))
-        r.status, r.detail = verdicts[key].status, f"{r.detail} [{verdicts[key].note}]"
+        v, bug = verdicts[key]
+        r.status, r.detail, r.bug, r.upstream = v.status, f"{r.detail} [{v.note}]", bug.id, bug.upstream
 
 
 @dataclass
@@ -293,7 +326,9 @@ def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) ->
 
 
 def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
-            progress, n_entries: int) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
+            progress, n_entries: int, seen_by: dict[tuple[str, str], set[str]]
+            ) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
+    """``seen_by`` gets, per (path, signature), every bug whose own cases showed it."""
     reproduced: dict[str, list[Divergence]] = {}
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
@@ -333,6 +368,9 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         progress(f"[case] {p.name} {entry.file}: {len(divs)} divergence(s)")
     by_id = {b.id: b for b in led.bugs}
     seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
+    for i, divs in reproduced.items():
+        for d in divs:
+            seen_by.setdefault((d.path, d.signature), set()).add(i)
     shapes = {(i, d.shape) for i, divs in reproduced.items() for d in divs if d.shape}
     for d, file in unmatched:
         b = seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)

@@ -43,3 +43,20 @@ def replay_only(name: str) -> Repro:
     """The standalone script these paths cannot write yet: say how to reproduce instead."""
     return Repro(template="none", why=f"{name} has no standalone script yet: replay the corpus file with "
                  f"`gradfuzz repro FILE --paths {name}` (it starts the ranks itself)")
+
+
+def fused_off_its_devices(case: Case, device: str) -> str | None:
+    """A fused optimizer step on a device its documentation leaves out: torch
+    2.11 documents Adagrad's fused implementation as "CPU only" (2.13: "CPU
+    and CUDA") and raises "`fused=True` requires all the params to be floating
+    point Tensors of supported devices" on a CUDA parameter. Read from the
+    installed torch's own docstring, so the rule follows the version."""
+    s = case.schedule
+    if s.optimizer != "adagrad" or s.optimizer_impl != "fused" or device == "cpu":
+        return None
+    import torch
+
+    if "(CPU only)" in (torch.optim.Adagrad.__doc__ or ""):
+        return (f"fused Adagrad on {device}: torch {torch.__version__} documents its fused implementation as "
+                f"CPU only (torch.optim.Adagrad, 'fused')")
+    return None

@@ -437,3 +437,29 @@ def test_a_fuzz_phase_stopped_by_sigterm_fails_the_gate(tmp_path, monkeypatch):
     errors = [r for r in report.rows if r.status == "error"]
     assert report.failed and len(errors) == 1
     assert "SIGTERM after 3 example(s)" in errors[0].detail and "10 example(s) per target" in errors[0].detail
+
+
+@pytest.mark.parametrize("workaround, status", [("clone-grads", "known"), ("none", "known_signature_only")])
+def test_a_workaround_that_leaves_the_case_wrong_hands_it_to_another_bug_its_signature_fits(tmp_path, workaround,
+                                                                                          status):
+    """A coarse signature fits two bugs of one path; the first one's workaround
+    leaves the case wrong, so it is not that one: it goes to the other (known
+    if its own workaround removes it), and the gate does not fail on a
+    resemblance that another entry explains."""
+    case_file = "eager/accumulategrad_stack_alias.json"
+    from harness.artifacts import corpus
+    from harness.engine.check import check
+
+    path = resolve("eager.accumulate")[0]
+    sigs = sorted({d.signature for d in check(corpus.load(os.path.join(ROOT, "cases", case_file)).case, path)})
+    cases, led = _ledger_world(tmp_path, case_file, {
+        "id": "wrong", "path": "eager.accumulate", "torch": f">={V}", "summary": "s", "workaround": "optimizer-for-loop"})
+    data = json.load(open(led))
+    data["bugs"][0]["signatures"] = sigs  # both record it; the case is filed under "wrong", which the match picks
+    data["bugs"].append({"id": "right", "path": "eager.accumulate", "torch": f">={V}", "summary": "view steal",
+                         "cases": [], "signatures": sigs, "workaround": workaround})
+    open(led, "w").write(json.dumps(data))
+    report = gate.run_gate(resolve("eager.accumulate"), corpus_dirs=[cases], ledger_file=led, minutes=0,
+                           run_selfcheck=False)
+    assert {(r.status, r.bug) for r in report.rows} == {(status, "right")}, [r.detail for r in report.rows]
+    assert not report.failed and "not wrong" in report.rows[0].detail

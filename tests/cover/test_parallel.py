@@ -171,3 +171,20 @@ def test_the_gates_workaround_reaches_the_ranks(paths):
     assert apply(paths["fsdp2.stock"], "clone-grads") is None and apply(paths["fsdp2.stock"], "optimizer-for-loop")
     (dt,) = resolve("dtensor.stock")
     assert apply(dt, "clone-grads") is None and apply(dt, "optimizer-for-loop") is not None
+
+
+def test_fused_adagrad_off_cpu_is_refused_only_where_torch_documents_it_cpu_only(monkeypatch):
+    """One rule for every path whose parameters may live on CUDA (ranks on
+    NCCL, compile.inductor.cuda, the graphed paths), read from the installed
+    torch's own Adagrad documentation."""
+    from harness.paths.engine_rules import fused_off_its_devices
+    from tests.helpers import nested
+
+    case = nested(microbatches=2)
+    fused = replace(case, schedule=replace(case.schedule, optimizer="adagrad", optimizer_impl="fused"))
+    monkeypatch.setattr(torch.optim.Adagrad, "__doc__", "fused (bool, optional): ... (CPU only) is used.")
+    assert "CPU only" in fused_off_its_devices(fused, "cuda")
+    assert fused_off_its_devices(fused, "cpu") is None
+    assert fused_off_its_devices(case, "cuda") is None
+    monkeypatch.setattr(torch.optim.Adagrad, "__doc__", "fused (bool, optional): ... (CPU and CUDA only) is used.")
+    assert fused_off_its_devices(fused, "cuda") is None
