@@ -52,7 +52,7 @@ def _label_sends(stages: list[Any], labels: dict[int, str]) -> list[tuple[Any, s
                     labels[id(op)] = f"stage {_i}'s {_what} for microbatch {chunk}"
                 return ops
 
-            saved.append((stage, attr, orig))
+            saved.append((stage, attr, vars(stage).get(attr)))
             setattr(stage, attr, labelled)
     return saved
 
@@ -103,5 +103,11 @@ def watched(stages: list[Any]) -> Iterator[list[str]]:
             check(sends)
     finally:
         schedules._batch_p2p, schedules._wait_batch_p2p = post, wait
-        for stage, attr, orig in saved:
-            setattr(stage, attr, orig)
+        for stage, attr, own in saved:
+            # Back to the class's method: an instance attribute holding a bound method of the
+            # stage is a reference cycle, and every stage, its buffers and its graph then waited
+            # for the cyclic collector (4x the system time on a two-rank schedule).
+            if own is None:
+                delattr(stage, attr)
+            else:
+                setattr(stage, attr, own)
