@@ -1,7 +1,5 @@
 #!/usr/bin/env python
-"""gradfuzz repro: (x @ w0 @ w0 + b1) @ w0 as four ZBV stages on two ranks, grads kept over two steps: the W pass
-adopts stage 2's reused grad receive buffer as b1.grad, so step 1's recv overwrites it and += doubles it (2*g2, not
-g1 + g2); stage 1 (same rank, handed the buffer without a copy) doubles x0's grad
+"""gradfuzz repro: see TITLE below.
 
 Expected: eager autograd in float64 over the whole model (torch.autograd.grad
 per microbatch, summed out of place). Actual: torch.distributed.pipelining
@@ -14,6 +12,7 @@ Run with plain python; exit status 1 when they differ.
 """
 import multiprocessing
 import os
+import pickle
 import sys
 import tempfile
 
@@ -45,11 +44,11 @@ STAGE_PARAMS = [['w0'], ['w0'], ['b1'], ['w0']]
 
 
 def forward(v):
-    n0 = v['x0'] @ v['w0']
-    n1 = n0 @ v['w0']
-    n2 = n1 + v['b1']
-    n3 = n2 @ v['w0']
-    return [n3]
+    p_n0 = v['x0'] @ v['w0']
+    p_n1 = p_n0 @ v['w0']
+    p_n2 = p_n1 + v['b1']
+    p_n3 = p_n2 @ v['w0']
+    return [p_n3]
 
 
 class Stage0(torch.nn.Module):
@@ -57,11 +56,11 @@ class Stage0(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.w0 = torch.nn.Parameter(torch.tensor(PARAMS['w0'], dtype=DTYPE), requires_grad='w0' not in FROZEN)
+        self.p_w0 = torch.nn.Parameter(torch.tensor(PARAMS['w0'], dtype=DTYPE), requires_grad='w0' not in FROZEN)
 
     def forward(self, a0):
-        n0 = a0 @ self.w0
-        return n0
+        p_n0 = a0 @ self.p_w0
+        return p_n0
 
 
 class Stage1(torch.nn.Module):
@@ -69,11 +68,11 @@ class Stage1(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.w0 = torch.nn.Parameter(torch.tensor(PARAMS['w0'], dtype=DTYPE), requires_grad='w0' not in FROZEN)
+        self.p_w0 = torch.nn.Parameter(torch.tensor(PARAMS['w0'], dtype=DTYPE), requires_grad='w0' not in FROZEN)
 
     def forward(self, a0):
-        n1 = a0 @ self.w0
-        return n1
+        p_n1 = a0 @ self.p_w0
+        return p_n1
 
 
 class Stage2(torch.nn.Module):
@@ -81,11 +80,11 @@ class Stage2(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.b1 = torch.nn.Parameter(torch.tensor(PARAMS['b1'], dtype=DTYPE), requires_grad='b1' not in FROZEN)
+        self.p_b1 = torch.nn.Parameter(torch.tensor(PARAMS['b1'], dtype=DTYPE), requires_grad='b1' not in FROZEN)
 
     def forward(self, a0):
-        n2 = a0 + self.b1
-        return n2
+        p_n2 = a0 + self.p_b1
+        return p_n2
 
 
 class Stage3(torch.nn.Module):
@@ -93,11 +92,11 @@ class Stage3(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.w0 = torch.nn.Parameter(torch.tensor(PARAMS['w0'], dtype=DTYPE), requires_grad='w0' not in FROZEN)
+        self.p_w0 = torch.nn.Parameter(torch.tensor(PARAMS['w0'], dtype=DTYPE), requires_grad='w0' not in FROZEN)
 
     def forward(self, a0):
-        n3 = a0 @ self.w0
-        return n3
+        p_n3 = a0 @ self.p_w0
+        return p_n3
 
 
 STAGES = [Stage0, Stage1, Stage2, Stage3]
@@ -141,10 +140,36 @@ def loss_fn(output, target):
     return sum(terms[1:], terms[0])
 
 
+def watch_sends(found):
+    """torch.distributed.isend leaves a tensor written before its request
+    completes undefined, and what the peer then receives depends on timing.
+    Each sent tensor's version counter is noted when the schedule posts the
+    send and compared when it waits for it: a write shows on every run."""
+    from torch.distributed.pipelining import schedules
+    if not hasattr(schedules, "_batch_p2p") or not hasattr(schedules, "_wait_batch_p2p"):
+        return
+    post, wait, pending = schedules._batch_p2p, schedules._wait_batch_p2p, {}
+
+    def posting(ops, *a, **kw):
+        works = post(ops, *a, **kw)
+        pending[id(works)] = (works, [(op.tensor, op.tensor._version, op.peer) for op in ops if op.op is dist.isend])
+        return works
+
+    def waiting(works, *a, **kw):
+        for t, version, peer in pending.pop(id(works), (None, []))[1]:
+            if t._version != version:
+                found["inflight"].append(f"a tensor of shape {tuple(t.shape)} sent to rank {peer} was written in place "
+                                         f"before its send was waited (version {version} -> {t._version})")
+        return wait(works, *a, **kw)
+
+    schedules._batch_p2p, schedules._wait_batch_p2p = posting, waiting
+
+
 def actual(rank, store_path, results):
     """One rank: its stages, the schedule, STEPS calls of step()."""
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD_SIZE), rank=rank, world_size=WORLD_SIZE)
-    found = {"rank": rank, "steps": [], "input_grads": [], "error": None}
+    found = {"rank": rank, "steps": [], "input_grads": [], "error": None, "inflight": []}
+    watch_sends(found)
     try:
         mine = [i for i, r in enumerate(PLACEMENT) if r == rank]
         modules = {i: STAGES[i]() for i in mine}
@@ -189,7 +214,9 @@ def actual(rank, store_path, results):
         traceback.print_exc()
         found["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}" + \
             (f" (caused by {type(e.__cause__).__name__}: {str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else "")
-    results.put(found)
+    # Plain bytes: a Queue hands tensors over as shared memory that the sender
+    # must outlive, and a rank that exits at once lost its result now and then.
+    results.put(pickle.dumps(found))
     dist.destroy_process_group()
 
 
@@ -199,8 +226,8 @@ def run_ranks():
         import queue
         results = queue.Queue()
         actual(0, store, results)
-        return [results.get()]
-    ctx = multiprocessing.get_context("fork")
+        return [pickle.loads(results.get())]
+    ctx = multiprocessing.get_context("spawn")  # not fork: a child forked from a process that ran torch ops can hang on a lock some thread held
     results = ctx.Queue()
     procs = [ctx.Process(target=actual, args=(r, store, results)) for r in range(WORLD_SIZE)]
     for p in procs:
@@ -208,7 +235,7 @@ def run_ranks():
     got = []
     for _ in procs:
         try:
-            got.append(results.get(timeout=60))
+            got.append(pickle.loads(results.get(timeout=180)))  # a loaded CI machine: ranks start slowly
         except Exception:
             break
     for p in procs:
@@ -216,7 +243,7 @@ def run_ranks():
         if p.is_alive():
             p.kill()
     if len(got) < WORLD_SIZE:
-        got.append({"rank": None, "steps": [], "input_grads": [], "error": "a rank hung or died (timeout)"})
+        got.append({"rank": None, "steps": [], "input_grads": [], "error": "a rank hung or died (timeout)", "inflight": []})
     return got
 
 
@@ -228,6 +255,9 @@ def main():
         if g["error"]:
             bad += 1
             print(f"rank {g['rank']}: the schedule raised {g['error']}; eager autograd ran this fine")
+        for w in g.get("inflight", []):
+            bad += 1
+            print(f"rank {g['rank']}: {w}: undefined for isend, so the values below may agree on one run and not the next")
     done = min(len(g["steps"]) for g in got)
     for s in range(done):
         total = {n: None for n in PARAMS}
@@ -260,3 +290,4 @@ def main():
 
 if __name__ == "__main__":
     sys.exit(main())
+
