@@ -139,7 +139,7 @@ def run_gate(
             results: Iterable[Replayed] = replay_on_workers(entries, live, workers, options, progress)
         else:
             results = replay_entries(entries, live, slack)
-        seen_as, shapes = _replay(live, results, led, version, report, progress, len(entries), seen_by)
+        seen_as, seen_by, shapes = _replay(live, results, led, version, report, progress, len(entries))
     except ReplayError as e:  # what did not replay cannot be classified: fixed or not_reproduced would be guesses
         report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
     finally:
@@ -326,9 +326,10 @@ def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) ->
 
 
 def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
-            progress, n_entries: int, seen_by: dict[tuple[str, str], set[str]]
-            ) -> tuple[dict[tuple[str, str], ledger_mod.Bug], set[tuple[str, str]]]:
-    """``seen_by`` gets, per (path, signature), every bug whose own cases showed it."""
+            progress, n_entries: int
+            ) -> tuple[dict[tuple[str, str], ledger_mod.Bug], dict[tuple[str, str], set[str]], set[tuple[str, str]]]:
+    """Returns, per (path, signature), the bug the replay filed it under
+    and every bug whose own cases showed it; and (bug, shape) pairs seen."""
     reproduced: dict[str, list[Divergence]] = {}
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
@@ -368,6 +369,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         progress(f"[case] {p.name} {entry.file}: {len(divs)} divergence(s)")
     by_id = {b.id: b for b in led.bugs}
     seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
+    seen_by: dict[tuple[str, str], set[str]] = {}
     for i, divs in reproduced.items():
         for d in divs:
             seen_by.setdefault((d.path, d.signature), set()).add(i)
@@ -379,7 +381,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         else:  # the ledger is the gate's authority; a case's own meta.expect is not
             report.rows.append(_row("new", d, None, f"corpus {file}"))
     report.rows.extend(_bug_rows(led, {p.name for p in live}, reproduced, ran, version))
-    return seen_as, shapes
+    return seen_as, seen_by, shapes
 
 
 def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str, list[Divergence]], ran: set[str],
