@@ -145,6 +145,26 @@ class Observation:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# What a finding is about, written once. ``bug``: the machinery gets a
+# documented use wrong. ``misuse``: it silently accepts a use its docs do
+# not support and gets it wrong (a path that drives it so says
+# ``finding_class = MISUSE_CLASS``); one it raises on or warns about is no
+# finding. Every record carries it (``finding_class``) and every report
+# lists misuse findings apart; the gate's verdict treats both alike
+# (docs/gate.md "Misuse findings").
+BUG_CLASS, MISUSE_CLASS = "bug", "misuse"
+FINDING_CLASSES = (BUG_CLASS, MISUSE_CLASS)
+
+
+def finding_class_of(path: Any) -> str:
+    """The class of every finding ``path`` makes: its optional
+    ``finding_class`` member, ``bug`` without one."""
+    c = getattr(path, "finding_class", BUG_CLASS)
+    if c not in FINDING_CLASSES:
+        raise ValueError(f"path {getattr(path, 'name', path)!r}: finding_class {c!r} is not one of {FINDING_CLASSES}")
+    return c
+
+
 @dataclass
 class Divergence:
     path: str
@@ -159,6 +179,7 @@ class Divergence:
     case: dict[str, Any] | None = None
     flaky: bool = False
     shape: str = ""  # the signature without the path: the same bug seen through another path
+    finding_class: str = BUG_CLASS  # FINDING_CLASSES: set from the path that made it (engine.check)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -24,6 +24,7 @@ from packaging.version import Version
 
 from harness.case import schema as sc
 from harness.case.spec import Case, SpecError
+from harness.observation import FINDING_CLASSES
 
 CORPUS_VERSION = 1
 
@@ -125,12 +126,20 @@ def _microbatch(v: Any, where: str) -> Any:
 MAX_DIVERGENCES = 64  # divergences a corpus file's meta records (the writers keep the first ones)
 
 
+def finding_class(v: Any, where: str) -> str:
+    """A finding's class (``harness.observation.FINDING_CLASSES``): ``bug``
+    or ``misuse``; the one check of every record that carries it (a finding's
+    meta and divergences, a ledger entry, a gate report row)."""
+    return sc.string(v, where, choices=FINDING_CLASSES)
+
+
 def _divergences(v: Any, where: str) -> Any:
     text = lambda x, w: sc.string(x, w, max_len=sc.MAX_CORPUS_BYTES)  # noqa: E731
     opt = lambda f: lambda x, w: None if x is None else f(x, w)  # noqa: E731
     checks = {"path": text, "kind": text, "param": opt(text), "microbatch": _microbatch,
               "max_abs": _float_or_none, "max_rel": _float_or_none, "ratio": _float_or_none, "detail": text,
-              "signature": lambda x, w: x if x == "" else sc.signature(x, w), "flaky": sc.boolean, "shape": text}
+              "signature": lambda x, w: x if x == "" else sc.signature(x, w), "flaky": sc.boolean, "shape": text,
+              "finding_class": finding_class}
     for i, d in enumerate(sc.array(v, where, MAX_DIVERGENCES)):
         sc.obj(d, f"{where}[{i}]", (), checks)
         for k, x in d.items():
@@ -155,6 +164,7 @@ META_FIELDS: dict[str, Any] = {
                                 sc.line(v.get("torch", ""), f"{w}.torch", 64)),
     "checked": lambda v, w: sc.dict_of(v, w, _text, 64),
     "divergences": _divergences,
+    "finding_class": finding_class,
 }
 
 

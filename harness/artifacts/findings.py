@@ -255,6 +255,7 @@ def finding_entry(path: Path, case: Case, divs: list[Divergence], source: str) -
         "found_with": {"torch": torch.__version__, "path": path.name},
         "signature": first.signature,
         "flaky": any(d.flaky for d in divs),
+        "finding_class": first.finding_class,  # misuse findings are listed apart (docs/reports.md)
         "divergences": _recorded(divs),
     }
     entry = corpus.Entry(case, meta)

@@ -7,6 +7,7 @@ from typing import Any
 
 from harness.artifacts.corpus import atomic_write
 from harness.engine.runner import Result
+from harness.observation import MISUSE_CLASS
 
 
 def to_json(result: Result) -> dict[str, Any]:
@@ -18,7 +19,8 @@ def to_json(result: Result) -> dict[str, Any]:
         },
         "unavailable": result.unavailable,
         "divergences": [
-            {k: d.to_json()[k] for k in ("path", "kind", "param", "microbatch", "max_abs", "max_rel", "ratio", "signature", "case", "detail", "flaky")}
+            {k: d.to_json()[k] for k in ("path", "kind", "param", "microbatch", "max_abs", "max_rel", "ratio", "signature", "case", "detail", "flaky",
+                                         "finding_class")}
             for d in result.divergences
         ],
         "expected": [d.signature for d in result.expected],
@@ -30,13 +32,18 @@ def write_json(result: Result, file: str) -> None:
     atomic_write(file, json.dumps(to_json(result), indent=1) + "\n")
 
 
+# Misuse findings (harness.observation.MISUSE_CLASS) are listed under their own head, never among the bugs.
+MISUSE_HEAD = "misuse findings: a use the stack's docs do not support, silently wrong"
+
+
 def summary(result: Result, verb: str = "fuzzed") -> str:
     lines = []
     for name, t in result.paths.items():
         skipped = sum(t.skipped.values())
         found = [d for d in result.divergences if d.path == name]
         known = [d for d in result.expected if d.path == name]
-        status = "DIVERGES" if found else "known bug" if known else "clean"
+        status = ("MISUSE" if all(d.finding_class == MISUSE_CLASS for d in found) else "DIVERGES") if found else (
+            "known bug" if known else "clean")
         extra = f", {skipped} outside its contract" if skipped else ""
         lines.append(f"  {name:<22} {status:<9} {t.run} run{extra}" + (f", {t.seconds:.1f}s" if t.seconds else ""))
         for reason, n in sorted(t.skipped.items(), key=lambda kv: -kv[1]):
@@ -49,11 +56,15 @@ def summary(result: Result, verb: str = "fuzzed") -> str:
         lines.append(f"known bugs, expected on this torch ({len(result.expected)}):")
         for d in _dedup(result.expected):
             lines.append(f"  - {d.path} [{d.signature}] {d.detail}")
-    if result.divergences:
-        lines.append(f"divergences ({len(result.divergences)}, {len({d.signature for d in result.divergences})} distinct):")
-        for d in _dedup(result.divergences):
+    bugs = [d for d in result.divergences if d.finding_class != MISUSE_CLASS]
+    misuse = [d for d in result.divergences if d.finding_class == MISUSE_CLASS]
+    for head, divs in (("divergences", bugs), (MISUSE_HEAD, misuse)):
+        if divs:
+            lines.append(f"{head} ({len(divs)}, {len({d.signature for d in divs})} distinct):")
+        for d in _dedup(divs):
             lines.append(f"  - {d.path} {d.kind} [{d.signature}]{' FLAKY' if d.flaky else ''}")
             lines.append(f"      {d.detail}")
+    if result.divergences:
         for f in result.saved:
             lines.append(f"  saved {f}  (reproduce: gradfuzz repro {f}; standalone: python {f[:-5]}.py)")
     elif not result.expected:  # known divergences are divergences too: the caller counts them

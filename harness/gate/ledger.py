@@ -19,8 +19,9 @@ from harness.materialize import workarounds
 from harness.case import schema as sc
 from harness.case.spec import SpecError
 from harness.artifacts.corpus import CorpusError, covers, relation
+from harness.artifacts.corpus import finding_class as corpus_finding_class
 from harness.gate.status import STATUSES
-from harness.observation import SIGNATURE_SCHEME
+from harness.observation import BUG_CLASS, SIGNATURE_SCHEME
 
 LEDGER_VERSION = 1
 # An entry's ``workaround`` when none exists from outside: its findings are
@@ -42,6 +43,9 @@ class Bug:
     workaround: str = NO_WORKAROUND
     # A training stack's affected releases, besides torch's (``{"deepspeed": ">=0.16,<0.18"}``).
     packages: tuple[tuple[str, str], ...] = ()
+    # ``misuse``: a use the stack's docs do not support that it silently gets
+    # wrong (harness.observation.FINDING_CLASSES); listed apart in reports.
+    finding_class: str = BUG_CLASS
 
     def covers(self, path: str) -> bool:
         return covers(self.path, path)
@@ -89,7 +93,8 @@ def first(hits: list[Bug], version: str | None) -> Bug | None:
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_BUG_FIELDS = ("id", "path", "torch", "packages", "summary", "upstream", "cases", "signatures", "workaround")
+_BUG_FIELDS = ("id", "path", "torch", "packages", "summary", "upstream", "cases", "signatures", "workaround",
+               "finding_class")
 MAX_BUGS = 10_000
 
 
@@ -127,7 +132,9 @@ def from_json(data: Any, file: str) -> Ledger:
                          for j, x in enumerate(sc.array(b.get("signatures", []), f"{where}.signatures", 1024)))
             wa = sc.string(b.get("workaround", NO_WORKAROUND), f"{where}.workaround",
                            choices=(NO_WORKAROUND, *workarounds.EFFECTS))
-            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa, "packages": packages}))
+            cls = corpus_finding_class(b.get("finding_class", BUG_CLASS), f"{where}.finding_class")
+            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa, "packages": packages,
+                               "finding_class": cls}))
     except SpecError as e:
         if not e.where:
             raise CorpusError(file, "expected a JSON object with gradfuzz_ledger and bugs") from None
@@ -152,7 +159,8 @@ def load(file: str) -> Ledger:
 # --- gate reports (``gate --baseline``, ``gradfuzz table``) ---------------------------
 
 REPORT_STATUSES = tuple(STATUSES)
-_ROW_FIELDS = ("status", "path", "detail", "bug", "signature", "source", "case", "divergence", "upstream")
+_ROW_FIELDS = ("status", "path", "detail", "bug", "signature", "source", "case", "divergence", "upstream",
+               "finding_class")
 
 
 def _version(v: Any, where: str) -> str:
@@ -184,6 +192,7 @@ def report_from_json(data: Any, file: str) -> dict[str, Any]:
             sc.string(row["detail"], f"{w}.detail", max_len=sc.MAX_TEXT)
             for k in ("bug", "signature", "source", "upstream"):
                 opt_text(row.get(k), f"{w}.{k}")
+            corpus_finding_class(row.get("finding_class", BUG_CLASS), f"{w}.finding_class")
             for k in ("case", "divergence"):
                 if row.get(k) is not None:
                     sc.obj(row[k], f"{w}.{k}", open_keys=True)
@@ -207,8 +216,11 @@ def to_json(ledger: Ledger) -> dict[str, Any]:
 
 
 def _entry(bug: Bug) -> dict[str, Any]:
-    """An entry as the ledger file holds it (no ``packages`` for a torch-only bug)."""
+    """An entry as the ledger file holds it (no ``packages`` for a torch-only
+    bug, no ``finding_class`` for a bug of the default class)."""
     out = {k: list(v) if isinstance(v, tuple) else v for k, v in bug.__dict__.items()}
+    if out["finding_class"] == BUG_CLASS:
+        del out["finding_class"]
     packages = out.pop("packages")
     return {**out, "packages": dict(packages)} if packages else out
 

@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from harness.gate.status import FAILING, ORDER, STATUSES
+from harness.observation import BUG_CLASS, MISUSE_CLASS
 from harness.artifacts.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten, terminal_width
 
 STATUS_WORDS = {k: s.words for k, s in STATUSES.items()}
@@ -29,6 +30,21 @@ def words(status: str) -> str:
     """How reports name a status: from the status table, so a status added
     there shows in every report (an unknown one shows as itself)."""
     return STATUS_WORDS.get(status, status)
+
+
+def misuse(g: dict[str, Any]) -> bool:
+    """Is a group (or row) a misuse finding: a use the stack's docs do not
+    support that it silently gets wrong (``harness.observation.MISUSE_CLASS``)?"""
+    return (g.get("first") or g).get("finding_class", BUG_CLASS) == MISUSE_CLASS
+
+
+def label(g: dict[str, Any]) -> str:
+    """A group's status as every form shows it: misuse findings marked, so
+    they are never read as a bug of a documented use."""
+    return f"MISUSE, {words(g['status'])}" if misuse(g) else words(g["status"])
+
+
+MISUSE_HEADING = "misuse findings (a use the stack's docs do not support, silently wrong; listed apart)"
 
 
 def _rank(status: str) -> int:
@@ -48,13 +64,14 @@ def _key(r: dict[str, Any]) -> tuple[str, ...]:
     31 paths is one thing to read), else the same signature (a new finding
     is news of its own), else the family for rows that pass (unavailable
     paths) and the row itself for the rest (a harness error each)."""
+    cls = r.get("finding_class", BUG_CLASS)  # a misuse never shares a line with a bug
     if r.get("bug"):
-        return (r["status"], "bug", r["bug"])
+        return (r["status"], "bug", r["bug"], cls)
     if r.get("signature"):
-        return (r["status"], "signature", r["signature"])
+        return (r["status"], "signature", r["signature"], cls)
     if r["status"] in FAILING:
-        return (r["status"], "row", r["path"], r["detail"])
-    return (r["status"], "family", family(r["path"]))
+        return (r["status"], "row", r["path"], r["detail"], cls)
+    return (r["status"], "family", family(r["path"]), cls)
 
 
 def groups(rep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -221,8 +238,19 @@ def headline(rep: dict[str, Any]) -> str:
     """The verdict and why in one line: what fails the gate, then the rest."""
     fails, rest = _counted(rep, True), _counted(rep, False)
     why = (f"{', '.join(fails)} fail the gate" if fails else "nothing fails the gate") + (
-        f"; {', '.join(rest)}" if rest else "")
+        f"; {', '.join(rest)}" if rest else "") + _misuse_counts(rep)
     return f"gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on {on(rep)}: {why}"
+
+
+def _misuse_counts(rep: dict[str, Any]) -> str:
+    """``; of these, misuse: 1 new, 2 known``: the rows of the misuse class,
+    by status (they are in the counts before it as well)."""
+    c: dict[str, int] = {}
+    for r in rep["rows"]:
+        if misuse(r):
+            c[r["status"]] = c.get(r["status"], 0) + 1
+    shown = [f"{c[k]} {k.replace('_', ' ')}" for k in ORDER + sorted(set(c) - set(ORDER)) if c.get(k)]
+    return f"; of these, misuse: {', '.join(shown)}" if shown else ""
 
 
 def on(rep: dict[str, Any]) -> str:
@@ -278,8 +306,12 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
     if len(shown) > MAX_ROWS:
         lines.append(_overflow(len(shown) - MAX_ROWS, full))
         shown = shown[:MAX_ROWS]
-    for g in reversed(shown):  # the worst last, next to the verdict
+    for g in reversed([g for g in shown if not misuse(g)]):  # the worst last, next to the verdict
         lines += _terminal_group(g, repros, width)
+    if any(misuse(g) for g in shown):
+        lines.append(shorten(MISUSE_HEADING + ":", width))
+        for g in reversed([g for g in shown if misuse(g)]):
+            lines += _terminal_group(g, repros, width)
     lines.append(verdict(rep))
     return "\n".join(lines)
 
@@ -288,7 +320,7 @@ def _terminal_group(g: dict[str, Any], repros: Repros, width: int) -> list[str]:
     r = g["first"]
     times = f" x{g['count']}" if g["count"] > 1 else ""
     ident = f" [{g['what']}]" if g["what"] else ""
-    out = [shorten(f"{words(g['status'])}{times}:{ident} on {_paths_text(g)}", width)]
+    out = [shorten(f"{label(g)}{times}:{ident} on {_paths_text(g)}", width)]
     if _needs_repro(g):
         out.append(_indented(title(r) or "", width))
         link = repros(r)
@@ -336,9 +368,16 @@ def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
         "| --- | --- | --- | --- |",
     ]
     shown = groups(rep)
-    for g in shown[:MAX_ROWS]:
+
+    def table_row(g: dict[str, Any]) -> str:
         paths = ", ".join(f"`{p}`" for p in g["paths"][:4]) + (f" and {len(g['paths']) - 4} more" if len(g["paths"]) > 4 else "")
-        out.append(f"| {_cell(words(g['status']))} | {_md_ident(g, repros)} | {paths} | {_cell(g['first']['detail'])} |")
+        return f"| {_cell(label(g))} | {_md_ident(g, repros)} | {paths} | {_cell(g['first']['detail'])} |"
+
+    out += [table_row(g) for g in shown[:MAX_ROWS] if not misuse(g)]
+    if any(misuse(g) for g in shown[:MAX_ROWS]):
+        out += ["", f"### {MISUSE_HEADING[0].upper()}{MISUSE_HEADING[1:]}", "",
+                "| status | bug / finding | paths | detail |", "| --- | --- | --- | --- |"]
+        out += [table_row(g) for g in shown[:MAX_ROWS] if misuse(g)]
     if len(shown) > MAX_ROWS:
         out += ["", _overflow(len(shown) - MAX_ROWS, full)]
     if any(_needs_repro(g) for g in shown):
@@ -358,14 +397,15 @@ def junit(rep: dict[str, Any], *, save_dir: str | None = None) -> str:
         tests += 1
         r = g["first"]
         name = (title(r) if _needs_repro(g) else None) or f"{g['status']} {g['what'] or r['path']}"
-        tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{g['family']}", name=name)
+        tc = ET.SubElement(suite, "testcase", classname=f"gradfuzz.{g['family']}{'.misuse' if misuse(g) else ''}",
+                           name=name)
         detail = scrub(r["detail"])
         link = repros(r) if _needs_repro(g) else None
-        body = f"{words(g['status'])} x{g['count']} on {', '.join(g['paths'])}\n{detail}" + (
+        body = f"{label(g)} x{g['count']} on {', '.join(g['paths'])}\n{detail}" + (
             f"\nrepro: {link}" if link else "")
         if g["status"] in FAILING:
             failures += 1
-            ET.SubElement(tc, "failure", message=f"{words(g['status'])}: {shorten(detail, 200)}").text = body
+            ET.SubElement(tc, "failure", message=f"{label(g)}: {shorten(detail, 200)}").text = body
         elif g["status"] == "unavailable":
             skipped += 1
             ET.SubElement(tc, "skipped", message=shorten(f"{', '.join(g['paths'])}: {detail}", 300))
@@ -500,7 +540,7 @@ def _html_row(g: dict[str, Any], anchor: str | None, repros: Repros) -> str:
         cell += (f"<br>repro: <a href='{html.escape(link)}'>{html.escape(link)}</a>" if link
                  else "<br>repro not saved") + (f"<br><code>{html.escape(g['what'])}</code>" if g["what"] else "")
     css = f"{g['status']}{' fails' if g['status'] in FAILING else ''}"
-    return (f"<tr class='{html.escape(css)}'><td>{html.escape(words(g['status']))}</td><td>{g['count']}</td>"
+    return (f"<tr class='{html.escape(css)}'><td>{html.escape(label(g))}</td><td>{g['count']}</td>"
             f"<td>{html.escape(_paths_text(g))}</td><td>{cell}</td>"
             f"<td>{html.escape(shorten(scrub(r['detail']), 500))}</td></tr>")
 
@@ -515,7 +555,7 @@ def _html_section(g: dict[str, Any], anchor: str, paths: dict[str, Any]) -> list
         paths[name] = next((p for p in _resolve_quietly(name) if p.name == name), None)
     path = paths[name]
     more = f" ({g['count']} rows on {', '.join(g['paths'])}; the first is shown)" if g["count"] > 1 else ""
-    out = [f"<h2 id='{anchor}'>{html.escape(words(g['status']))}: {html.escape(name)} "
+    out = [f"<h2 id='{anchor}'>{html.escape(label(g))}: {html.escape(name)} "
            f"{html.escape(g['what'])}</h2><p>{html.escape(scrub(r['detail']))}{html.escape(more)}</p>",
            _heatmaps(r, path)]
     try:

@@ -34,6 +34,7 @@ from harness.paths.workarounds import apply
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 from harness.gate.status import FAILING, ORDER
+from harness.observation import BUG_CLASS
 SCHEMA = 1
 
 
@@ -48,6 +49,9 @@ class Row:
     case: dict[str, Any] | None = None
     divergence: dict[str, Any] | None = None
     upstream: str = ""
+    # ``misuse``: a use the stack's docs do not support, silently wrong: its
+    # status counts as any other's, and every report lists it apart.
+    finding_class: str = BUG_CLASS
 
 
 @dataclass
@@ -322,7 +326,7 @@ def one_row_per_bug(rows: list[Row]) -> list[Row]:
 
 def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) -> Row:
     return Row(status, d.path, d.detail, bug.id if bug else None, d.signature, source, d.case,
-               {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "")
+               {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "", d.finding_class)
 
 
 def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
@@ -403,7 +407,7 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
             word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
                     f"ledger says {b.range} is affected, but its cases agree here"}[status]
             rows.append(Row(status, b.path, f"{b.summary} ({word})", b.id, None,
-                            f"corpus {', '.join(b.cases)}", upstream=b.upstream))
+                            f"corpus {', '.join(b.cases)}", upstream=b.upstream, finding_class=b.finding_class))
     return rows
 
 

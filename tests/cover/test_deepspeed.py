@@ -19,8 +19,9 @@ def test_the_paths_are_listed_and_say_how_to_install_when_absent():
     paths = resolve("deepspeed")
     assert [p.name for p in paths] == ([f"deepspeed.zero{s}.stock" for s in range(4)]
                                        + [f"deepspeed.zero{s}.manual" for s in range(4)]
-                                       + ["deepspeed.zero0.nosync", "deepspeed.zero1.nosync",
-                                          "deepspeed.pipe.stock", "deepspeed.pipe.zero1"])
+                                       + ["deepspeed.zero0.nosync", "deepspeed.zero1.nosync"]
+                                       + [f"deepspeed.zero{s}.misuse" for s in range(4)]
+                                       + ["deepspeed.pipe.stock", "deepspeed.pipe.zero1"])
     for p in paths:
         a = p.availability()
         assert a.ok == INSTALLED and (INSTALLED or "pip install 'gradfuzz[deepspeed]'" in a.reason)
@@ -127,7 +128,7 @@ def test_every_stage_agrees_with_the_oracle_on_a_tied_case_and_the_canary_is_cau
 
     case = nested(microbatches=2)
     for p in resolve("deepspeed"):
-        if not p.name.startswith("deepspeed.pipe."):  # those need a stage cut: test_pipe_agrees...
+        if not p.name.startswith("deepspeed.pipe.") and not p.name.endswith(".misuse"):  # test_pipe_agrees, test_misuse...
             assert p.supports(case) is None and check(case, p) == [], p.name
     (canary,) = [c for c in all_canaries() if c.name == "deepspeed_keeps_last_micro_step"]
     result = run_canary(canary, seed=0)
@@ -176,8 +177,8 @@ def test_the_zero_script_runs_alone_agrees_and_fails_when_the_grads_are_doubled(
     text = script(case, p.name, p.repro(case))
     line, rc = _zero_script_verdict(text, tmp_path)
     assert "agrees (0 differences)" in line and rc == 0, line
-    doubled = text.replace("engine.backward(sum((o * c).sum() for o, c in live) * gas)",
-                           "engine.backward(sum((o * c).sum() for o, c in live) * gas * 2)")
+    doubled = text.replace("loss = sum((o * c).sum() for o, c in live) * gas ",
+                           "loss = sum((o * c).sum() for o, c in live) * gas * 2 ")
     assert doubled != text
     line, rc = _zero_script_verdict(doubled, tmp_path)
     assert "DIVERGES" in line and rc == 1, line
@@ -207,3 +208,102 @@ def test_bf16_runs_in_bfloat16_is_compared_at_bf16_and_a_lost_micro_step_is_stil
         lone = {n: g - cc.oracle.steps[-2].grads[n] if g is not None else g for n, g in last.grads.items()}
         wrong = replace(obs, steps=[*obs.steps[:-1], replace(last, grads=lone)])
         assert compare(case, cc.oracle, wrong, tol=cc.tol), p.name
+
+
+def _misuse(misuse: str, microbatches: int = 2):
+    return nested_case(microbatches).with_data("deepspeed", Knobs(misuse=misuse))
+
+
+def nested_case(microbatches: int):
+    from tests.helpers import nested
+
+    return nested(microbatches=microbatches)
+
+
+def test_misuse_is_a_knob_the_misuse_paths_take_and_the_documented_paths_refuse():
+    """Drawn for ``deepspeed.zero<N>.misuse`` only, as case data that round-trips
+    and is refused, naming the field, when it is not one of the misuses."""
+    from harness.case.spec import SpecError
+    from harness.paths.deepspeed.data import MISUSES
+
+    case = _misuse("zero_grad")
+    assert Case.loads(case.dumps()) == case
+    (stock,) = resolve("deepspeed.zero0.stock")
+    (misuse,) = resolve("deepspeed.zero0.misuse")
+    assert "deepspeed.zero0.misuse runs it" in stock.supports(case) and misuse.supports(case) is None
+    assert "no misuse drawn" in misuse.supports(nested_case(2))
+    assert misuse.finding_class == "misuse" and stock.contract != misuse.contract  # a case stream of their own
+    assert set(MISUSES) >= {"zero_grad", "backward_twice", "loss_backward", "step_at_boundary"}
+    bad = json.loads(case.dumps())
+    bad["family"]["deepspeed"]["misuse"] = "rm -rf /"
+    with pytest.raises(SpecError, match="family.deepspeed.misuse"):
+        Case.from_json(bad)
+
+
+def test_a_hostile_misuse_in_a_corpus_file_is_refused_with_exit_2_naming_file_and_field(tmp_path, capsys):
+    from harness.cli import main as cli
+
+    data = {"gradfuzz_corpus": 1, "case": json.loads(_misuse("zero_grad").dumps()), "meta": {}}
+    data["case"]["family"]["deepspeed"]["misuse"] = ["zero_grad"]
+    f = tmp_path / "misuse.json"
+    f.write_text(json.dumps(data))
+    assert cli.main(["replay", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "misuse.json" in err and "family.deepspeed.misuse" in err, err
+
+
+@needs_deepspeed
+def test_a_misuse_deepspeed_silently_gets_wrong_is_a_misuse_finding_and_a_refused_one_is_none():
+    """Measured on DeepSpeed 0.19.8 (README "Misuse"): ``engine.zero_grad()``
+    inside the window keeps the last micro-step only at ZeRO 0 (``1*g2``);
+    two ``engine.backward`` calls a micro-step keep half the last at ZeRO 2
+    (``0.5*g2``); ``loss.backward()`` is refused at ZeRO 0 (DeepSpeed raises
+    and says to call engine.backward) and right at ZeRO 1 (0.18 made it a
+    documented drive): neither is a finding."""
+    from harness.engine.check import CaseCheck
+
+    for misuse, stage, shape in (("zero_grad", 0, "actual = 1*g2, expected g1 + g2"),
+                                 ("backward_twice", 2, "actual = 0.5*g2, expected g1 + g2")):
+        case = _misuse(misuse)
+        (p,) = resolve(f"deepspeed.zero{stage}.misuse")
+        divs = CaseCheck(case).run(p)
+        assert divs and all(d.finding_class == "misuse" for d in divs), (misuse, divs)
+        assert any(shape in d.detail for d in divs), [d.detail for d in divs]
+    (zero0,) = resolve("deepspeed.zero0.misuse")
+    obs = zero0.run(_misuse("loss_backward"))
+    assert "engine.backward(loss)" in obs.extra["refused"] and not obs.steps
+    assert CaseCheck(_misuse("loss_backward")).run(zero0) == []
+    (zero1,) = resolve("deepspeed.zero1.misuse")
+    assert CaseCheck(_misuse("loss_backward")).run(zero1) == []  # accepted, and right: no finding
+
+
+@needs_deepspeed
+def test_fuzzing_the_misuse_paths_saves_misuse_findings_listed_apart(tmp_path, capsys):
+    """End to end: ``gradfuzz fuzz`` on a misuse path saves a finding whose
+    file says ``finding_class: misuse``, and the summary lists it under the
+    misuse head, not among the divergences."""
+    from harness.artifacts import corpus
+    from harness.cli import main as cli
+    from harness.cli.report import MISUSE_HEAD
+
+    save = tmp_path / "found"
+    rc = cli.main(["fuzz", "--paths", "deepspeed.zero0.misuse", "--examples", "12", "--seed", "0",
+                   "--save", str(save), "--db", "none"])
+    out = capsys.readouterr().out
+    assert rc == 1 and MISUSE_HEAD in out and "\ndivergences (" not in out, out[-3000:]
+    files = sorted(save.glob("*.json"))
+    assert files and all(corpus.load(f).meta["finding_class"] == "misuse" for f in files)
+
+
+@needs_deepspeed
+def test_a_misuse_finding_gets_a_standalone_script_that_shows_it(tmp_path):
+    """The script drives the engine as the misuse does and compares with what
+    the user meant: DIVERGES for engine.zero_grad() inside the window at ZeRO 0."""
+    from harness.artifacts.repro import script
+
+    case = _misuse("zero_grad")
+    (p,) = resolve("deepspeed.zero0.misuse")
+    text = script(case, p.name, p.repro(case))
+    assert "MISUSE = 'zero_grad'" in text and "The loop MISUSES the engine (zero_grad)" in text
+    line, rc = _zero_script_verdict(text, tmp_path)
+    assert "DIVERGES" in line and rc == 1, line

@@ -3,7 +3,7 @@ its config, each a draw that shrinks to DeepSpeed's default."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -13,6 +13,23 @@ from harness.case.spec import Case
 from harness.generate import ONE_IN_EIGHT, Draw
 
 BUCKETS = (0, 8, 10**6)  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
+# Ways users drive the engine that DeepSpeed's docs do not describe, each a
+# loop a person ports from plain torch or guesses at. What the user meant is
+# the documented drive's grads (the oracle); DeepSpeed raising or warning is
+# a refusal, silently other grads a finding of the misuse class
+# (``path.MisusePath``). Empty: the documented drive.
+MISUSES: dict[str, str] = {
+    "zero_grad": "engine.zero_grad() before every micro-step (a plain torch loop zeroes before each backward)",
+    "optimizer_zero_grad": "optimizer.zero_grad() before every micro-step, on the optimizer deepspeed.initialize "
+                           "returned",
+    "step_at_boundary": "engine.step() only at a window's end, without set_gradient_accumulation_boundary",
+    "backward_twice": "engine.backward twice per micro-step, on halves of the loss (retain_graph=True on the first)",
+    "loss_backward": "loss.backward() instead of engine.backward(loss)",
+    "gas1_manual": "gradient_accumulation_steps 1 and accumulation by hand around it: engine.backward every "
+                   "micro-step, engine.step() once per window, no no_sync",
+}
+# The misuses whose loop calls engine.step() once per window, not after every micro-step.
+ONE_STEP_A_WINDOW = ("step_at_boundary", "gas1_manual")
 
 
 @dataclass(frozen=True)
@@ -22,10 +39,18 @@ class Knobs:
     overlap: bool = False  # zero_optimization.overlap_comm
     scatter: bool = True  # zero_optimization.reduce_scatter
     bf16: bool = False  # bf16.enabled: the module, its forward and backward in bfloat16, fp32 master grads
+    misuse: str = ""  # MISUSES: how the loop drives the engine against the docs ("": as documented)
 
 
 def knobs(case: Case) -> Knobs:
     return case.data("deepspeed") or Knobs()
+
+
+def config_gas(case: Case, nosync: bool = False) -> int:
+    """The ``gradient_accumulation_steps`` the loop configures: 1 where it
+    accumulates by hand (``no_sync``, or the ``gas1_manual`` misuse), else
+    the case's microbatches."""
+    return 1 if nosync or knobs(case).misuse == "gas1_manual" else case.schedule.microbatches
 
 
 def config(case: Case, stage: int, batch: int, gas: int | None = None) -> dict:
@@ -53,10 +78,18 @@ def _knobs(draw, case: Case) -> Case:
     return case.with_data("deepspeed", None if k == Knobs() else k)
 
 
+@st.composite
+def _misuse(draw, case: Case) -> Case:
+    """One misuse (after ``_knobs``), shrinking to the first."""
+    return case.with_data("deepspeed", replace(knobs(case), misuse=draw(st.sampled_from(tuple(MISUSES)))))
+
+
 KNOBS = Draw("deepspeed", (_knobs,))
+MISUSE = Draw("deepspeed.misuse", (_misuse,))
 CASE_DATA = DataNamespace("deepspeed", Knobs, {
     "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "contiguous": sc.boolean, "overlap": sc.boolean, "scatter": sc.boolean, "bf16": sc.boolean,
+    "misuse": lambda v, w: sc.string(v, w, choices=("", *MISUSES)),
 })
 
 

@@ -17,10 +17,10 @@ import importlib.util
 from typing import Any
 
 from harness.case.spec import Case
-from harness.observation import GRAD_NONE, Observation
+from harness.observation import GRAD_NONE, MISUSE_CLASS, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.deepspeed.data import KNOBS, knobs
+from harness.paths.deepspeed.data import KNOBS, MISUSE, knobs
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath
 
@@ -60,6 +60,12 @@ class DeepSpeedPath(PooledPath):
         return where if not where.ok else Availability(True, f"{where.reason}; DeepSpeed ZeRO stage {self.stage}")
 
     def supports(self, case: Case) -> str | None:
+        if knobs(case).misuse:
+            return (f"the case drives the engine against DeepSpeed's docs ({knobs(case).misuse}): "
+                    f"deepspeed.zero{self.stage}.misuse runs it")
+        return self._engine_refusal(case)
+
+    def _engine_refusal(self, case: Case) -> str | None:
         return (engine_refusal(case, "at every accumulation boundary")
                 or exact_mean(case, self._world(), "DeepSpeed divides"))
 
@@ -67,6 +73,9 @@ class DeepSpeedPath(PooledPath):
         warm(self.group)
         outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "case": case.dumps(),
                                       "stage": self.stage, "impl": self.impl, "drive": self.drive}, self.timeout)
+        refused = sorted({r["refused"] for r in outcome.replies.values() if isinstance(r, dict) and r.get("refused")})
+        if refused:  # DeepSpeed told the user (raised or warned): a refusal, never a finding
+            return Observation(self.name, extra={"refused": refused[0]})
         obs = assemble(self.name, case, outcome)
         if knobs(case).bf16:  # forward and backward in bfloat16, fp32 master grads: compared at bf16
             obs.precision = "bfloat16"
@@ -78,6 +87,23 @@ class DeepSpeedPath(PooledPath):
         from harness.paths.deepspeed.script import Engine
 
         return Repro(template="deepspeed", family=Engine(self.stage, self.drive, self._world()))
+
+
+class MisusePath(DeepSpeedPath):
+    """``deepspeed.zero<N>.misuse``: the case's misuse (``data.MISUSES``, drawn
+    for these paths only) against the oracle of the documented drive, which
+    is what the user meant. A divergence here is a finding of the misuse
+    class (``finding_class``): DeepSpeed silently accepted a use it gets
+    wrong. One it raises on or warns about is refused (``Observation.extra``)."""
+
+    contract = Contract(retained_grads=True, draws=(KNOBS, MISUSE), model_parts=True,
+                        judged_against="eager.accumulate", blind=(SAFE_GET_FULL_GRAD_BLIND,))
+    finding_class = MISUSE_CLASS
+
+    def supports(self, case: Case) -> str | None:
+        if not knobs(case).misuse:
+            return f"no misuse drawn: the documented drives are deepspeed.zero{self.stage}.stock, .manual, .nosync"
+        return self._engine_refusal(case)
 
 
 def engine_refusal(case: Case, zeroes: str) -> str | None:
@@ -114,5 +140,7 @@ def engine_paths(options: Options) -> list[Any]:
         return DeepSpeedPath(f"deepspeed.zero{stage}.{variant}", stage, STOCK, options.world_size,
                              max(options.timeout, 60.0), options.backend, drive)
 
+    misuse = [MisusePath(f"deepspeed.zero{s}.misuse", s, STOCK, options.world_size, max(options.timeout, 60.0),
+                         options.backend) for s in STAGES]
     return ([made(s, STOCK, "auto") for s in STAGES] + [made(s, "manual", "manual") for s in STAGES]
-            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES])
+            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES] + misuse)

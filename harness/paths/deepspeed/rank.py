@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -26,7 +26,7 @@ from harness.case.spec import Case
 from harness.materialize.tensors import Built
 from harness.materialize.units import CaseModule
 from harness.objects import load_object
-from harness.paths.deepspeed.data import config, knobs
+from harness.paths.deepspeed.data import ONE_STEP_A_WINDOW, config, config_gas, knobs
 from harness.paths.rankfacts import encode, rank_data, rank_failure
 from harness.workers.host import Rank
 
@@ -97,13 +97,14 @@ def _clear_stale_build_locks() -> None:
         pass  # no lock (the usual case), or a torch without this helper: nothing to clear
 
 
-def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> Any:
+def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> tuple[Any, Any]:
+    """The engine and the optimizer ``deepspeed.initialize`` returned beside it (what a user's loop holds)."""
     deepspeed = _deepspeed(ctx)
     module = CaseModule(built, built.params(), ctx.device, built.dtype)
     trainable = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.0)
-    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config(case, stage, 1, gas))
-    return engine
+    engine, returned, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config(case, stage, 1, gas))
+    return engine, returned
 
 
 def _facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: bool, inputs: list[torch.Tensor],
@@ -127,40 +128,100 @@ def _facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: 
 
 
 def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) -> dict[str, Any]:
-    """One case on this rank, driven as ``drive`` says (``DRIVES``). It never
-    raises: the parent judges a failure next to its peers'."""
+    """One case on this rank, driven as ``drive`` says (``DRIVES``), or, when
+    the case draws one, as its misuse says (``data.MISUSES``). It never
+    raises: the parent judges a failure next to its peers'. A misuse that
+    DeepSpeed raises on, or warns about, is ``refused`` (the user was told):
+    no steps are reported."""
     built = Built(case)
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     k = -1
+    misuse = knobs(case).misuse
+    phase = "the loop"  # or the grad read: a refusal says which raised
     try:
         fault = load_object(impl, "deepspeed impl") if impl != STOCK else None
         gas = case.schedule.microbatches
         low = torch.bfloat16 if knobs(case).bf16 else None
         # Under bf16 the engine accumulates into fp32 buffers of its own and
         # .grad is not the running sum: grads are read at boundaries only.
-        mid_window = stage in MID_WINDOW and low is None
-        engine = _engine(case, built, stage, ctx, 1 if drive == NOSYNC else gas)
-        for k in range(case.schedule.backwards):
-            boundary = k % gas == gas - 1
-            if drive == MANUAL:
-                engine.set_gradient_accumulation_boundary(boundary)
-            inputs, cots = rank_data(case, built, k, ctx)
-            if low is not None:  # the user feeds a bf16 module bf16 data
-                inputs = [x.detach().to(low).requires_grad_(x.requires_grad) for x in inputs]
-                cots = [c.to(low) for c in cots]
-            outs = engine(*inputs)
-            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
-            if fault is not None:
-                fault.before_backward(engine, k % gas)
-            if live:
-                with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
-                    engine.backward(sum((o * c).sum() for o, c in live) * (1 if drive == NOSYNC else gas))
-            out["steps"].append(_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window))
-            if drive == AUTO or boundary:
-                engine.step()
+        # A misuse is judged by the grads the window ends with (what the
+        # optimizer steps on), not by .grad on the way, which the loop's own
+        # calls may move (gas1_manual: every backward is the engine's boundary).
+        mid_window = stage in MID_WINDOW and low is None and not misuse
+        engine, returned = _engine(case, built, stage, ctx, config_gas(case, drive == NOSYNC))
+        scale = config_gas(case, drive == NOSYNC)  # the engine divides by its accumulation steps
+        with _told() as told:
+            for k in range(case.schedule.backwards):
+                boundary = k % gas == gas - 1
+                if drive == MANUAL:
+                    engine.set_gradient_accumulation_boundary(boundary)
+                if misuse == "zero_grad":
+                    engine.zero_grad()
+                elif misuse == "optimizer_zero_grad":
+                    returned.zero_grad()
+                inputs, cots = rank_data(case, built, k, ctx)
+                if low is not None:  # the user feeds a bf16 module bf16 data
+                    inputs = [x.detach().to(low).requires_grad_(x.requires_grad) for x in inputs]
+                    cots = [c.to(low) for c in cots]
+                outs = engine(*inputs)
+                live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+                if fault is not None:
+                    fault.before_backward(engine, k % gas)
+                if live:
+                    loss = sum((o * c).sum() for o, c in live) * scale
+                    if misuse == "loss_backward":
+                        loss.backward()
+                    elif misuse == "backward_twice":
+                        engine.backward(loss / 2, retain_graph=True)
+                        engine.backward(loss / 2)
+                    else:
+                        with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
+                            engine.backward(loss)
+                phase = f"reading the grads after backward {k} (safe_get_full_grad)"
+                out["steps"].append(_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window))
+                phase = "the loop"
+                if boundary or drive == AUTO and misuse not in ONE_STEP_A_WINDOW:
+                    engine.step()
+        if misuse and told:
+            out.update(steps=[], refused=f"warned: {told[0]}")
     except Exception as e:  # a rank that raises reports it; the parent judges
-        out["failure"] = rank_failure(k, e)
+        if misuse:
+            out.update(steps=[], refused=f"raised {type(e).__name__} in {phase}: {str(e)[:300]}")
+        else:
+            out["failure"] = rank_failure(k, e)
     return out
+
+
+NOT_ABOUT_THE_LOOP = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+@contextlib.contextmanager
+def _told() -> Iterator[list[str]]:
+    """What DeepSpeed warned about while the loop ran (after ``initialize``,
+    whose start-up notices say nothing about the loop): its logger's WARNING
+    and above, and Python warnings but deprecations (torch's
+    ``all_gather_into_tensor`` notice at every ZeRO 1-3 step says nothing
+    about how the loop drives the engine)."""
+    import logging
+    import warnings
+
+    from deepspeed.utils import logger
+
+    told: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            told.append(record.getMessage()[:300])
+
+    handler = Keep(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            yield told
+        told.extend(str(w.message)[:300] for w in seen if not issubclass(w.category, NOT_ABOUT_THE_LOOP))
+    finally:
+        logger.removeHandler(handler)
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from harness.materialize.source import CASE_MODULE, EAGER_WINDOWS, checked, forw
 from harness.materialize.tensors import Built
 from harness.paths import loopback
 from harness.paths.base import Repro
-from harness.paths.deepspeed.data import config
+from harness.paths.deepspeed.data import MISUSES, ONE_STEP_A_WINDOW, config, config_gas, knobs
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,14 @@ class Engine:
 def script(case: Case, machinery: Repro, title: str) -> str:
     case = checked(case)
     e: Engine = machinery.family
-    gas = 1 if e.drive == "nosync" else case.schedule.microbatches
+    gas = config_gas(case, e.drive == "nosync")
+    misuse = knobs(case).misuse
     data = [
         f"TITLE = {str(title)!r}",
         f"PREFIX = {PREFIX!r}",
         f"DRIVE = {e.drive!r}",
+        f"MISUSE = {misuse!r}  # how the loop drives the engine against DeepSpeed's docs ('': as documented)",
+        f"STEP_EVERY_MICRO_STEP = {e.drive == 'auto' and misuse not in ONE_STEP_A_WINDOW!r}",
         # The config as JSON text read at run time: data, never code.
         f"CONFIG = json.loads({json.dumps(config(case, e.stage, 1, gas), sort_keys=True)!r})",
         *schedule_data(case, Built(case)),
@@ -54,7 +57,7 @@ on {e.world_size} rank(s), in {case.dtype}, accumulation driven {e.drive!r} (CON
 Schedule: {case.schedule.steps} step(s) x {case.schedule.microbatches} microbatch(es); grads read with
 deepspeed.utils.safe_get_full_grad at each accumulation boundary.
 Run:  {loopback.RUN.format(world_size=e.world_size)}   (gloo on CPU with DS_ACCELERATOR=cpu; nccl with a GPU per rank)
-Exit status 1 on rank 0 when they differ.
+{_misuse_words(misuse)}Exit status 1 on rank 0 when they differ.
 """
 import contextlib
 import json
@@ -65,6 +68,15 @@ import torch
 import torch.distributed as dist
 '''
     return "\n".join([header, *function_helpers(case), "", *data, "", "", forward_source(case), "", "", _RUNNER, ""])
+
+
+def _misuse_words(misuse: str) -> str:
+    """The header's line on a misuse: what the loop does, and that the
+    expected grads are what the user meant (the documented drive's)."""
+    if not misuse:
+        return ""
+    return (f"The loop MISUSES the engine ({misuse}): {MISUSES[misuse]}. DeepSpeed accepts it without an error;\n"
+            "expected is what the user meant, the grads of the documented drive.\n")
 
 
 _RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + '''
@@ -85,19 +97,30 @@ def main():
     module = Module(device)
     params = module.weights()
     opt = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.0)  # weights stay put
-    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=CONFIG)
+    engine, optimizer, *_ = deepspeed.initialize(model=module, optimizer=opt, config=CONFIG)
     gas = CONFIG["gradient_accumulation_steps"]
     want, bad = expected(), 0
     for k in range(MICROBATCHES * STEPS):
         boundary = (k + 1) % MICROBATCHES == 0
         if DRIVE == "manual":
             engine.set_gradient_accumulation_boundary(boundary)
+        if MISUSE == "zero_grad":
+            engine.zero_grad()
+        elif MISUSE == "optimizer_zero_grad":
+            optimizer.zero_grad()
         inputs = [torch.tensor(INPUTS[k][n], dtype=DTYPE, device=device).requires_grad_(INPUT_GRAD[n]) for n in INPUT_NAMES]
         cots = [torch.tensor(c, dtype=DTYPE, device=device) * (world if rank == 0 else 0) for c in GRAD_OUTPUTS[k]]
         live = [(o, c) for o, c in zip(engine(*inputs), cots) if o.requires_grad]
         if live:
-            with engine.no_sync() if DRIVE == "nosync" and not boundary else contextlib.nullcontext():
-                engine.backward(sum((o * c).sum() for o, c in live) * gas)
+            loss = sum((o * c).sum() for o, c in live) * gas  # the engine divides by its accumulation steps
+            if MISUSE == "loss_backward":
+                loss.backward()
+            elif MISUSE == "backward_twice":
+                engine.backward(loss / 2, retain_graph=True)
+                engine.backward(loss / 2)
+            else:
+                with engine.no_sync() if DRIVE == "nosync" and not boundary else contextlib.nullcontext():
+                    engine.backward(loss)
         if boundary:
             for n, p in params.items():
                 # safe_get_full_grad reads ZeRO's flat buffers, which hold zeros for a parameter without a grad
@@ -107,7 +130,7 @@ def main():
                 if not torch.allclose(a, e, rtol=1e-5, atol=1e-5):
                     bad += 1
                     print(f"rank {rank} backward {k}: {n}.grad differs\\n  expected {e.tolist()}\\n  actual   {a.tolist()}")
-        if DRIVE == "auto" or boundary:
+        if STEP_EVERY_MICRO_STEP or boundary:
             engine.step()
     flag = torch.tensor([bad], device=device)
     dist.all_reduce(flag)
