@@ -36,7 +36,8 @@ def _two_params() -> Case:
 
 def test_both_paths_are_listed_and_say_how_to_install_when_absent():
     paths = resolve("megatron")
-    assert [p.name for p in paths] == ["megatron.ddp.stock", "megatron.distopt.stock", "megatron.pp.stock"]
+    assert [p.name for p in paths] == ["megatron.ddp.stock", "megatron.distopt.stock", "megatron.pp.stock",
+                                       "megatron.vpp.stock"]
     for p in paths:
         a = p.availability()
         assert a.ok == INSTALLED and (INSTALLED or "pip install 'gradfuzz[megatron]'" in a.reason)
@@ -53,7 +54,7 @@ def test_the_knobs_are_case_data_that_reach_the_ddp_config():
 
 
 def test_contract_refuses_what_megatron_owns_or_the_harness_cannot_run():
-    ddp, _, _ = resolve("megatron")
+    ddp = resolve("megatron")[0]
     case = _nested(2)
     assert ddp.supports(case) is None
     assert ddp.supports(replace(case, schedule=replace(case.schedule, zero_grad="keep")))
@@ -224,3 +225,117 @@ def test_a_stage_that_raises_is_the_finding_not_its_peers_wait():
     # A parameter no node uses is held by the first stage, as a model chunk holds one: the same bug.
     unused = replace(case, nodes=case.nodes[:1] + case.nodes[2:]).with_data("megatron", Knobs(cut=1, overlap=True))
     assert [d.signature for d in check(unused, _pp())] == ["megatron.stock-error-a4118d4439"]
+
+
+# megatron.vpp.stock: four virtual stages, two model chunks on each of two ranks, the interleaved schedule.
+
+def _vtied(microbatches: int = 2, steps: int = 2) -> Case:
+    """x0 @ w0 | @ w1 | @ w2 | @ w0.T cut at (1, 2, 3): w0 is the embedding on
+    stage 0 (rank 0, chunk 0) and the output layer on stage 3 (rank 1, chunk 1)."""
+    return Case(params=(Param("w0", (3, 3)), Param("w1", (3, 3)), Param("w2", (3, 3))),
+                inputs=(Input("x0", (2, 3), requires_grad=True),),
+                nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))), Node("n1", "matmul", (Use("n0"), Use("w1"))),
+                       Node("n2", "matmul", (Use("n1"), Use("w2"))),
+                       Node("n3", "matmul", (Use("n2"), Use("w0", transpose=True)))),
+                outputs=(Use("n3"),), schedule=Schedule(microbatches=microbatches, steps=steps))
+
+
+def _vpp():
+    (vpp,) = resolve("megatron.vpp")
+    return vpp
+
+
+def test_the_vpp_layout_puts_chunk_c_of_rank_r_at_stage_c_times_two_plus_r():
+    from harness.paths.megatron.pipe import boundary_width, rank_stages, stage_specs
+
+    assert rank_stages(0, 2) == [0, 2] and rank_stages(1, 2) == [1, 3] and rank_stages(1, 1) == [1]
+    # x0 passes through stage 1 to stage 2 beside n1: boundaries of 6, 12 and 6 elements, all sent as 12.
+    skip = replace(_vtied(), nodes=_vtied().nodes[:2] + (Node("n2", "add", (Use("n1"), Use("x0"))),)
+                   + _vtied().nodes[3:]).with_data("megatron", Knobs(cuts=(1, 2, 3)))
+    specs = stage_specs(skip, 2)
+    assert [s.params for s in specs] == [("w0", "w2"), ("w1",), (), ("w0",)]  # w2, unused, held by the first
+    assert boundary_width(skip, specs) == 12
+
+
+def test_the_vpp_contract_encodes_the_interleaved_schedules_rules():
+    vpp = _vpp()
+    case = _vtied()
+    assert "needs 3" in vpp.supports(case.with_data("megatron", Knobs(cut=2)))
+    assert vpp.supports(case.with_data("megatron", Knobs(cuts=(1, 2, 3)))) is None
+    # megatron's microbatch groups: M=3 raises with the default group of 2, runs with a group of 3.
+    odd = replace(_vtied(3), exact=False)
+    assert "groups of 2" in vpp.supports(odd.with_data("megatron", Knobs(cuts=(1, 2, 3))))
+    assert vpp.supports(odd.with_data("megatron", Knobs(cuts=(1, 2, 3), group=3))) is None
+    assert "groups of 4" in vpp.supports(odd.with_data("megatron", Knobs(cuts=(1, 2, 3), group=4)))
+    one = _vtied(1).with_data("megatron", Knobs(cuts=(1, 2, 3)))
+    assert "[2, 1]" in vpp.supports(one)
+    # w0 on stages 0 and 2 (both on rank 0): not the embedding / output layer pair megatron shares.
+    apart = replace(case, nodes=case.nodes[:2] + (Node("n2", "matmul", (Use("n1"), Use("w0"))),
+                                                  Node("n3", "matmul", (Use("n2"), Use("w2")))))
+    assert "stages [0, 2]" in vpp.supports(apart.with_data("megatron", Knobs(cuts=(1, 2, 3))))
+    freed = Knobs(cuts=(1, 2, 3), batch_p2p=False, overlap_p2p=True, deallocate=True)
+    assert "gloo" in vpp.supports(case.with_data("megatron", freed))
+    with pytest.raises(Exception, match="overlap_p2p"):
+        Case.loads(case.with_data("megatron", Knobs(cuts=(1, 2, 3), overlap_p2p=True)).dumps())
+    with pytest.raises(Exception, match="cuts"):
+        Case.loads(case.with_data("megatron", Knobs(cuts=(1, 3, 2))).dumps())
+
+
+def test_the_vpp_draw_cuts_between_the_embedding_and_the_output_layer():
+    from harness.paths.megatron.data import groups, tied_vcuts
+
+    assert tied_vcuts(_vtied(), 4) == [(1, 2, 3)]
+    assert groups(2, 2) == [0] and groups(3, 2) == [3] and groups(4, 2) == [0, 4] and groups(5, 2) == [3, 5]
+
+
+@needs_megatron
+def test_the_interleaved_pipeline_agrees_with_the_oracle_and_every_knob_runs():
+    from harness.engine.check import check
+
+    vpp = _vpp()
+    paired = dict(cuts=(1, 2, 3), batch_p2p=False)
+    for knobs, case in ((Knobs(cuts=(1, 2, 3)), _vtied()),  # batched p2p agrees with two microbatches
+                        (Knobs(**paired, overlap=True, bucket=1, nan_check=True), _vtied(4, 2)),
+                        (Knobs(**paired, overlap_p2p=True, per_token=True, distopt=True), _vtied(4, 1)),
+                        (Knobs(**paired, group=4, deallocate=True, fp32_reduce=True), _vtied(4, 1)),
+                        (Knobs(**paired, group=3), replace(_vtied(3, 1), exact=False)),
+                        (Knobs(**paired, overlap_p2p=True, overlap=True, distopt=True, bucket=1),
+                         replace(_vtied(4, 2), exact=False))):
+        case = case.with_data("megatron", knobs)
+        assert vpp.supports(case) is None and check(case, vpp) == [], knobs
+    obs = vpp.run(_vtied().with_data("megatron", Knobs(cuts=(1, 2, 3))))
+    assert [s.grads is not None for s in obs.steps] == [False, True, False, True]
+    # The ranks re-make megatron's parallel state (no virtual pipeline) for the other paths.
+    assert check(_tied().with_data("megatron", Knobs(cut=2)), _pp()) == []
+    assert check(_two_params(), resolve("megatron.ddp")[0]) == []
+
+
+@needs_megatron
+def test_batched_p2p_with_two_pipeline_ranks_mixes_forward_and_backward_tensors():
+    """Known upstream (NVIDIA/Megatron-LM#750): with pipeline size 2 a rank's
+    previous and next stage are one peer, so the batched isend / irecv of
+    send_forward_backward_recv_forward_backward cannot tell an activation from
+    a grad; megatron-core 0.16.1 runs it and the grads are wrong. The paired
+    p2p (megatron sends one direction on the WORLD group) agrees. If this
+    starts failing, megatron fixed it: update the ledger entry."""
+    from harness.engine.check import check
+
+    vpp = _vpp()
+    batched = _vtied(4, 1).with_data("megatron", Knobs(cuts=(1, 2, 3)))
+    found = check(batched, vpp)
+    assert {d.kind for d in found} == {"value"} and "w0" in {d.param for d in found}, found
+    assert check(batched.with_data("megatron", Knobs(cuts=(1, 2, 3), batch_p2p=False)), vpp) == []
+
+
+@needs_megatron
+def test_the_vpp_canary_is_caught_from_a_cold_start_and_its_fault_on_a_direct_case():
+    from harness.canaries import all_canaries
+    from harness.engine.check import check
+    from harness.gate.selfcheck import run_canary
+    from harness.paths.megatron.path import MegatronVppPath
+
+    (canary,) = [c for c in all_canaries() if c.name == "megatron_vpp_skips_embedding_allreduce"]
+    assert run_canary(canary, seed=0).caught
+    broken = MegatronVppPath("megatron.vpp.broken", "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0)
+    found = check(_vtied().with_data("megatron", Knobs(cuts=(1, 2, 3))), broken)
+    assert {(d.kind, d.param) for d in found} == {("replica", "w0"), ("value", "w0")}, found

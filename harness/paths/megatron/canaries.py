@@ -3,7 +3,9 @@ before a window's last backward (``zero_grad_buffer()`` called once per
 microbatch instead of once per iteration, a real misuse), so only the last
 micro-step survives, judged against ``megatron.ddp.stock`` as installed; and
 a pipeline whose ``finalize_model_grads`` skips the shared embedding's
-all-reduce, judged against ``megatron.pp.stock``."""
+all-reduce, judged against ``megatron.pp.stock``, and the same under the
+interleaved schedule, where the two copies sit on the first rank's first
+model chunk and the last rank's last one, judged against ``megatron.vpp.stock``."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ class keeps_last_micro_step:
 
 
 def canaries() -> list[Canary]:
-    from harness.paths.megatron.path import MegatronPath, MegatronPipePath
+    from harness.paths.megatron.path import MegatronPath, MegatronPipePath, MegatronVppPath
 
     return [Canary("megatron_keeps_last_micro_step",
                    lambda: MegatronPath("canary.megatron_keeps_last_micro_step", False,
@@ -31,7 +33,11 @@ def canaries() -> list[Canary]:
             Canary("megatron_pp_skips_embedding_allreduce",
                    lambda: MegatronPipePath("canary.megatron_pp_skips_embedding_allreduce",
                                             "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0),
-                   "megatron.pp.stock", budget=100, expects=("value", "replica"))]
+                   "megatron.pp.stock", budget=100, expects=("value", "replica")),
+            Canary("megatron_vpp_skips_embedding_allreduce",
+                   lambda: MegatronVppPath("canary.megatron_vpp_skips_embedding_allreduce",
+                                           "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0),
+                   "megatron.vpp.stock", budget=100, expects=("value", "replica"))]
 
 
 class skips_embedding_allreduce:

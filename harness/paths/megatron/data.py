@@ -2,16 +2,20 @@
 fields a user sets (and the ``shared_embedding`` mark megatron gives a tied
 embedding), each a draw that shrinks to megatron's default; for
 ``megatron.pp.*`` also where the node list is cut into the two pipeline
-stages and the ``ModelParallelConfig`` p2p fields."""
+stages and the ``ModelParallelConfig`` p2p fields; for ``megatron.vpp.*`` the
+three cuts into four virtual stages and the interleaved schedule's own
+fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
 from harness.case import schema as sc
-from harness.case.namespace import DataNamespace
+from harness.case.namespace import DataNamespace, check_cuts
+from harness.case.namespace import cuts as cuts_checker
 from harness.case.spec import Case
 from harness.case.vocab import SpecError
 from harness.generate import Draw
@@ -40,6 +44,12 @@ class Knobs:
     # DistributedDataParallelConfig.use_distributed_optimizer on each stage (data-parallel size 1: one shard, but the
     # bucket layout, padding and the shared_embedding's own bucket are the distributed optimizer's)
     distopt: bool = False
+    # megatron.vpp.* only: nodes cut into four virtual stages at these three positions (stage s on rank s % 2, as
+    # model chunk s // 2); ModelParallelConfig.microbatch_group_size_per_vp_stage (0: megatron's default, the
+    # pipeline size) and overlap_p2p_comm (the interleaved schedule's async p2p, only without batch_p2p_comm)
+    cuts: tuple[int, ...] = ()
+    group: int = 0
+    overlap_p2p: bool = False
 
 
 def knobs(case: Case) -> Knobs:
@@ -75,23 +85,73 @@ def tied_cuts(case: Case) -> list[int]:
     return out
 
 
+def stage_uses(case: Case, cuts: tuple[int, ...]) -> dict[str, set[int]]:
+    """Which stages use each parameter, for cuts at ``cuts`` (the outputs
+    count as the last stage's)."""
+    params = {p.name for p in case.params}
+    edges = [*cuts, len(case.nodes)]
+    out: dict[str, set[int]] = {}
+    for i, node in enumerate(case.nodes):
+        s = next(j for j, e in enumerate(edges) if i < e)
+        for u in node.args:
+            if u.ref in params:
+                out.setdefault(u.ref, set()).add(s)
+    for u in case.outputs:
+        if u.ref in params:
+            out.setdefault(u.ref, set()).add(len(cuts))
+    return out
+
+
+def tied_vcuts(case: Case, stages: int) -> list[tuple[int, ...]]:
+    """Cut triples (``stages - 1`` cuts) under which one parameter, and only
+    it, is used by more than one stage, by the first and the last only:
+    megatron's word embedding and output layer on the first and last virtual
+    stage."""
+    out = []
+    for cuts in itertools.combinations(range(1, len(case.nodes)), stages - 1):
+        many = [s for s in stage_uses(case, cuts).values() if len(s) > 1]
+        if len(many) == 1 and many[0] == {0, stages - 1}:
+            out.append(cuts)
+    return out
+
+
+def groups(microbatches: int, pipeline: int) -> list[int]:
+    """The ``microbatch_group_size_per_vp_stage`` values megatron's
+    interleaved schedule accepts for ``microbatches`` (0: its default, the
+    pipeline size): at least the pipeline size and at most the microbatches,
+    with a remainder of 0 or at least the pipeline size
+    (``forward_backward_pipelining_with_interleaving``)."""
+    ok = [g for g in range(pipeline, microbatches + 1) if microbatches % g == 0 or microbatches % g >= pipeline]
+    return [0 if g == pipeline else g for g in ok]
+
+
 @st.composite
 def _pp_knobs(draw, case: Case, stages: int) -> Case:
     """The DDP knobs of each stage (``shared`` is not drawn: a pipeline marks
-    its shared weight as megatron does, always), one cut, drawn as a pick
-    among the free node positions so that it shrinks towards the first, and
-    the p2p fields."""
+    its shared weight as megatron does, always), the cuts, drawn as a pick
+    among the free node positions so that they shrink towards the first, and
+    the p2p fields; with four stages (``megatron.vpp``) three cuts, the
+    microbatch group and ``overlap_p2p_comm``."""
     overlap = draw(st.booleans())
-    free = list(range(1, len(case.nodes)))
-    tied = tied_cuts(case)
+    if stages == 2:
+        free: list = list(range(1, len(case.nodes)))
+        tied: list = tied_cuts(case)
+    else:
+        free = list(itertools.combinations(range(1, len(case.nodes)), stages - 1))
+        tied = tied_vcuts(case, stages)
     # Half the cases cut between two uses of one weight where the case has
     # such a place (a random cut splits one in about one case in eight).
     pool = tied if tied and not draw(st.booleans()) else free
-    cut = pool[draw(st.integers(0, 255)) % len(pool)] if pool else 0
+    picked = pool[draw(st.integers(0, 255)) % len(pool)] if pool else ()
+    cut, cuts = (picked or 0, ()) if stages == 2 else (0, tuple(picked))
     k = Knobs(overlap, draw(st.sampled_from(BUCKETS)) if overlap else 0,
               case.dtype == "float32" and draw(st.booleans()), draw(st.booleans()), False, cut,
               not draw(st.booleans()), draw(st.booleans()), pow2(case.schedule.microbatches) and draw(st.booleans()),
-              draw(st.booleans()))
+              draw(st.booleans()), cuts)
+    if stages > 2:  # drawn after the two-stage knobs, so megatron.pp's case stream is as it was
+        choices = groups(case.schedule.microbatches, 2)
+        group = choices[draw(st.integers(0, 255)) % len(choices)] if choices and draw(st.booleans()) else 0
+        k = replace(k, group=group, overlap_p2p=not k.batch_p2p and draw(st.booleans()))
     return case.with_data("megatron", None if k == Knobs() else k)
 
 
@@ -102,15 +162,21 @@ def pow2(n: int) -> bool:
 def _check(case: Case, k: Knobs, where: str) -> None:
     if k.cut and not 0 < k.cut < len(case.nodes):
         raise SpecError(f"{where}.cut", f"a cut must be a node position in 1..{len(case.nodes) - 1}, got {k.cut}")
+    check_cuts(case, k.cuts, f"{where}.cuts")
+    if k.overlap_p2p and k.batch_p2p:
+        raise SpecError(f"{where}.overlap_p2p", "overlap_p2p_comm needs batch_p2p false: megatron raises \"Can not "
+                        "use both overlap_p2p_comm and batch_p2p_comm\"")
 
 
 KNOBS = Draw("megatron", (_knobs,))
 # Its own args, so that the pp paths' contract differs from the ddp paths'
 # (a Draw compares by name and args) and each gets its own case stream.
 PP_KNOBS = Draw("megatron", (_pp_knobs,), (2,))
+VPP_KNOBS = Draw("megatron", (_pp_knobs,), (4,))
 CASE_DATA = DataNamespace("megatron", Knobs, {
     "overlap": sc.boolean, "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "fp32_reduce": sc.boolean, "nan_check": sc.boolean, "shared": sc.boolean,
     "cut": lambda v, w: sc.integer(v, w, 0, 256), "batch_p2p": sc.boolean, "deallocate": sc.boolean,
-    "per_token": sc.boolean, "distopt": sc.boolean,
+    "per_token": sc.boolean, "distopt": sc.boolean, "cuts": cuts_checker(3),
+    "group": lambda v, w: sc.integer(v, w, 0, 256), "overlap_p2p": sc.boolean,
 }, check=_check)

@@ -18,7 +18,7 @@ from harness.observation import GRAD_NONE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
-from harness.paths.megatron.data import KNOBS, PP_KNOBS, knobs
+from harness.paths.megatron.data import KNOBS, PP_KNOBS, VPP_KNOBS, groups, knobs
 from harness.paths.pooled import PooledPath
 
 STOCK = "stock"
@@ -95,25 +95,35 @@ class MegatronPipePath(PooledPath):
 
     contract = Contract(retained_grads=False, draws=(PP_KNOBS,), gap_cases=True, model_parts=True,
                         random_ops=False, judged_against="eager.accumulate", blind=MegatronPath.contract.blind)
+    chunks = 1  # model chunks per rank (virtual pipeline size; 1: none)
 
     def __init__(self, name: str, impl: str = STOCK, timeout: float = 10.0, backend: str | None = None) -> None:
         super().__init__(name, PP_STAGES, timeout, backend)
         self.impl = impl
+
+    def _what(self) -> str:
+        return f"megatron-core 1F1B pipeline, {PP_STAGES} stages, shared embedding all-reduce"
 
     def availability(self) -> Availability:
         if not installed():
             return Availability(False, f"megatron-core is not installed here: {INSTALL}")
         where = self.group_availability()
         if where.ok and self._world() != PP_STAGES:
-            return Availability(False, f"megatron.pp runs {PP_STAGES} pipeline stages on {PP_STAGES} ranks; this "
-                                       f"group has {self._world()}")
-        return where if not where.ok else Availability(
-            True, f"{where.reason}; megatron-core 1F1B pipeline, {PP_STAGES} stages, shared embedding all-reduce")
+            return Availability(False, f"{self.name} runs {PP_STAGES} pipeline ranks; this group has {self._world()}")
+        return where if not where.ok else Availability(True, f"{where.reason}; {self._what()}")
+
+    def _cut_refusal(self, case: Case) -> str | None:
+        if not knobs(case).cut:
+            return f"no pipeline cut (family.megatron.cut): megatron.pp runs {PP_STAGES} stages"
+        return None
+
+    def _schedule_refusal(self, case: Case) -> str | None:
+        return None
 
     def supports(self, case: Case) -> str | None:
         from harness.case.ops import draws_random
         from harness.materialize.stages import requires_grad
-        from harness.paths.megatron.pipe import shared_params, stage_specs
+        from harness.paths.megatron.pipe import held_apart, shared_params, stage_specs
 
         s = case.schedule
         if reason := megatron_refusal(case, "megatron's pipeline"):
@@ -122,19 +132,27 @@ class MegatronPipePath(PooledPath):
         if k.per_token and s.microbatches & (s.microbatches - 1):
             return (f"calculate_per_token_loss scales the grads by 1 / {s.microbatches} tokens computed in float32 "
                     f"(1.0 / an int tensor), which is not the case's precision")
-        if not k.cut:
-            return f"no pipeline cut (family.megatron.cut): megatron.pp runs {PP_STAGES} stages"
+        if reason := self._cut_refusal(case) or self._schedule_refusal(case):
+            return reason
         if draws_random(case):
             return ("dropout: each stage runs on its own rank and RNG stream, so masks cannot match the case's "
                     "(megatron's tensor-parallel RNG tracker is not part of this path)")
-        specs = stage_specs(case)
+        specs = stage_specs(case, self.chunks)
         shared = shared_params(case, specs)
         if len(shared) > 1:
             return (f"{len(shared)} parameters ({', '.join(shared)}) are used by both stages: megatron shares one "
                     f"weight across pipeline stages, the word embedding / output layer "
                     f"(shared_embedding_or_output_weight(); finalize_model_grads all-reduces only it)")
-        if not specs[-1].inputs:
-            return "nothing crosses the cut: megatron's schedule sends the first stage's output to the next"
+        last = len(specs) - 1
+        apart = {n: at for n, at in held_apart(case, specs).items() if at != [0, last]}
+        if apart:
+            n, at = next(iter(apart.items()))
+            return (f"{n} is used by stages {at}: megatron shares one weight across pipeline stages, the word "
+                    f"embedding on the first stage and the output layer on the last (stages 0 and {last}; "
+                    f"finalize_model_grads all-reduces only them, over the embedding group)")
+        if empty := [spec.index for spec in specs[1:] if not spec.inputs]:
+            return (f"nothing crosses the cut into stage {empty[0]}: megatron's schedule sends each stage's output "
+                    f"to the next")
         need = requires_grad(case)
         if not any(need[u.ref] for u in case.outputs):
             return "no output requires grad (nothing for the schedule to train)"
@@ -142,7 +160,7 @@ class MegatronPipePath(PooledPath):
 
     def run(self, case: Case) -> Observation:
         outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.pipe", "case": case.dumps(),
-                                      "impl": self.impl}, self.timeout)
+                                      "impl": self.impl, "chunks": self.chunks}, self.timeout)
         obs = assemble(self.name, case, outcome)
         if obs.failure is not None and obs.failure.type != "WorkerError":
             # A stage that raised leaves its peer waiting in a p2p recv or the
@@ -156,7 +174,59 @@ class MegatronPipePath(PooledPath):
         return replay_only(self.name)
 
 
+VPP_CHUNKS = 2
+
+
+class MegatronVppPath(MegatronPipePath):
+    """``megatron.vpp.stock``: the case cut into four virtual stages, two
+    model chunks on each of two ranks (stage ``s`` is chunk ``s // 2`` of
+    rank ``s % 2``), under megatron's interleaved 1F1B schedule
+    (``forward_backward_pipelining_with_interleaving``), the shared weight on
+    the first chunk of the first rank and the last chunk of the last, and
+    ``finalize_model_grads`` over both chunks of each rank
+    (``harness.paths.megatron.pipe``)."""
+
+    contract = Contract(retained_grads=False, draws=(VPP_KNOBS,), gap_cases=True, model_parts=True,
+                        random_ops=False, judged_against="eager.accumulate", blind=MegatronPath.contract.blind)
+    chunks = VPP_CHUNKS
+
+    def _what(self) -> str:
+        return (f"megatron-core interleaved 1F1B pipeline, {PP_STAGES} ranks x {VPP_CHUNKS} model chunks, shared "
+                f"embedding all-reduce")
+
+    def _cut_refusal(self, case: Case) -> str | None:
+        n = PP_STAGES * VPP_CHUNKS
+        if len(knobs(case).cuts) != n - 1:
+            return (f"{len(knobs(case).cuts)} cuts (family.megatron.cuts): megatron.vpp runs {n} virtual stages, "
+                    f"{PP_STAGES} ranks x {VPP_CHUNKS} model chunks, so it needs {n - 1}")
+        return None
+
+    def _schedule_refusal(self, case: Case) -> str | None:
+        # megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving: "The number
+        # of contiguous micro-batches in a virtual pipeline stage should range in [PP, M]" (ValueError) and "The
+        # remainder of M ... divided by N ... should be 0, or larger than or equal to the pipeline-parallel size"
+        # (RuntimeError); N is ModelParallelConfig.microbatch_group_size_per_vp_stage, by default the pipeline size.
+        k = knobs(case)
+        if k.deallocate and k.overlap_p2p and self.backend_name() == "gloo":
+            # Checked by hand on two fuzzed cases: either knob off and they agree; both on, the receiver sees freed
+            # memory (values like 1e26).
+            return ("deallocate_pipeline_outputs with overlap_p2p_comm on gloo: the schedule frees the sent output "
+                    "(deallocate_output_tensor sets .data) right after posting its isend and waits for the send "
+                    "later; on CUDA ProcessGroupNCCL records the send on its stream, so the caching allocator keeps "
+                    "the block until it is sent, but gloo reads the storage when the send runs, after it was freed "
+                    "(the CPU run's artifact; not checked on a GPU here)")
+        m, group = case.schedule.microbatches, k.group
+        if group not in groups(m, PP_STAGES):
+            n = group or PP_STAGES
+            return (f"megatron's interleaved schedule raises for {m} microbatches in groups of {n} "
+                    f"(microbatch_group_size_per_vp_stage; default the pipeline size, {PP_STAGES}): the group must "
+                    f"be in [{PP_STAGES}, {m}] and {m} % {n} must be 0 or at least {PP_STAGES} "
+                    f"(forward_backward_pipelining_with_interleaving, megatron/core/pipeline_parallel/schedules.py)")
+        return None
+
+
 def paths(options: Options) -> list:
     return [MegatronPath(f"megatron.{kind}.stock", distopt, STOCK, options.world_size, max(options.timeout, 60.0),
                          options.backend) for kind, distopt in REDUCES.items()] + \
-        [MegatronPipePath("megatron.pp.stock", STOCK, max(options.timeout, 60.0), options.backend)]
+        [MegatronPipePath("megatron.pp.stock", STOCK, max(options.timeout, 60.0), options.backend),
+         MegatronVppPath("megatron.vpp.stock", STOCK, max(options.timeout, 60.0), options.backend)]

@@ -1,6 +1,10 @@
 """What every rank of ``megatron.pp.*`` runs: megatron-core's non-interleaved
 1F1B schedule over two pipeline stages, one per rank, with the weight both
-stages use shared the way megatron shares its word embedding and output layer.
+stages use shared the way megatron shares its word embedding and output layer;
+and of ``megatron.vpp.*``: its interleaved schedule over four virtual stages,
+two model chunks per rank (chunk ``c`` of rank ``r`` is stage ``2c + r``), the
+shared weight on the first and the last stage (rank 0's first chunk, rank 1's
+last), each chunk its own ``DistributedDataParallel`` and one config for all.
 
 Setup (``parallel_state.initialize_model_parallel(1, 2)`` over the pool's two
 ranks: pipeline size 2, data-parallel size 1, the embedding group the first
@@ -86,14 +90,16 @@ from harness.paths.megatron.rank import STOCK, _parallel_state, _raised_at, main
 from harness.paths.rankfacts import encode, first_line, rank_failure
 from harness.workers.host import Rank
 
-STAGES = 2
+STAGES = 2  # pipeline ranks; with virtual chunks each rank holds CHUNKS of the stages
 
 
-def stage_specs(case: Case) -> list[StageSpec]:
-    """The case cut at ``family.megatron.cut``; a parameter no node uses is
-    held by the first stage (a model's unused parameter lives in some chunk,
-    and megatron's DDP keeps a grad buffer slice for it all the same)."""
-    specs = cut(case, (knobs(case).cut,))
+def stage_specs(case: Case, chunks: int = 1) -> list[StageSpec]:
+    """The case cut at ``family.megatron.cut`` (``cuts`` with virtual chunks:
+    ``STAGES * chunks`` stages); a parameter no node uses is held by the
+    first stage (a model's unused parameter lives in some chunk, and
+    megatron's DDP keeps a grad buffer slice for it all the same)."""
+    k = knobs(case)
+    specs = cut(case, (k.cut,) if chunks == 1 else k.cuts)
     held = {n for s in specs for n in s.params}
     if all(p.name in held for p in case.params):
         return specs
@@ -102,9 +108,28 @@ def stage_specs(case: Case) -> list[StageSpec]:
 
 
 def shared_params(case: Case, specs: list[StageSpec]) -> list[str]:
-    """Parameters both stages use: each stage holds a copy."""
+    """Parameters the first and the last stage both use: each holds a copy."""
     both = set(specs[0].params) & set(specs[-1].params)
     return [p.name for p in case.params if p.name in both]
+
+
+def held_apart(case: Case, specs: list[StageSpec]) -> dict[str, list[int]]:
+    """Parameters held by more than one stage, and by which."""
+    out = {p.name: [s.index for s in specs if p.name in s.params] for p in case.params}
+    return {n: at for n, at in out.items() if len(at) > 1}
+
+
+def rank_stages(rank: int, chunks: int) -> list[int]:
+    """The stages a rank holds, by model chunk: megatron's virtual pipeline
+    puts chunk ``c`` of rank ``r`` at stage ``c * STAGES + r``."""
+    return [c * STAGES + rank for c in range(chunks)]
+
+
+def boundary_width(case: Case, specs: list[StageSpec]) -> int:
+    """Elements of the widest boundary: megatron's p2p sends one shape,
+    ``(seq_length, micro_batch_size, hidden_size)``, across every boundary of
+    the schedule, so narrower ones are padded to it (as sequences are)."""
+    return max(sum(math.prod(s) for s in boundary_shapes(case, spec)) for spec in specs[1:])
 
 
 def boundary_shapes(case: Case, spec: StageSpec) -> list[tuple[int, ...]]:
@@ -118,11 +143,13 @@ class MegatronStage(torch.nn.Module):
     see a model chunk (the attributes ``LanguageModule`` has)."""
 
     def __init__(self, stage: StageModule, first: bool, last: bool, shared: str | None,
-                 shapes: list[tuple[int, ...]]) -> None:
+                 shapes: list[tuple[int, ...]], width: int = 0) -> None:
         from megatron.core.enums import ModelType
 
         super().__init__()
         self.stage = stage
+        self.index = stage.spec.index
+        self.width = width
         self.model_type = ModelType.encoder_or_decoder
         self.pre_process, self.post_process = first, last
         self.shared = shared
@@ -154,7 +181,11 @@ class MegatronStage(torch.nn.Module):
         outs = outs if isinstance(outs, tuple) else (outs,)
         if self.post_process:
             return outs
-        return torch.cat([o.reshape(-1, 1, 1) for o in outs])  # a new tensor, never a view
+        flat = [o.reshape(-1, 1, 1) for o in outs]
+        pad = self.width - sum(f.shape[0] for f in flat)
+        if pad > 0:  # a narrower boundary than the schedule's one shape
+            flat.append(torch.zeros(pad, 1, 1, dtype=flat[0].dtype, device=flat[0].device))
+        return torch.cat(flat)  # a new tensor, never a view
 
 
 def _tie(module: MegatronStage, first: bool, ps: Any) -> None:
@@ -172,42 +203,58 @@ def _tie(module: MegatronStage, first: bool, ps: Any) -> None:
     dist.all_reduce(weight.data, group=ps.get_embedding_group())
 
 
-def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: Any) -> tuple[Any, Any, MegatronStage]:
+def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: Any,
+           chunks: int) -> tuple[list[Any], Any, list[MegatronStage]]:
+    """This rank's model chunks, each in its own ``DistributedDataParallel``
+    sharing one config, as megatron's ``get_model`` builds them (bucketing
+    off for every chunk after the first, ``disable_bucketing``: "we might
+    not want to break up model parameters into buckets for model chunks after
+    the first in the interleaved schedule", distributed_data_parallel.py)."""
     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                            finalize_model_grads)
     from megatron.core.transformer import TransformerConfig
 
-    ps = _parallel_state(STAGES)
+    ps = _parallel_state(STAGES, chunks if chunks > 1 else None)
     k = knobs(case)
-    r = ctx.rank
-    first, last = r == 0, r == STAGES - 1
     shared = shared_params(case, specs)
-    stage = StageModule(case, specs[r], built.params(), ctx.device)
-    module = MegatronStage(stage, first, last, shared[0] if shared else None,
-                           [] if first else boundary_shapes(case, specs[r]))
-    _tie(module, first, ps)
-    config = TransformerConfig(num_layers=STAGES, hidden_size=1, num_attention_heads=1,
+    width = boundary_width(case, specs)
+    extra = {}
+    if chunks > 1:
+        extra = {"virtual_pipeline_model_parallel_size": chunks, "overlap_p2p_comm": k.overlap_p2p,
+                 "microbatch_group_size_per_vp_stage": k.group or None}
+    config = TransformerConfig(num_layers=len(specs), hidden_size=1, num_attention_heads=1,
                                pipeline_model_parallel_size=STAGES, pipeline_dtype=built.dtype,
                                batch_p2p_comm=k.batch_p2p, deallocate_pipeline_outputs=k.deallocate,
-                               calculate_per_token_loss=k.per_token)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, k.distopt)), module)
+                               calculate_per_token_loss=k.per_token, **extra)
+    modules = []
+    for s in rank_stages(ctx.rank, chunks):  # every chunk built and tied before any is wrapped, as get_model does
+        first, last = s == 0, s == len(specs) - 1
+        stage = StageModule(case, specs[s], built.params(), ctx.device)
+        module = MegatronStage(stage, first, last, shared[0] if shared and (first or last) else None,
+                               [] if first else boundary_shapes(case, specs[s]), width)
+        _tie(module, first, ps)
+        modules.append(module)
+    ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, k.distopt)), module,
+                                    disable_bucketing=chunk > 0) for chunk, module in enumerate(modules)]
     if k.overlap:  # megatron's train(): _update_model_config_funcs, align_grad_reduce on
-        config.no_sync_func = ddp.no_sync
-        config.grad_sync_func = ddp.start_grad_sync
+        config.no_sync_func = [d.no_sync for d in ddps] if chunks > 1 else ddps[0].no_sync
+        config.grad_sync_func = [d.start_grad_sync for d in ddps] if chunks > 1 else ddps[0].start_grad_sync
     finalize = finalize_model_grads
     if fault is not None and hasattr(fault, "finalize"):
         finalize = fault.finalize(finalize)
     config.finalize_model_grads_func = finalize
-    return ddp, config, module
+    return ddps, config, modules
 
 
-def _forward_step(case: Case, built: Built, ctx: Rank, first: bool, last: bool, leaves: dict, outputs: dict) -> Any:
+def _forward_step(case: Case, built: Built, ctx: Rank, stages: int, leaves: dict, outputs: dict) -> Any:
     M = case.schedule.microbatches
     dev, dtype = ctx.device, built.dtype
     per_token = knobs(case).per_token
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:
         k = next(data_iterator)
+        index = model.module.index  # the model chunk's stage
+        first, last = index == 0, index == stages - 1
         if first:
             drawn = built.inputs(k)
             args = [drawn[x.name].to(dev, dtype).requires_grad_(x.requires_grad) for x in case.inputs]
@@ -232,13 +279,15 @@ def _forward_step(case: Case, built: Built, ctx: Rank, first: bool, last: bool, 
     return forward_step
 
 
-def _local(case: Case, ddp: Any, module: MegatronStage) -> dict[str, Any]:
-    """This rank's grads: ``main_grad`` of its trainable copies, ``.grad`` of frozen ones."""
-    main = main_grads(ddp, True)  # after finalize; under the distributed optimizer, its shards gathered
+def _local(case: Case, ddps: list[Any], modules: list[MegatronStage]) -> dict[str, Any]:
+    """This rank's grads: ``main_grad`` of its trainable copies, ``.grad`` of
+    frozen ones (a rank holds each parameter in one chunk at most)."""
     out = {}
-    for n, p in module.params().items():
-        g = main.get(n) if p.requires_grad else p.grad
-        out[n] = None if g is None else g.detach().to("cpu", torch.float64, copy=True)
+    for ddp, module in zip(ddps, modules):
+        main = main_grads(ddp, True)  # after finalize; under the distributed optimizer, its shards gathered
+        for n, p in module.params().items():
+            g = main.get(n) if p.requires_grad else p.grad
+            out[n] = None if g is None else g.detach().to("cpu", torch.float64, copy=True)
     return out
 
 
@@ -290,40 +339,48 @@ def _agreed(ctx: Rank, fn: Any) -> Any:
     return value
 
 
-def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
-    """One case on this rank. It never raises: the parent judges a failure next to its peers'."""
-    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+def run_case(ctx: Rank, case: Case, impl: str, chunks: int = 1) -> dict[str, Any]:
+    """One case on this rank, ``chunks`` model chunks of it (1: megatron's
+    1F1B schedule; more: its interleaved schedule). It never raises: the
+    parent judges a failure next to its peers'."""
+    from megatron.core.pipeline_parallel.schedules import (forward_backward_pipelining_with_interleaving,
+                                                           forward_backward_pipelining_without_interleaving)
 
     built = Built(case)
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     M = case.schedule.microbatches
     k = -1
     try:
-        specs = stage_specs(case)
-        if len(specs) != STAGES or ctx.world_size != STAGES:
-            raise ValueError(f"megatron.pp runs {STAGES} stages on {STAGES} ranks, got {len(specs)} stages on "
-                             f"{ctx.world_size} ranks")
-        first, last = ctx.rank == 0, ctx.rank == STAGES - 1
+        specs = stage_specs(case, chunks)
+        if len(specs) != STAGES * chunks or ctx.world_size != STAGES:
+            raise ValueError(f"megatron.{'pp' if chunks == 1 else 'vpp'} runs {STAGES * chunks} stages on {STAGES} "
+                             f"ranks, got {len(specs)} stages on {ctx.world_size} ranks")
         shared = shared_params(case, specs)
-        n = sum(math.prod(s) for s in boundary_shapes(case, specs[-1]))
+        n = boundary_width(case, specs)
         with on_cpu(ctx.device):
             fault = _agreed(ctx, lambda: load_object(impl, "megatron impl") if impl != STOCK else None)
-            ddp, config, module = _agreed(ctx, lambda: _build(case, built, specs, ctx, fault))
+            ddps, config, modules = _agreed(ctx, lambda: _build(case, built, specs, ctx, fault, chunks))
             for step in range(case.schedule.steps):
                 k = step * M
                 leaves: dict[int, list[torch.Tensor]] = {}
                 outputs: dict[int, list[torch.Tensor]] = {}
-                _agreed(ctx, ddp.zero_grad_buffer)
+                _agreed(ctx, lambda: [d.zero_grad_buffer() for d in ddps])
+                forward_step = _forward_step(case, built, ctx, len(specs), leaves, outputs)
                 with cuda_factories_on_cpu(ctx.device):
-                    forward_backward_pipelining_without_interleaving(
-                        forward_step_func=_forward_step(case, built, ctx, first, last, leaves, outputs),
-                        data_iterator=iter(range(step * M, (step + 1) * M)), model=[ddp], num_microbatches=M,
-                        seq_length=n, micro_batch_size=1, forward_only=False)
+                    if chunks == 1:
+                        forward_backward_pipelining_without_interleaving(
+                            forward_step_func=forward_step, data_iterator=iter(range(step * M, (step + 1) * M)),
+                            model=ddps, num_microbatches=M, seq_length=n, micro_batch_size=1, forward_only=False)
+                    else:  # one data iterator per model chunk, as the interleaved schedule asserts
+                        forward_backward_pipelining_with_interleaving(
+                            forward_step_func=forward_step,
+                            data_iterator=[iter(range(step * M, (step + 1) * M)) for _ in ddps],
+                            model=ddps, num_microbatches=M, seq_length=n, micro_batch_size=1, forward_only=False)
                 k = step * M + M - 1
                 # Under calculate_per_token_loss finalize_model_grads scales megatron's grad buffers by one
                 # over the tokens (M); an input's grad is outside them, so it is scaled here the same way.
                 tokens = M if knobs(case).per_token else 1
-                mine = {"grads": _local(case, ddp, module),
+                mine = {"grads": _local(case, ddps, modules),
                         "input_grads": {i: {x.name: None if t.grad is None else
                                             t.grad.detach().to("cpu", torch.float64, copy=True) / tokens
                                             for x, t in zip(case.inputs, args)} for i, args in leaves.items()},
@@ -340,7 +397,7 @@ def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
     """One case on this rank (a ``call`` message from ``harness.paths.megatron.path``)."""
-    return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
+    return run_case(ctx, Case.loads(msg["case"]), msg["impl"], int(msg.get("chunks", 1)))
 
 
 def finalize_module() -> Any:

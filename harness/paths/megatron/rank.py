@@ -43,18 +43,20 @@ from harness.workers.host import Rank
 STOCK = "stock"
 
 
-def _parallel_state(pipeline: int = 1) -> Any:
-    """megatron's model-parallel state over the pool's group: tensor size 1
-    and pipeline size ``pipeline`` (1: all ranks are data-parallel; the pp
-    paths ask for 2). Ranks that ran the other kind of path last re-make it
-    (every rank runs the same case, so the collective group creation matches)."""
+def _parallel_state(pipeline: int = 1, virtual: int | None = None) -> Any:
+    """megatron's model-parallel state over the pool's group: tensor size 1,
+    pipeline size ``pipeline`` (1: all ranks are data-parallel; the pp
+    paths ask for 2) and virtual pipeline size ``virtual`` (the vpp path's
+    model chunks per rank). Ranks that ran another kind of path last re-make
+    it (every rank runs the same case, so the collective group creation matches)."""
     from megatron.core import parallel_state
 
-    if parallel_state.model_parallel_is_initialized() and \
-            parallel_state.get_pipeline_model_parallel_world_size() != pipeline:
+    if parallel_state.model_parallel_is_initialized() and (
+            parallel_state.get_pipeline_model_parallel_world_size() != pipeline
+            or parallel_state.get_virtual_pipeline_model_parallel_world_size() != virtual):
         parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, pipeline, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(1, pipeline, virtual, create_gloo_process_groups=False)
     return parallel_state
 
 
