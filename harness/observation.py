@@ -165,6 +165,20 @@ def finding_class_of(path: Any) -> str:
     return c
 
 
+def classify(path: Any, case: Any, divs: list["Divergence"]) -> list["Divergence"]:
+    """Stamp ``path``'s class on its divergences of ``case`` (the one place a
+    class is set). A misuse finding is signed by the use, named by the path's
+    ``use(case)`` (``deepspeed.misuse-value-<digest of "zero_grad">``), not by
+    the shape of the wrong grads: what is wrong is that use, and one use shows
+    many shapes as the drawn schedule varies, so the ledger files it once."""
+    cls = finding_class_of(path)
+    for d in divs:
+        d.finding_class = cls
+        if cls == MISUSE_CLASS:
+            d.signature = signature(d.path, d.kind, f"misuse {path.use(case)}")
+    return divs
+
+
 @dataclass
 class Divergence:
     path: str

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 
 from harness.case.spec import Case
 from harness.compare.values import Tolerance, compare
-from harness.observation import Divergence, Observation, finding_class_of
+from harness.observation import Divergence, Observation, classify
 from harness.artifacts import corpus
 from harness.paths import Path
 from oracles.eager import observe
@@ -95,9 +95,7 @@ class CaseCheck:
         base = path.contract.judged_against
         if divs and base and self._base_diverges(base):
             return []
-        for d in divs:
-            d.finding_class = finding_class_of(path)
-        return divs
+        return classify(path, self.case, divs)
 
     def _base_diverges(self, name: str) -> bool:
         """Does ``name``, the path another is built on, diverge on this case too? Once per case."""

@@ -17,7 +17,7 @@ import importlib.util
 from typing import Any
 
 from harness.case.spec import Case
-from harness.observation import GRAD_NONE, MISUSE_CLASS, Observation
+from harness.observation import GRAD_NONE, MISUSE_CLASS, Observation, Violation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.data import KNOBS, MISUSE, knobs
@@ -77,6 +77,7 @@ class DeepSpeedPath(PooledPath):
         if refused:  # DeepSpeed told the user (raised or warned): a refusal, never a finding
             return Observation(self.name, extra={"refused": refused[0]})
         obs = assemble(self.name, case, outcome)
+        obs.violations += skipped_steps(case, outcome.replies)
         if knobs(case).bf16:  # forward and backward in bfloat16, fp32 master grads: compared at bf16
             obs.precision = "bfloat16"
         return obs
@@ -100,10 +101,34 @@ class MisusePath(DeepSpeedPath):
                         judged_against="eager.accumulate", blind=(SAFE_GET_FULL_GRAD_BLIND,))
     finding_class = MISUSE_CLASS
 
+    def use(self, case: Case) -> str:
+        """The misuse this case drives (what signs its findings: ``observation.classify``)."""
+        return knobs(case).misuse
+
     def supports(self, case: Case) -> str | None:
         if not knobs(case).misuse:
             return f"no misuse drawn: the documented drives are deepspeed.zero{self.stage}.stock, .manual, .nosync"
         return self._engine_refusal(case)
+
+
+def skipped_steps(case: Case, replies: dict[int, Any]) -> list[Violation]:
+    """A window that ended without the optimizer stepping (each rank counts
+    its optimizer's real steps after the loop's ``engine.step()``): the grads
+    read before it may be right and the training still gets nothing, as
+    when ``engine.step()`` is called once a window with no boundary set
+    (the engine counts that call as one micro-step)."""
+    gas = case.schedule.microbatches
+    out: list[Violation] = []
+    for r in sorted(replies):
+        for s in replies[r].get("steps", []) if isinstance(replies[r], dict) else []:
+            k, n = s.get("k", -1), s.get("optimizer_steps")
+            if n is not None and k % gas == gas - 1 and n != (k + 1) // gas:
+                out.append(Violation("step", k, "optimizer step",
+                                     f"rank {r}: window {k // gas} ended after backward {k} and the optimizer has "
+                                     f"stepped {n} time(s), not {(k + 1) // gas}: the engine skipped (or added) "
+                                     "an update the loop asked for", key="optimizer steps at a window's end"))
+                return out  # the first is the finding; the rest follow from it
+    return out
 
 
 def engine_refusal(case: Case, zeroes: str) -> str | None:

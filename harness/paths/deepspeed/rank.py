@@ -97,14 +97,31 @@ def _clear_stale_build_locks() -> None:
         pass  # no lock (the usual case), or a torch without this helper: nothing to clear
 
 
-def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> tuple[Any, Any]:
-    """The engine and the optimizer ``deepspeed.initialize`` returned beside it (what a user's loop holds)."""
+def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> tuple[Any, Any, list[int]]:
+    """The engine, the optimizer ``deepspeed.initialize`` returned beside it
+    (what a user's loop holds), and the count of the optimizer's real steps."""
     deepspeed = _deepspeed(ctx)
     module = CaseModule(built, built.params(), ctx.device, built.dtype)
     trainable = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.0)
     engine, returned, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config(case, stage, 1, gas))
-    return engine, returned
+    return engine, returned, _count_steps(opt)
+
+
+def _count_steps(opt: torch.optim.Optimizer) -> list[int]:
+    """How many times the optimizer the user handed DeepSpeed really stepped
+    (every ZeRO stage's optimizer ends in its ``step``): a loop whose engine
+    skips the step a window ends with trains on nothing, whatever the grads
+    read before it say."""
+    count = [0]
+    step = opt.step
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return step(*args, **kwargs)
+
+    opt.step = counted  # type: ignore[method-assign]
+    return count
 
 
 def _facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: bool, inputs: list[torch.Tensor],
@@ -137,7 +154,6 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
     out: dict[str, Any] = {"rank": ctx.rank, "steps": [], "failure": None}
     k = -1
     misuse = knobs(case).misuse
-    phase = "the loop"  # or the grad read: a refusal says which raised
     try:
         fault = load_object(impl, "deepspeed impl") if impl != STOCK else None
         gas = case.schedule.microbatches
@@ -148,7 +164,7 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
         # optimizer steps on), not by .grad on the way, which the loop's own
         # calls may move (gas1_manual: every backward is the engine's boundary).
         mid_window = stage in MID_WINDOW and low is None and not misuse
-        engine, returned = _engine(case, built, stage, ctx, config_gas(case, drive == NOSYNC))
+        engine, returned, stepped = _engine(case, built, stage, ctx, config_gas(case, drive == NOSYNC))
         scale = config_gas(case, drive == NOSYNC)  # the engine divides by its accumulation steps
         with _told() as told:
             for k in range(case.schedule.backwards):
@@ -177,16 +193,24 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                     else:
                         with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
                             engine.backward(loss)
-                phase = f"reading the grads after backward {k} (safe_get_full_grad)"
-                out["steps"].append(_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window))
-                phase = "the loop"
+                try:
+                    facts = _facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window)
+                except Exception as e:
+                    if not misuse:
+                        raise
+                    # safe_get_full_grad refused the read (ZeRO 2 after a step() the engine did not count
+                    # as a boundary), not the loop: the grads are out of sight here; the step count still shows.
+                    facts = _facts(case, built, k, engine, stage, False, inputs, outs, False)
+                    facts["unreadable"] = f"{type(e).__name__}: {e}"[:300]
+                out["steps"].append(facts)
                 if boundary or drive == AUTO and misuse not in ONE_STEP_A_WINDOW:
                     engine.step()
+                out["steps"][-1]["optimizer_steps"] = stepped[0]
         if misuse and told:
             out.update(steps=[], refused=f"warned: {told[0]}")
     except Exception as e:  # a rank that raises reports it; the parent judges
         if misuse:
-            out.update(steps=[], refused=f"raised {type(e).__name__} in {phase}: {str(e)[:300]}")
+            out.update(steps=[], refused=f"raised {type(e).__name__}: {str(e)[:300]}")
         else:
             out["failure"] = rank_failure(k, e)
     return out
