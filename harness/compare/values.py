@@ -124,7 +124,8 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
         if retained_grads:
             groups.append(("retained grad", o_step.retained, p_step.retained))
         outs = {f"output {i}": t for i, t in enumerate(o_step.outputs)}
-        p_outs = {f"output {i}": t for i, t in enumerate(p_step.outputs)}
+        # None: the path does not observe the case's outputs (torchtitan.tp judges its own model)
+        p_outs = None if p_step.outputs is None else {f"output {i}": t for i, t in enumerate(p_step.outputs)}
         groups.append(("output", outs, p_outs))
         if case.schedule.param_hooks:
             groups.append(("hook", _hooks_expected(case, oracle, k), p_step.seen))

@@ -20,10 +20,28 @@ this module; the parent never imports torchtitan):
   which a CPU build lacks. That one module is replaced by a stand-in whose
   every kernel raises; nothing on this family's paths calls them (MoE only).
 
-Nothing else is patched: the functions called here read neither
-torchtitan's device type nor its attention choice (those are the Llama
-model's and the trainer's). ``tests/cover/test_torchtitan.py`` holds both
-changes to "no gradient path changes".
+For ``torchtitan.tp`` (torchtitan's own Llama, its TP/SP plan), two more:
+
+- **The mesh's device type.** ``ParallelDims.build_mesh`` builds its meshes
+  on ``torchtitan.tools.utils.device_type``, which falls back to ``"cuda"``
+  where torch has no accelerator, so on a CPU build ``distribute_tensor``
+  moves every weight to CUDA and fails. ``on_cpu`` sets the name
+  ``parallel_dims`` imported to ``"cpu"`` (only where torch has no
+  accelerator): the meshes are the same ranks on gloo. No kernel, placement
+  or collective choice reads it on the TP path.
+- **The inner attention.** torchtitan 0.3's Llama flavors take FlexAttention
+  (``torch.compile`` with inductor's triton kernels) or varlen attention
+  (CUDA flash), and ``get_attention_config("sdpa")`` refuses SDPA for
+  language models because it cannot take per-document masks. The generated
+  Llama is built with ``ScaledDotProductAttention`` (``attention()``), the
+  class torchtitan keeps for maskless causal attention (its graph_trainer
+  tests build Llama this way): one document per sequence, ``is_causal``.
+  The float64 reference is the same config, so the swap is on both sides of
+  the comparison; TP shards attention by heads, which the inner attention
+  never sees (``set_gqa_inner_attention_local_map`` hands it local heads).
+
+Nothing else is patched. ``tests/cover/test_torchtitan.py`` holds every
+change to "no gradient path changes".
 """
 
 from __future__ import annotations
@@ -73,3 +91,21 @@ def without_triton() -> bool:
     stub.__getattr__ = kernel  # type: ignore[method-assign]
     sys.modules[KERNELS] = stub
     return True
+
+
+def on_cpu() -> bool:
+    """Build torchtitan's meshes on the CPU where torch has no accelerator; True if it changed anything."""
+    import torch
+    import torchtitan.distributed.parallel_dims as pd
+
+    if torch.accelerator.is_available() or pd.device_type == "cpu":
+        return False
+    pd.device_type = "cpu"
+    return True
+
+
+def attention() -> Any:
+    """The inner attention the generated Llama is built with: SDPA, causal, no masks (see above)."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    return ScaledDotProductAttention.Config()

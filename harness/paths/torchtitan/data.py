@@ -1,7 +1,15 @@
 """The torchtitan family's part of a case: the knobs of torchtitan's config
 that reach its parallelize functions, and where the case is cut into the
 transformer blocks (``model.layers``) those functions wrap one by one.
-Each draw shrinks to torchtitan's default (and to no cut)."""
+Each draw shrinks to torchtitan's default (and to no cut).
+
+The ``torchtitan.tp`` path reads the rest: a small Llama config for
+torchtitan's own ``Llama3Model`` (heads, kv heads, head size, layers,
+vocabulary, ``multiple_of``, norm eps, weight tying), its token batches
+(sequence length, batch, labels set to ``IGNORE_INDEX``, the seed of the
+weights and tokens) and the parallelism switches (sequence parallel, loss
+parallel). The FSDP paths never read them and their draw leaves them at
+the defaults; every field has a default, so older case files still load."""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from hypothesis import strategies as st
 from harness.case import schema as sc
 from harness.case.namespace import DataNamespace, check_cuts, cuts
 from harness.case.spec import Case
+from harness.case.vocab import SpecError
 from harness.generate import Draw
 
 # parallelism.fsdp_reshard_after_forward
@@ -26,6 +35,21 @@ class Knobs:
     layers: tuple[int, ...] = ()  # cut positions in case.nodes: a block per span; none: one block
     preserve_rng: bool = True  # activation_checkpoint.preserve_rng_state
     determinism: str = "default"
+    # torchtitan.tp: the generated Llama (dim = heads * head_dim) and its data
+    heads: int = 2
+    kv_heads: int = 2
+    head_dim: int = 2
+    n_layers: int = 1
+    vocab: int = 8
+    multiple_of: int = 2
+    eps_exp: int = 5  # norm eps = 10 ** -eps_exp
+    tie: bool = False  # Decoder.Config.enable_weight_tying
+    sp: bool = True  # parallelism.enable_sequence_parallel
+    loss_parallel: bool = True  # the vocab-sharded lm_head output into the loss (see tp_rank)
+    seq: int = 4
+    batch: int = 1
+    ignored: int = 0  # labels set to IGNORE_INDEX in each microbatch
+    seed: int = 0
 
 
 def knobs(case: Case) -> Knobs:
@@ -42,9 +66,51 @@ def _knobs(draw, case: Case) -> Case:
 
 
 KNOBS = Draw("torchtitan", (_knobs,))
+
+# Two TP ranks: heads, kv heads, the FFN width and (with SP) the sequence are
+# split in two, so each is drawn even; the vocabulary is split too.
+TP = 2
+
+
+@st.composite
+def _llama(draw, case: Case) -> Case:
+    heads = draw(st.sampled_from((2, 4)))
+    kv = draw(st.sampled_from(tuple(d for d in (2, 4) if heads % d == 0)))
+    seq = draw(st.sampled_from((4, 2, 6, 8)))
+    k = Knobs(heads=heads, kv_heads=kv, head_dim=draw(st.sampled_from((2, 4))), n_layers=draw(st.integers(1, 3)),
+              vocab=draw(st.sampled_from((8, 4, 6, 12, 16, 32))), multiple_of=draw(st.sampled_from((2, 4, 8, 16))),
+              eps_exp=draw(st.sampled_from((5, 6))), tie=draw(st.booleans()), sp=not draw(st.booleans()),
+              loss_parallel=not draw(st.booleans()), seq=seq, batch=draw(st.integers(1, 2)),
+              ignored=draw(st.integers(0, seq - 1)), seed=draw(st.integers(0, 2**16 - 1)))
+    return case.with_data("torchtitan", None if k == Knobs() else k)
+
+
+LLAMA = Draw("torchtitan.tp", (_llama,))
+
+
+def _even(lo: int, hi: int):
+    def check(v, w):
+        n = sc.integer(v, w, lo, hi)
+        if n % TP:
+            raise SpecError(w, f"must be a multiple of {TP} (the tensor-parallel degree), got {n}")
+        return n
+    return check
+
+
+def _check(case: Case, v: Knobs, where: str) -> None:
+    check_cuts(case, v.layers, f"{where}.layers")
+    if v.heads % v.kv_heads:
+        raise SpecError(f"{where}.kv_heads", f"must divide heads ({v.heads}), got {v.kv_heads}")
+    if v.ignored >= v.seq:
+        raise SpecError(f"{where}.ignored", f"must leave a label in each sequence of {v.seq}, got {v.ignored}")
 CASE_DATA = DataNamespace("torchtitan", Knobs, {
     "reshard": lambda v, w: sc.string(v, w, choices=POLICIES),
     "layers": cuts(3),
     "preserve_rng": sc.boolean,
     "determinism": lambda v, w: sc.string(v, w, choices=DETERMINISM),
-}, check=lambda case, v, where: check_cuts(case, v.layers, f"{where}.layers"))
+    "heads": _even(2, 8), "kv_heads": _even(2, 8), "head_dim": _even(2, 8),
+    "n_layers": lambda v, w: sc.integer(v, w, 1, 4), "vocab": _even(2, 64), "multiple_of": _even(2, 32),
+    "eps_exp": lambda v, w: sc.integer(v, w, 1, 8), "tie": sc.boolean, "sp": sc.boolean,
+    "loss_parallel": sc.boolean, "seq": _even(2, 16), "batch": lambda v, w: sc.integer(v, w, 1, 4),
+    "ignored": lambda v, w: sc.integer(v, w, 0, 15), "seed": lambda v, w: sc.integer(v, w, 0, 2**31 - 1),
+}, check=_check)

@@ -131,6 +131,9 @@ def _storages(values: Any) -> set[int]:
     return out
 
 
-def paths(options: Options) -> list[TorchtitanPath]:
+def paths(options: Options) -> list[Any]:
+    from harness.paths.torchtitan import tp
+
     return [TorchtitanPath(f"torchtitan.{v}.stock", ac, compiled, STOCK, options.world_size,
-                           max(options.timeout, 60.0), options.backend) for v, (ac, compiled) in VARIANTS.items()]
+                           max(options.timeout, 60.0), options.backend) for v, (ac, compiled) in VARIANTS.items()] + \
+        tp.paths(options.world_size, options.timeout, options.backend)
