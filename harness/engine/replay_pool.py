@@ -30,6 +30,7 @@ from harness.observation import Divergence
 from harness.artifacts import corpus
 from harness.paths import Options, Path, close_paths, heaviness, resolve
 from harness.workers.interpreter import python
+from harness.workers.isolation import OVERLAP_ENV
 from harness.workers.jobs import Ended, run_jobs
 
 def job_key(name: str) -> str:
@@ -37,12 +38,35 @@ def job_key(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
+SPLIT_AT = 100  # heaviness (``harness.paths.heaviness``) of the groups whose cases are shared out
+CASES_PER_PART = 8  # at least this many cases per part: each part starts the group's paths anew
+
+
+def units(live: list[Path], n_files: int, workers: int) -> dict[str, tuple[list[str], list[int]]]:
+    """The claimable units of work, heaviest first: ``key -> (path names, case
+    indices)``. A group is one unit, except a heavy one (the compile
+    flavours, the graphed paths) on more than two processes: its cases are
+    dealt out to several parts, or the replay waits on one process running
+    that group while the others are idle (an H100 host, -n 16: the last
+    ~800 of ~5,100 pairs ran on 2 processes). Results do not depend on the
+    split: every (case, path) is replayed on its own and handed back in the
+    one-process order."""
+    groups: dict[str, list[Path]] = {}
+    for p in sorted(live, key=lambda p: -heaviness(p)):  # heaviest groups claimed first (a stable sort)
+        groups.setdefault(job_key(p.name), []).append(p)
+    out: dict[str, tuple[list[str], list[int]]] = {}
+    for key, ps in groups.items():
+        heavy = workers > 2 and max(heaviness(p) for p in ps) >= SPLIT_AT
+        parts = max(1, min(workers, n_files // CASES_PER_PART)) if heavy else 1
+        for k in range(parts):
+            out[key if parts == 1 else f"{key}#{k}"] = ([p.name for p in ps], list(range(k, n_files, parts)))
+    return out
+
+
 def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: int, options: Options,
                       progress: Callable[[str], None] = lambda s: None) -> list[Replayed]:
-    groups: dict[str, list[str]] = {}
-    for p in sorted(live, key=lambda p: -heaviness(p)):  # heaviest groups claimed first (a stable sort)
-        groups.setdefault(job_key(p.name), []).append(p.name)
     files = [os.path.abspath(e.file) for e in entries]
+    groups = units(live, len(files), workers)
     total = len(files) * len(live)
     with tempfile.TemporaryDirectory(prefix="gradfuzz-replay-") as d:
         started = time.monotonic()
@@ -53,11 +77,11 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
             left = (time.monotonic() - started) / done * (total - done) if done else 0.0
             to_go = sum(1 for k in groups if not os.path.exists(_claim(d, k)))
             progress(f"[phase] replay {done}/{total} (case, path) pairs on {len(running)} processes, "
-                     f"{to_go} of {len(groups)} path groups not started, ~{left:.0f}s left")
+                     f"{to_go} of {len(groups)} units of work not started, ~{left:.0f}s left")
 
         spec = os.path.join(d, "spec.json")
         with open(spec, "w") as fh:
-            json.dump({"groups": list(groups.items()), "files": files, "folder": d,
+            json.dump({"groups": [[k, names, idx] for k, (names, idx) in groups.items()], "files": files, "folder": d,
                        "options": dataclasses.asdict(options)}, fh)
         unclaimed = list(groups)
         while unclaimed:  # a child that died left groups unclaimed: the next children take them
@@ -67,7 +91,7 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
             before, unclaimed = unclaimed, [k for k in groups if not os.path.exists(_claim(d, k))]
             if unclaimed == before:  # not one group started: the children die before claiming (their logs say why)
                 break
-        lines, failures = _collect(d, groups, len(files), ends)
+        lines, failures = _collect(d, groups, ends)
     if failures:
         raise ReplayError("; ".join(failures))
     by_file = {os.path.abspath(e.file): e for e in entries}
@@ -80,17 +104,17 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
             for x in lines]
 
 
-def _collect(folder: str, groups: dict[str, list[str]], cases: int,
+def _collect(folder: str, groups: dict[str, tuple[list[str], list[int]]],
              ends: list[Ended]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every group's lines, and a sentence for each group that stopped short
     (naming the child's exit and its log) or that no child lived to start."""
     lines: list[dict[str, Any]] = []
     failures = []
     logs = "; ".join(f"{e.key} exited {e.returncode}, its log ends: {e.tail()}" for e in ends if e.returncode != 0)
-    for key, names in groups.items():
+    for key, (names, idx) in groups.items():
         got = _read_lines(_out(folder, key))
         lines.extend(got)
-        want = cases * len(names)
+        want = len(idx) * len(names)
         if len(got) != want:
             started = "stopped" if os.path.exists(_claim(folder, key)) else "was never started"
             failures.append(f"replay of {', '.join(names)} {started} after {len(got)} of {want} (case, path) pairs"
@@ -142,14 +166,15 @@ def _child(spec_file: str) -> int:
     from harness.engine.session import _single_thread
 
     _single_thread()  # N children share the cores, as fuzzing workers do
+    os.environ.setdefault(OVERLAP_ENV, "1")  # cases run in order here; the work is shared out by cases
     with open(spec_file) as fh:
         spec = json.load(fh)
     raw = spec["options"]
     options = Options(**{**raw, "extra": tuple(raw["extra"]), "impls": tuple(tuple(x) for x in raw["impls"])})
     entries = [corpus.load(f) for f in spec["files"]]
-    for key, names in spec["groups"]:
+    for key, names, idx in spec["groups"]:
         if _take(spec["folder"], key):
-            _replay_group(entries, names, options, _out(spec["folder"], key))
+            _replay_group([entries[i] for i in idx], names, options, _out(spec["folder"], key))
     return 0
 
 

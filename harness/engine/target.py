@@ -173,8 +173,9 @@ class Target:
         not in ``known``; None when they all agree with the oracle (or
         diverge only in known ways: then ``masked`` gets a True)."""
         cc = CaseCheck(case, slack=self.slack, lazy=True, profile=profile)
-        for p in (only,) if only is not None else self.paths:
-            reason = p.supports(case)
+        todo = [(p, p.supports(case)) for p in ((only,) if only is not None else self.paths)]
+        submit_ahead([p for p, reason in todo if reason is None], case)
+        for p, reason in todo:
             if tally is not None:
                 tally(p, reason)
             if reason is not None:
@@ -216,6 +217,18 @@ class Target:
 
         test_gradients_agree_with_eager._hypothesis_internal_database_key = self.database_key  # type: ignore[attr-defined]
         return test_gradients_agree_with_eager
+
+
+def submit_ahead(paths: list[Path], case: Case) -> None:
+    """Start the case on every path that runs it in a child and says its
+    runs may overlap (``overlaps``: the compile flavours; not the graphed
+    paths, which share one GPU), so those children work side by side while
+    this process reads their results in order; with one such path there is
+    nothing to overlap."""
+    ahead = [p for p in paths if getattr(p, "overlaps", False)]
+    if len(ahead) > 1:
+        for p in ahead:
+            p.submit(case)
 
 
 @dataclass

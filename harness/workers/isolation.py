@@ -53,6 +53,22 @@ def progress(k: int) -> None:
         sys.stderr.flush()
 
 
+# Child processes a family may keep busy at once with one case's paths
+# (``IsolatedPath.submit``; the compile flavours). Corpus replay sets 1: it
+# runs cases in order and shares its work out by cases instead.
+OVERLAP_ENV = "GRADFUZZ_OVERLAP_PROCS"
+
+
+def overlap_procs(most: int) -> int:
+    """``most`` at most; by default half the cores (the rest are for the
+    other fuzz targets), so a 2-core host keeps one child."""
+    raw = os.environ.get(OVERLAP_ENV, "")
+    if raw.isdigit() and int(raw) > 0:
+        return min(int(raw), most)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(most, cores // 2))
+
+
 def build(recipe: tuple[str, dict[str, Any]]) -> Any:
     """``("module:factory", kwargs)`` -> the path object."""
     spec, kwargs = recipe
@@ -72,6 +88,7 @@ class IsolatedPath:
         self._log: Any = None
         self._out: Any = None
         self.starts = 0  # children started; every one after the first replaced a crashed, hung or broken one
+        self._ahead: tuple[Case, str | None, float] | None = None  # (case, path name, sent at): submitted, not read
 
     def availability(self):
         return self.local.availability()
@@ -163,6 +180,7 @@ class IsolatedPath:
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
+        self._ahead = None
         if proc is not None:
             if proc.poll() is None:
                 proc.kill()
@@ -185,16 +203,56 @@ class IsolatedPath:
         workarounds in force here go with it."""
         return ("run", case.dumps(), path_name, workarounds.in_force_now())
 
-    def run(self, case: Case) -> Observation:
-        if self._proc is None or self._proc.poll() is not None:
-            self._kill()
-            self._start()
+    def submit(self, case: Case, path_name: str | None = None) -> None:
+        """Start ``case`` in the child and return at once; ``run`` with the
+        same case object collects it. A caller holding several isolated
+        paths keeps their children busy side by side (the compile flavours
+        on a many-core host) and still reads the results in its own order,
+        so what it concludes does not depend on how many ran at once."""
+        self._drain()
+        self._ensure_child()
         self._log_mark()
         try:
             self._send(self._message(case))
-            reply = self._recv(self.timeout)
         except (BrokenPipeError, OSError):
-            reply = None
+            return  # ``run`` finds the dead child and reports it
+        self._ahead = (case, path_name, time.monotonic())
+
+    def pending(self) -> bool:
+        return self._ahead is not None
+
+    def _drain(self) -> None:
+        """Read and drop a submitted case's result nobody asked for (the
+        caller stopped at an earlier path's divergence): the child must be
+        idle before it is sent the next case."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and self._proc is not None:
+            reply = self._recv(max(self.timeout - (time.monotonic() - ahead[2]), 0.001))
+            if not (isinstance(reply, tuple) and reply[:1] == ("obs",) and reply[2]):
+                self._kill()
+
+    def _ensure_child(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            self._kill()
+            self._start()
+
+    def run(self, case: Case, path_name: str | None = None) -> Observation:
+        ahead = self._ahead
+        if ahead is not None and ahead[0] is case and ahead[1] == path_name:
+            self._ahead = None
+            reply = self._recv(max(self.timeout - (time.monotonic() - ahead[2]), 0.001))
+        else:
+            self._drain()
+            self._ensure_child()
+            self._log_mark()
+            try:
+                self._send(self._message(case))
+                reply = self._recv(self.timeout)
+            except (BrokenPipeError, OSError):
+                reply = None
+        return self._reply(reply)
+
+    def _reply(self, reply: Any) -> Observation:
         if isinstance(reply, tuple) and reply[:1] == ("obs",):
             _, obs, healthy = reply
             if not healthy:

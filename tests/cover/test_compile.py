@@ -17,7 +17,7 @@ from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.engine.runner import Result, check, fuzz_path
 from harness.paths.compile.cache import Stats, structure_key
 from harness.paths.compile.flavors import FLAVORS
-from harness.paths.compile.path import CompilePath, Flavors, IsolatedCompilePath, SharedWorker, other_size
+from harness.paths.compile.path import CompilePath, Flavors, IsolatedCompilePath, FlavorWorker, other_size
 from tests.helpers import nested
 
 
@@ -158,7 +158,7 @@ class HangingFlavors(Flavors):
 
 
 def test_a_hanging_compile_is_a_timeout_finding_and_the_worker_is_replaced():
-    worker = SharedWorker(timeout=3.0, recipe=("tests.cover.test_compile:HangingFlavors", {}))
+    worker = FlavorWorker(timeout=3.0, recipe=("tests.cover.test_compile:HangingFlavors", {}))
     path = IsolatedCompilePath("compile.aot_eager", worker)
     try:
         (d,) = check(nested(), path)
@@ -220,7 +220,7 @@ def test_an_outside_workaround_reaches_the_worker_so_known_is_causal_on_compile_
 
     entry = load(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "compile",
                               "clip_stack_alias_scaled_twice.json"))
-    worker = SharedWorker()
+    worker = FlavorWorker()
     try:
         p = IsolatedCompilePath("compile.aot_eager", worker)
         worked = apply(p, "clone-grads")
@@ -230,3 +230,68 @@ def test_an_outside_workaround_reaches_the_worker_so_known_is_causal_on_compile_
         assert check(entry.case, p) != []  # in force for that case only
     finally:
         worker.close()
+
+
+def test_every_flavour_gets_a_child_of_its_own():
+    """One child shared by the flavours let their process-wide caches hide a
+    compile-time error of one flavour; the factory must not share."""
+    from harness.paths import Options
+    from harness.paths.compile.path import paths
+
+    ps = paths(Options())
+    try:
+        assert len({id(p.worker) for p in ps}) == len(ps) == len(FLAVORS)
+    finally:
+        for p in ps:
+            p.close()
+
+
+def _grads(obs) -> dict:
+    return {(s.k, n): g.clone() for s in obs.steps for n, g in s.grads.items() if g is not None}
+
+
+def _same(x: dict, y: dict) -> bool:
+    return x.keys() == y.keys() and len(x) > 0 and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_cases_submitted_ahead_give_what_one_at_a_time_gives():
+    """``submit`` starts a case in each child before any result is read; the
+    results must be those of running them in turn, read in any order, and a
+    submitted case nobody reads must not be mistaken for the next one's."""
+    from harness.engine.target import submit_ahead
+
+    a, b = (IsolatedCompilePath(n, FlavorWorker(), overlaps=True) for n in ("compile.aot_eager", "compile.autograd"))
+    one, two = nested(2), dataclasses.replace(nested(2), seed=7)
+    try:
+        alone = {p.name: _grads(p.run(one)) for p in (a, b)}
+        alone_two = _grads(a.run(two))
+        assert not _same(alone["compile.aot_eager"], alone_two)  # the two cases are told apart
+        submit_ahead([a, b], one)
+        assert a.worker.pending() and b.worker.pending()
+        got = {p.name: _grads(p.run(one)) for p in (b, a)}  # read in the other order
+        assert not a.worker.pending() and not b.worker.pending()
+        assert all(_same(got[n], alone[n]) for n in alone)
+        submit_ahead([a, b], one)
+        assert _same(_grads(a.run(two)), alone_two)  # ``one`` was submitted, ``two`` asked for: drained, then run
+        assert b.worker.pending()  # nobody read b's: it waits, harmless until b's next case
+        assert _same(_grads(b.run(two)), _grads(b.run(two)))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_submitted_case_that_hangs_times_out_from_when_it_was_sent():
+    worker = FlavorWorker(timeout=3.0, recipe=("tests.cover.test_compile:HangingFlavors", {}))
+    path = IsolatedCompilePath("compile.aot_eager", worker, overlaps=True)
+    try:
+        case = nested()
+        path.submit(case)
+        import time
+
+        time.sleep(3.5)  # the whole timeout spent before anyone asks
+        t0 = time.monotonic()
+        obs = path.run(case)
+        assert time.monotonic() - t0 < 2.0
+        assert [v.kind for v in obs.violations] == ["timeout"] and worker._proc is None
+    finally:
+        path.close()

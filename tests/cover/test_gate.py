@@ -383,6 +383,41 @@ def test_replay_on_two_processes_gives_the_one_process_rows(tmp_path):
     assert one[0]["known"] > 0 and one[0]["error"] == 0
 
 
+def test_a_heavy_group_is_dealt_out_by_cases_on_many_processes():
+    """On more than two processes a heavy group (compile, graphed) is split
+    into parts by cases, so the replay does not wait on one process; every
+    case is in exactly one part, and light groups stay whole."""
+    from types import SimpleNamespace
+
+    from harness.engine.replay_pool import units
+
+    heavy = [SimpleNamespace(name=f"compile.{n}", worker=None) for n in ("aot_eager", "inductor")]
+    light = [SimpleNamespace(name=f"split.{n}") for n in ("stock", "fixed")]
+    got = units(heavy + light, 40, 4)
+    parts = [k for k in got if k.startswith("compile#")]
+    assert len(parts) == 4 and list(got)[:4] == parts  # heaviest first
+    assert sorted(i for k in parts for i in got[k][1]) == list(range(40))
+    assert got["split"] == (["split.stock", "split.fixed"], list(range(40)))
+    assert units(heavy + light, 40, 2)["compile"][1] == list(range(40))  # two processes: nothing to gain
+
+
+def test_replay_split_by_cases_gives_the_one_process_results(monkeypatch):
+    from harness.engine import replay_pool
+
+    monkeypatch.setattr(replay_pool, "SPLIT_AT", 0)  # every group is "heavy": split.* dealt out by cases
+    monkeypatch.setattr(replay_pool, "CASES_PER_PART", 2)
+    live = [p for p in resolve("split") if p.availability().ok]
+    entries = [corpus.load(f) for f in corpus.discover(["cases/split"])][:9]
+    assert len(replay_pool.units(live, len(entries), 3)) > len({replay_pool.job_key(p.name) for p in live})
+
+    def key(rs):
+        return [(r.entry.file, r.path.name, r.skipped, [d.signature for d in r.divergences]) for r in rs]
+
+    one = key(replay_pool.replay_on_workers(entries, live, 1, Options()))
+    assert one == key(replay_pool.replay_on_workers(entries, live, 3, Options()))
+    assert any(sigs for *_, sigs in one)
+
+
 def test_a_replay_child_that_dies_is_named_and_its_groups_taken_by_the_others(tmp_path):
     """A case that kills its replay child: the group it was on is reported
     stopped, with the child's exit, and the groups it had not reached still

@@ -502,14 +502,14 @@ def _plant(where, mark) -> None:
 def test_a_worker_runs_nothing_from_the_directory_it_starts_in(tmp_path, monkeypatch):
     """Issue 32: the compile and graphed workers put the working directory
     first on their path, so a sitecustomize.py there ran inside them."""
-    from harness.paths.compile.path import SharedWorker
+    from harness.paths.compile.path import FlavorWorker
 
     run_dir = tmp_path / "checkout"
     run_dir.mkdir()
     _plant(run_dir, tmp_path / "PWNED")
     monkeypatch.chdir(run_dir)
     monkeypatch.setenv("PYTHONPATH", str(run_dir))  # set after this process started: reaches no child
-    worker = SharedWorker()
+    worker = FlavorWorker()
     try:
         worker._start()
         assert worker._proc is not None and worker._proc.poll() is None

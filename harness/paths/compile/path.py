@@ -57,7 +57,7 @@ from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_w
 from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
 from harness.paths.compile.machinery import machinery
 from harness.paths.workarounds import IN_PROCESS
-from harness.workers.isolation import IsolatedPath, progress
+from harness.workers.isolation import IsolatedPath, overlap_procs, progress
 
 COMPILE_TIMEOUT = 300.0  # seconds for one case in the child; past it: a timeout finding
 
@@ -336,7 +336,7 @@ class _Run:
 
 
 class Flavors:
-    """The child's side of the shared compile worker: every flavour, each
+    """The child's side of a compile worker: the flavour each case names,
     built on first use, each with its own structure cache."""
 
     name = "compile.worker"
@@ -363,10 +363,10 @@ class Flavors:
         raise TypeError("the compile worker runs a case on a named flavour (run_on)")
 
 
-class SharedWorker(IsolatedPath):
-    """One child process for every compile flavour: a child costs seconds to
-    start (torch, dynamo), and the flavours take turns anyway. A crash or a
-    timeout restarts it, and every flavour's cache with it."""
+class FlavorWorker(IsolatedPath):
+    """A child process for compile flavours, told the flavour with each case
+    (``paths`` gives each flavour its own). A crash or a timeout restarts
+    it, and its caches with it."""
 
     def __init__(self, timeout: float = COMPILE_TIMEOUT,
                  recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile.path:Flavors", {})) -> None:
@@ -376,21 +376,29 @@ class SharedWorker(IsolatedPath):
     def _message(self, case: Case, path_name: str | None = None) -> tuple:
         return super()._message(case, self._flavor)
 
+    def submit_on(self, name: str, case: Case) -> bool:
+        """Start ``case`` on flavour ``name`` unless this child is busy with another."""
+        if self.pending():
+            return False
+        self._flavor = name
+        self.submit(case, name)
+        return True
+
     def run_on(self, name: str, case: Case) -> Observation:
         self._flavor = name
-        obs = self.run(case)
+        obs = self.run(case, name)
         obs.path = name  # a crash or timeout observation is made here, under the worker's name
         return obs
 
 
 class IsolatedCompilePath:
-    """A compile flavour run in the shared worker process, with the child's
-    per-case compile figures summed here (``stats``)."""
+    """A compile flavour run in a worker process, with the child's per-case
+    compile figures summed here (``stats``)."""
 
     # The gate's outside workarounds go to the worker with each case (IsolatedPath._message).
     workarounds = IN_PROCESS
-
-    def __init__(self, name: str, worker: SharedWorker) -> None:
+    def __init__(self, name: str, worker: FlavorWorker, overlaps: bool = False) -> None:
+        self.overlaps = overlaps  # the engine may start a case on every flavour before reading any (``submit``)
         self.local = make(name)
         self.name = name
         self.contract = self.local.contract
@@ -410,6 +418,9 @@ class IsolatedCompilePath:
     def repro(self, case: Case) -> Repro:
         return self.local.repro(case)
 
+    def submit(self, case: Case) -> None:
+        self.worker.submit_on(self.name, case)
+
     def run(self, case: Case) -> Observation:
         obs = self.worker.run_on(self.name, case)
         if "compile" in obs.extra:
@@ -417,7 +428,7 @@ class IsolatedCompilePath:
         return obs
 
     def close(self) -> None:
-        self.worker.close()  # the next run of any flavour starts a fresh one
+        self.worker.close()  # the next run starts a fresh one
 
 
 def make(name: str) -> CompilePath:
@@ -426,6 +437,14 @@ def make(name: str) -> CompilePath:
 
 
 def paths(options: Options) -> list:
-    """The registry's factory: every compile flavour, one worker process for all."""
-    worker = SharedWorker(timeout=max(float(options.timeout), COMPILE_TIMEOUT))
-    return [IsolatedCompilePath(n, worker) for n in FLAVORS]
+    """The registry's factory: every compile flavour in a worker process of
+    its own. One child shared by the flavours hid a bug: on seed 0,
+    ``compile.autograd`` raised in fake-tensor tracing on its 4th case when
+    it ran alone and passed in the shared child, where the other flavours'
+    process-wide compile caches had already traced that graph. A flavour's
+    verdict must not depend on which other flavours ran before it, and with
+    a child each the cases of one flavour also run side by side with the
+    others' where cores are spare (``overlap_procs``)."""
+    timeout = max(float(options.timeout), COMPILE_TIMEOUT)
+    overlap = overlap_procs(len(FLAVORS)) > 1
+    return [IsolatedCompilePath(n, FlavorWorker(timeout=timeout), overlaps=overlap) for n in FLAVORS]
