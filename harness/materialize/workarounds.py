@@ -26,6 +26,8 @@ EFFECTS = {
     "optimizer-for-loop": "construct the optimizer with foreach=False (and without fused=True): the for-loop step",
     "split-clone-adopted": "after stage_backward_weight, replace each .grad it set on a parameter whose .grad was None "
                            "by a contiguous clone",
+    # A misuse finding's fix (docs/gate.md "Misuse findings"): a path that makes them applies it itself.
+    "documented-drive": "drive the stack as its docs say: the same case without the misuse",
 }
 
 

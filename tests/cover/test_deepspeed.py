@@ -20,6 +20,7 @@ def test_the_paths_are_listed_and_say_how_to_install_when_absent():
     assert [p.name for p in paths] == ([f"deepspeed.zero{s}.stock" for s in range(4)]
                                        + [f"deepspeed.zero{s}.manual" for s in range(4)]
                                        + ["deepspeed.zero0.nosync", "deepspeed.zero1.nosync"]
+                                       + [f"deepspeed.zero{s}.torch" for s in (1, 2, 3)]
                                        + [f"deepspeed.zero{s}.misuse" for s in range(4)]
                                        + ["deepspeed.pipe.stock", "deepspeed.pipe.zero1"])
     for p in paths:
@@ -233,7 +234,8 @@ def test_misuse_is_a_knob_the_misuse_paths_take_and_the_documented_paths_refuse(
     assert "deepspeed.zero0.misuse runs it" in stock.supports(case) and misuse.supports(case) is None
     assert "no misuse drawn" in misuse.supports(nested_case(2))
     assert misuse.finding_class == "misuse" and stock.contract != misuse.contract  # a case stream of their own
-    assert set(MISUSES) >= {"zero_grad", "backward_twice", "loss_backward", "step_at_boundary"}
+    assert set(MISUSES) >= {"zero_grad", "backward_twice", "step_at_boundary"}
+    assert "loss_backward" not in MISUSES  # documented since 0.18: the deepspeed.zero{1,2,3}.torch paths
     bad = json.loads(case.dumps())
     bad["family"]["deepspeed"]["misuse"] = "rm -rf /"
     with pytest.raises(SpecError, match="family.deepspeed.misuse"):
@@ -257,24 +259,53 @@ def test_a_misuse_deepspeed_silently_gets_wrong_is_a_misuse_finding_and_a_refuse
     """Measured on DeepSpeed 0.19.8 (README "Misuse"): ``engine.zero_grad()``
     inside the window keeps the last micro-step only at ZeRO 0 (``1*g2``);
     two ``engine.backward`` calls a micro-step keep half the last at ZeRO 2
-    (``0.5*g2``); ``loss.backward()`` is refused at ZeRO 0 (DeepSpeed raises
-    and says to call engine.backward) and right at ZeRO 1 (0.18 made it a
-    documented drive): neither is a finding."""
+    (``0.5*g2``); each is signed by its use. ``engine.zero_grad()`` at ZeRO 2
+    is right (the grads live in ZeRO's partitions): no finding. Two backward
+    calls at ZeRO 3 raise (``mat2 must be a matrix``): refused, no finding.
+    ``engine.step()`` once a window skips the optimizer's step: a ``step``
+    finding. The documented drive removes each (the ``documented-drive``
+    workaround the gate runs to call a ledger misuse known)."""
     from harness.engine.check import CaseCheck
+    from harness.observation import signature
+    from harness.paths.workarounds import apply
 
     for misuse, stage, shape in (("zero_grad", 0, "actual = 1*g2, expected g1 + g2"),
-                                 ("backward_twice", 2, "actual = 0.5*g2, expected g1 + g2")):
+                                 ("backward_twice", 2, "actual = 0.5*g2, expected g1 + g2"),
+                                 ("step_at_boundary", 3, "the optimizer has stepped 0 time(s), not 1")):
         case = _misuse(misuse)
         (p,) = resolve(f"deepspeed.zero{stage}.misuse")
         divs = CaseCheck(case).run(p)
         assert divs and all(d.finding_class == "misuse" for d in divs), (misuse, divs)
         assert any(shape in d.detail for d in divs), [d.detail for d in divs]
-    (zero0,) = resolve("deepspeed.zero0.misuse")
-    obs = zero0.run(_misuse("loss_backward"))
-    assert "engine.backward(loss)" in obs.extra["refused"] and not obs.steps
-    assert CaseCheck(_misuse("loss_backward")).run(zero0) == []
-    (zero1,) = resolve("deepspeed.zero1.misuse")
-    assert CaseCheck(_misuse("loss_backward")).run(zero1) == []  # accepted, and right: no finding
+        assert all(d.signature == signature(p.name, d.kind, f"misuse {misuse}") for d in divs)
+        assert CaseCheck(case).run(apply(p, "documented-drive")) == [], misuse
+    (zero2,) = resolve("deepspeed.zero2.misuse")
+    assert CaseCheck(_misuse("zero_grad")).run(zero2) == []  # accepted, and right: no finding
+    (zero3,) = resolve("deepspeed.zero3.misuse")
+    obs = zero3.run(_misuse("backward_twice"))
+    assert "mat2 must be a matrix" in obs.extra["refused"] and not obs.steps
+    assert CaseCheck(_misuse("backward_twice")).run(zero3) == []
+
+
+@needs_deepspeed
+def test_loss_backward_is_a_documented_drive_and_double_divides_a_chained_output_at_zero_1_and_2():
+    """``loss.backward()`` (deepspeed.zero{1,2,3}.torch) agrees on the plain
+    case; when an output is computed from another output, ZeRO 1 and 2 divide
+    the grad through both by the accumulation steps (a bug, not a misuse:
+    benchmarks/deepspeed_torch_backward_chained_outputs.py); engine.backward is right."""
+    from dataclasses import replace
+
+    from harness.case.spec import Use
+    from harness.engine.check import CaseCheck
+
+    plain = nested_case(2)
+    chained = replace(plain, outputs=(Use("n1"), Use("n0")))
+    (torch1,) = resolve("deepspeed.zero1.torch")
+    (stock1,) = resolve("deepspeed.zero1.stock")
+    assert CaseCheck(plain).run(torch1) == []
+    divs = CaseCheck(chained).run(torch1)
+    assert divs and all(d.finding_class == "bug" and d.signature.startswith("deepspeed.torch-") for d in divs)
+    assert CaseCheck(chained).run(stock1) == []
 
 
 @needs_deepspeed

@@ -24,7 +24,6 @@ MISUSES: dict[str, str] = {
                            "returned",
     "step_at_boundary": "engine.step() only at a window's end, without set_gradient_accumulation_boundary",
     "backward_twice": "engine.backward twice per micro-step, on halves of the loss (retain_graph=True on the first)",
-    "loss_backward": "loss.backward() instead of engine.backward(loss)",
     "gas1_manual": "gradient_accumulation_steps 1 and accumulation by hand around it: engine.backward every "
                    "micro-step, engine.step() once per window, no no_sync",
 }

@@ -14,19 +14,21 @@ Outputs and input grads are compared after every micro-step.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from typing import Any
 
 from harness.case.spec import Case
 from harness.observation import GRAD_NONE, MISUSE_CLASS, Observation, Violation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.deepspeed.data import KNOBS, MISUSE, knobs
+from harness.paths.deepspeed.data import KNOBS, MISUSE, Knobs, knobs
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath
 
 STOCK = "stock"
 STAGES = (0, 1, 2, 3)
 NO_SYNC_STAGES = (0, 1)  # engine.no_sync() refuses the stages that partition grads
+TORCH_STAGES = (1, 2, 3)  # loss.backward(): ZeRO 0 raises "Direct calls to tensor.backward() are not supported"
 INSTALL = "pip install 'gradfuzz[deepspeed]'"
 WARM_TIMEOUT = 900.0  # the first compile of DeepSpeed's shared-memory op on a loaded 2-core machine
 _WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process ids) that have started DeepSpeed's communication once
@@ -105,10 +107,41 @@ class MisusePath(DeepSpeedPath):
         """The misuse this case drives (what signs its findings: ``observation.classify``)."""
         return knobs(case).misuse
 
+    def with_workaround(self, name: str) -> Any | None:
+        """``documented-drive``: the user's fix, the same case driven as DeepSpeed
+        documents (the misuse taken out), so the gate calls a ledger misuse
+        known only where that drive agrees (causal, as for any known bug)."""
+        return DocumentedDrive(self) if name == DOCUMENTED_DRIVE else None
+
     def supports(self, case: Case) -> str | None:
         if not knobs(case).misuse:
             return f"no misuse drawn: the documented drives are deepspeed.zero{self.stage}.stock, .manual, .nosync"
         return self._engine_refusal(case)
+
+
+DOCUMENTED_DRIVE = "documented-drive"
+
+
+class DocumentedDrive:
+    """A misuse path with ``documented-drive`` in force: its name, contract
+    and cases, each run with the misuse taken out (``engine.step()`` after
+    every micro-step, ``engine.backward(loss)`` once, nothing zeroed)."""
+
+    def __init__(self, path: MisusePath) -> None:
+        self.path, self.name, self.contract = path, path.name, path.contract
+
+    def availability(self) -> Availability:
+        return self.path.availability()
+
+    def supports(self, case: Case) -> str | None:
+        return self.path.supports(case)
+
+    def run(self, case: Case) -> Observation:
+        plain = replace(knobs(case), misuse="")
+        return DeepSpeedPath.run(self.path, case.with_data("deepspeed", None if plain == Knobs() else plain))
+
+    def repro(self, case: Case) -> Repro:
+        return self.path.repro(case)
 
 
 def skipped_steps(case: Case, replies: dict[int, Any]) -> list[Violation]:
@@ -168,4 +201,5 @@ def engine_paths(options: Options) -> list[Any]:
     misuse = [MisusePath(f"deepspeed.zero{s}.misuse", s, STOCK, options.world_size, max(options.timeout, 60.0),
                          options.backend) for s in STAGES]
     return ([made(s, STOCK, "auto") for s in STAGES] + [made(s, "manual", "manual") for s in STAGES]
-            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES] + misuse)
+            + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES] + [made(s, "torch", "torch") for s in TORCH_STAGES]
+            + misuse)

@@ -36,9 +36,12 @@ STOCK = "stock"
 # (gradient_accumulation_steps); ``manual``: set_gradient_accumulation_boundary
 # before each micro-step, one step() per window (its docstring's example);
 # ``nosync``: gradient_accumulation_steps 1, every backward but a window's
-# last under engine.no_sync() (stages 0 and 1), the loss a plain sum.
-AUTO, MANUAL, NOSYNC = "auto", "manual", "nosync"
-DRIVES = (AUTO, MANUAL, NOSYNC)
+# last under engine.no_sync() (stages 0 and 1), the loss a plain sum;
+# ``torch``: ``loss.backward()`` where ``auto`` calls engine.backward(loss),
+# the PyTorch-style backward DeepSpeed 0.18 made an API (deepspeedai/DeepSpeed#7665;
+# ZeRO 1 to 3: ZeRO 0 raises and says to call engine.backward).
+AUTO, MANUAL, NOSYNC, TORCH = "auto", "manual", "nosync", "torch"
+DRIVES = (AUTO, MANUAL, NOSYNC, TORCH)
 MID_WINDOW = (0, 1)  # the ZeRO stages that keep each rank's own sum in .grad between micro-steps
 
 
@@ -185,8 +188,8 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                     fault.before_backward(engine, k % gas)
                 if live:
                     loss = sum((o * c).sum() for o, c in live) * scale
-                    if misuse == "loss_backward":
-                        loss.backward()
+                    if drive == TORCH:
+                        loss.backward()  # the engine's output hooks divide by its accumulation steps
                     elif misuse == "backward_twice":
                         engine.backward(loss / 2, retain_graph=True)
                         engine.backward(loss / 2)
@@ -203,7 +206,7 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                     facts = _facts(case, built, k, engine, stage, False, inputs, outs, False)
                     facts["unreadable"] = f"{type(e).__name__}: {e}"[:300]
                 out["steps"].append(facts)
-                if boundary or drive == AUTO and misuse not in ONE_STEP_A_WINDOW:
+                if boundary or drive in (AUTO, TORCH) and misuse not in ONE_STEP_A_WINDOW:
                     engine.step()
                 out["steps"][-1]["optimizer_steps"] = stepped[0]
         if misuse and told:

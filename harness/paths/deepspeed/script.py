@@ -44,7 +44,7 @@ def script(case: Case, machinery: Repro, title: str) -> str:
         f"PREFIX = {PREFIX!r}",
         f"DRIVE = {e.drive!r}",
         f"MISUSE = {misuse!r}  # how the loop drives the engine against DeepSpeed's docs ('': as documented)",
-        f"STEP_EVERY_MICRO_STEP = {e.drive == 'auto' and misuse not in ONE_STEP_A_WINDOW!r}",
+        f"STEP_EVERY_MICRO_STEP = {e.drive in ('auto', 'torch') and misuse not in ONE_STEP_A_WINDOW!r}",
         # The config as JSON text read at run time: data, never code.
         f"CONFIG = json.loads({json.dumps(config(case, e.stage, 1, gas), sort_keys=True)!r})",
         *schedule_data(case, Built(case)),
@@ -113,8 +113,8 @@ def main():
         live = [(o, c) for o, c in zip(engine(*inputs), cots) if o.requires_grad]
         if live:
             loss = sum((o * c).sum() for o, c in live) * gas  # the engine divides by its accumulation steps
-            if MISUSE == "loss_backward":
-                loss.backward()
+            if DRIVE == "torch":
+                loss.backward()  # PyTorch-style: the engine's output hooks divide by its accumulation steps
             elif MISUSE == "backward_twice":
                 engine.backward(loss / 2, retain_graph=True)
                 engine.backward(loss / 2)
