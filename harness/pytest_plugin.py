@@ -51,6 +51,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gradfuzz-ledger", metavar="FILE", default=None,
                 help="known-bug ledger that labels findings (default: cases/ledger.json of the installed gradfuzz "
                      "project; none there: a usage error)")
+    g.addoption("--gradfuzz-coverage", choices=("measure", "guide"), default=None,
+                help="trace the machinery each family tests: report its line coverage ('guide': and steer "
+                     "Hypothesis towards new lines), as gradfuzz fuzz --coverage")
     g.addoption("--gradfuzz-run-dir", metavar="DIR", help=argparse_suppress())
     g.addoption("--gradfuzz-path", action="append", default=[], metavar="MODULE:ATTR",
                 help="add a third-party path (repeatable)")
@@ -189,7 +192,8 @@ def _worker_session(config: pytest.Config) -> Any:
         _session = Session(save_dir=config.getoption("gradfuzz_save") or None, db_spec=db, database=open_database(db),
                            label=labeller(_ledger_file(config)),
                            stop=stop, seed=config.getoption("gradfuzz_seed"),
-                           worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
+                           worker=os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                           coverage=config.getoption("gradfuzz_coverage"))
         _session.set_budget(config.getoption("gradfuzz_examples"), config.getoption("gradfuzz_minutes"))
         _single_thread()
     return _session

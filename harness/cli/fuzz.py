@@ -30,6 +30,11 @@ def add_arguments(f: argparse.ArgumentParser) -> None:
                    help="live display on a terminal, plain periodic lines otherwise (default auto)")
     f.add_argument("--progress-every", type=float, default=10.0, metavar="S",
                    help="seconds between plain progress lines (default 10)")
+    f.add_argument("--coverage", nargs="?", const="measure", choices=("measure", "guide"), default=None,
+                   help="measure line and arc coverage of the machinery each family tests (its torch files only) "
+                        "and report it in the summary; 'guide' also steers Hypothesis towards examples that reach "
+                        "new machinery lines (local sessions: docs/fuzzing.md). Off by default: tracing slows "
+                        "every example")
     f.add_argument("--keep-run-dir", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -70,6 +75,11 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
             first = f", first after {d['examples']} example(s) ({d['seconds']:.2f}s)" if d.get("examples") is not None else ""
             known = f" ({d['ledger']})" if d.get("ledger") else ""
             text += f"\n  {sig}{known}: {c}x{first}"
+    coverage = extra.get("coverage") or {}
+    if coverage:
+        from harness.engine.coverage import summary_lines
+
+        text += "".join(f"\n{line}" for line in summary_lines(coverage))
     for e in result.errors:
         text += f"\nerror: {e}"
     print(text, flush=True)
@@ -78,6 +88,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
         data.update(interrupted=interrupted, signal=signal.Signals(extra.get("signal", signal.SIGINT)).name if interrupted else None,
                     counts=counts, findings=extra.get("details", {}),
                     workers=extra.get("workers", 1),
+                    coverage={f: {"lines": len(c.lines), "of": c.total, "files": c.files, "arcs": len(c.arcs),
+                                  "traced_runs": c.examples} for f, c in sorted(coverage.items())} or None,
                     seconds=round(extra.get("seconds", 0.0), 3), cpu_s=round(extra.get("cpu_s", 0.0), 3))
         from harness.artifacts.corpus import atomic_write
 
@@ -98,7 +110,8 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
     from harness.gate.ledger import labeller
 
     s = sessions.Session(save_dir=args.save, db_spec=args.db, database=open_database(args.db), stop=stop,
-                         seed=args.seed, label=labeller(getattr(args, "ledger", None)))
+                         seed=args.seed, label=labeller(getattr(args, "ledger", None)),
+                         coverage=getattr(args, "coverage", None))
     display = Display(s.snapshot, args.progress, args.progress_every)
     s.on_event = display.event
     got: list[int] = []
@@ -111,8 +124,12 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
     finally:
         display.close()
         _restore(previous)
+    from harness.engine.coverage import combine as combine_coverage
+
+    coverage = combine_coverage([s.meter.to_json()]) if s.meter is not None else {}
     return s.result, {"counts": s.counts, "details": s.details, "interrupted": s.interrupted or stop.requested,
-                      "seconds": time.monotonic() - start, "signal": got[0] if got else signal.SIGINT}
+                      "seconds": time.monotonic() - start, "signal": got[0] if got else signal.SIGINT,
+                      "coverage": coverage}
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what CI runners and ``timeout`` send
@@ -154,7 +171,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     cmd = parallel.pytest_command(
         run_dir, workers=n, paths=args.paths, examples=args.examples, minutes=args.minutes, seed=args.seed,
         mode=args.mode, db=args.db, save=args.save, shards=args.shards, options=_option_overrides(options),
-        extra_paths=list(options.extra), ledger=getattr(args, "ledger", None))
+        extra_paths=list(options.extra), ledger=getattr(args, "ledger", None), coverage=getattr(args, "coverage", None))
     ctl = parallel.Controller(cmd, run_dir, n)
     ctl.unavailable = unavailable
     display = Display(ctl.view, args.progress, args.progress_every)

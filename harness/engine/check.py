@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 from harness.case.spec import Case
 from harness.compare.values import Tolerance, compare
+from harness.engine.coverage import Meter, machinery_family
 from harness.observation import Divergence, Observation, classify
 from harness.artifacts import corpus
 from harness.paths import Path
@@ -47,8 +48,9 @@ class CaseCheck:
 
     def __init__(self, case: Case, *, slack: float | None = None, lazy: bool = False,
                  profile: Profile | None = None, oracle: Observation | None = None,
-                 tol: Tolerance | None = None) -> None:
+                 tol: Tolerance | None = None, meter: "Meter | None" = None) -> None:
         self.case = case
+        self.meter = meter  # --coverage: each path run traced against its family's machinery files
         self.slack = slack
         self.lazy = lazy
         self.profile = profile
@@ -77,7 +79,10 @@ class CaseCheck:
     def observe(self, path: Path) -> Observation:
         """What ``path`` saw on this case (which must be in its contract)."""
         t0 = time.process_time()
-        obs = path.run(self.case)
+        if self.meter is not None:
+            obs = self.meter.measure(machinery_family(path.name), lambda: path.run(self.case))
+        else:
+            obs = path.run(self.case)
         if self.profile is not None:
             self.profile.paths[path.name] = self.profile.paths.get(path.name, 0.0) + (time.process_time() - t0)
             self.profile.path_runs[path.name] = self.profile.path_runs.get(path.name, 0) + 1

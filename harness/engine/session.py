@@ -26,6 +26,7 @@ from harness.engine.result import Result, Tally
 from harness.artifacts.findings import finding_entry
 from harness.paths import close_paths, heaviness, split_available
 from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
+from harness.engine.coverage import MODES, combine as combine_coverage, new_meter, request_in_children
 
 
 def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
@@ -46,9 +47,12 @@ class Session:
     def __init__(self, *, save_dir: str | None, db_spec: str | None = None, database: Any = None,
                  stop: Stop | None = None, seed: int = 0, worker: str = "main",
                  on_event: Callable[[str], None] | None = None,
-                 label: Callable[[str, str], str] | None = None) -> None:
+                 label: Callable[[str, str], str] | None = None, coverage: str | None = None) -> None:
         """``label(path, signature)`` names the known bug a finding is (the
-        ledger lives above the engine: the front passes it in)."""
+        ledger lives above the engine: the front passes it in). ``coverage``:
+        None (off), ``measure`` or ``guide`` (``harness.engine.coverage``)."""
+        if coverage is not None and coverage not in MODES:
+            raise ValueError(f"coverage {coverage!r}: expected one of {MODES}")
         self.result = Result()
         self.label = label
         self.save_dir = save_dir
@@ -67,6 +71,12 @@ class Session:
         self.interrupted = False
         self.done = False
         self.runs: list[TargetRun] = []
+        self.coverage = coverage
+        self.meter = new_meter() if coverage is not None else None  # one per process: families unioned over targets
+        if coverage is not None:
+            # Paths that run their case in a worker process (compile, graphed) trace there when the
+            # worker starts with this set: workers start on their first case, after this.
+            request_in_children()
 
     # -- findings -------------------------------------------------------------
 
@@ -132,7 +142,8 @@ class Session:
         if relative_to:
             target.relative_to = relative_to
         run = TargetRun(target, self.result, examples=examples, deadline=deadline, database=self.database,
-                        stop=self.stop, on_finding=self.on_finding, heartbeat=heartbeat)
+                        stop=self.stop, on_finding=self.on_finding, heartbeat=heartbeat, meter=self.meter,
+                        guide=self.coverage == "guide")
         self.runs.append(run)
         try:
             run.run()
@@ -160,7 +171,7 @@ class Session:
 
     def snapshot(self) -> dict[str, Any]:
         r = self.result
-        return {
+        snap = {
             "worker": self.worker,
             "pid": os.getpid(),
             "started": self.started,
@@ -178,6 +189,9 @@ class Session:
             "saved": list(r.saved),
             "errors": list(r.errors),
         }
+        if self.meter is not None:
+            snap["coverage"] = self.meter.to_json()
+        return snap
 
 
 def _tally_json(t: Tally) -> dict[str, Any]:
@@ -194,6 +208,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
     details: dict[str, dict[str, Any]] = {}
     interrupted = False
     cpu = 0.0
+    coverage = combine_coverage(s.get("coverage") for s in snapshots if s.get("coverage") is not None)
     for s in snapshots:
         interrupted |= bool(s.get("interrupted"))
         cpu += s.get("cpu_s", 0.0)
@@ -218,7 +233,10 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
             counts[sig] = counts.get(sig, 0) + n
         for sig, d in s.get("details", {}).items():
             details.setdefault(sig, d)
-    return result, {"counts": counts, "details": details, "interrupted": interrupted, "cpu_s": cpu}
+    extra: dict[str, Any] = {"counts": counts, "details": details, "interrupted": interrupted, "cpu_s": cpu}
+    if coverage:
+        extra["coverage"] = coverage
+    return result, extra
 
 
 def write_status(file: str, snapshot: dict[str, Any]) -> None:

@@ -35,11 +35,12 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings, target
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
 from harness.engine.check import CaseCheck, Profile
+from harness.engine.coverage import GUIDE_LABEL, Meter
 from harness.engine.database import MaskingDatabase
 from harness.materialize.lifetime import FrozenHeap
 from harness.observation import Divergence
@@ -168,11 +169,12 @@ class Target:
 
     def check(self, case: Case, only: Path | None = None, known: set[str] = frozenset(),  # type: ignore[assignment]
               profile: Profile | None = None, tally: Callable[[Path, str | None], None] | None = None,
-              masked: list[bool] | None = None) -> tuple[Path, list[Divergence]] | None:
+              masked: list[bool] | None = None, meter: Meter | None = None) -> tuple[Path, list[Divergence]] | None:
         """The first path (or ``only``) with a divergence whose signature is
         not in ``known``; None when they all agree with the oracle (or
-        diverge only in known ways: then ``masked`` gets a True)."""
-        cc = CaseCheck(case, slack=self.slack, lazy=True, profile=profile)
+        diverge only in known ways: then ``masked`` gets a True). ``meter``
+        (``--coverage``) traces each path run against its family's machinery."""
+        cc = CaseCheck(case, slack=self.slack, lazy=True, profile=profile, meter=meter)
         todo = [(p, p.supports(case)) for p in ((only,) if only is not None else self.paths)]
         submit_ahead([p for p, reason in todo if reason is None], case)
         for p, reason in todo:
@@ -266,7 +268,8 @@ class TargetRun:
                  stop: Stop | None = None, on_finding: Callable[[Finding], None] | None = None,
                  heartbeat: Callable[[], None] | None = None, beat: float = 0.5, chunk: int = 200,
                  detect_only: bool = False, record: list[Case] | None = None,
-                 until_kinds: tuple[str, ...] | None = None) -> None:
+                 until_kinds: tuple[str, ...] | None = None, meter: Meter | None = None,
+                 guide: bool = False) -> None:
         self.target = target
         self.result = result
         self.examples = examples
@@ -286,6 +289,12 @@ class TargetRun:
         # drawing on for other signatures decide nothing there).
         self.until_kinds = until_kinds
         self.record = record
+        # --coverage: ``meter`` traces the drawn examples' path runs (not shrink steps, not the
+        # database's replay pass, not the confirming re-run: their number follows the bug, and
+        # the coverage of N examples must be a function of the N examples); ``guide`` hands
+        # each example's new lines to Hypothesis's ``target()``.
+        self.meter = meter
+        self.guide = guide and meter is not None
         self.known: set[str] = set()
         self.drawn = 0
         self.profile = Profile()
@@ -334,12 +343,20 @@ class TargetRun:
             # Shrinking re-runs the focus path: those runs are not examples (a racy
             # bug shrinks in more or fewer steps, and the counts would follow it).
             tally = self._tally if rnd.focus is None else None
-            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked)
+            meter = self.meter if rnd.focus is None and not self.replaying else None
+            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked, meter)
             if hit is None and masked and self.database is not None:
                 self.database.masked = True  # passing only because its signature is known: keep it saved
         finally:
             self.profile.body += time.process_time() - t0
             self.profile.cases += 1
+            new = meter.example_done()[0] if meter is not None else 0
+        if meter is not None and self.guide:
+            # The count of machinery lines no earlier example of this process reached: Hypothesis
+            # keeps the best-scoring example and its optimiser mutates it, so the draws climb
+            # from the examples that opened new code (a plain function of the case and of the
+            # examples before it, so a run in one process stays deterministic).
+            target(float(new), label=GUIDE_LABEL)
         if hit is not None:
             path, divs = hit
             if rnd.focus is None:

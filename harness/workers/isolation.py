@@ -23,6 +23,7 @@ the child for that case) or ``("close",)``; the child answers ``("ready",)`` onc
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -35,6 +36,7 @@ import tempfile
 import time
 from typing import Any
 
+from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.observation import Observation, Violation
@@ -366,8 +368,11 @@ def worker() -> int:
         elif msg[0] == "run":
             assert path is not None
             case = Case.loads(msg[1])
-            with workarounds.in_force(*msg[3]):
+            tracer = child_tracer()  # --coverage: the machinery lines this case reached go back with it
+            with workarounds.in_force(*msg[3]), tracer if tracer is not None else contextlib.nullcontext():
                 obs = path.run(case) if msg[2] is None else path.run_on(msg[2], case)
+            if tracer is not None:
+                attach(obs.extra, tracer)
             healthy, why = _device_healthy(path)
             if not healthy:
                 k = obs.steps[-1].k if obs.steps else -1
