@@ -127,6 +127,10 @@ class Violation:
     what: str
     detail: str
     key: str = ""
+    # A value the path judged against a reference of its own (torchtitan.tp's
+    # float64 Llama): the difference over the path's tolerance. compare keeps
+    # it only above the tolerance's slack scale, so a blunted harness misses it.
+    excess: float | None = None
 
 
 @dataclass

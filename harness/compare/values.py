@@ -109,7 +109,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     path's contract says its machinery cannot show; compare does not hold it to them."""
     none_matters = GRAD_NONE not in blind
     tol = (tol or Tolerance.for_case(case)).lowered(obs.precision, case)
-    found = _events(case, obs)
+    found = _events(case, obs, tol.scale)
     if HOOK_FIRING not in blind:
         found += _hook_counts(obs.path, oracle, obs, retained_grads)
     if RECOMPUTATION not in blind:
@@ -155,7 +155,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     return found
 
 
-def _events(case: Case, obs: Observation) -> list[Divergence]:
+def _events(case: Case, obs: Observation, scale: float = 1.0) -> list[Divergence]:
     """What the path reported itself: a raise, a tensor changed under the user, a broken invariant."""
     names = case_names(case)
     found: list[Divergence] = []
@@ -173,6 +173,8 @@ def _events(case: Case, obs: Observation) -> list[Divergence]:
                        **keys(obs.path, "mutation", m.what.split(" ")[0]))
         )
     for v in obs.violations:
+        if v.excess is not None and v.excess <= scale:
+            continue  # within the path's own tolerance loosened by the slack
         found.append(
             Divergence(obs.path, v.kind, v.what, v.k, None, None, None, v.detail,
                        **keys(obs.path, v.kind, v.key or message_words(v.what, names)))

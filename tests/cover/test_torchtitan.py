@@ -187,12 +187,17 @@ def test_a_tp_observation_leaves_the_core_case_unobserved_and_reports_each_grad_
     from oracles.eager import observe
 
     case = _tp_case()
-    v = {"k": 1, "what": "layers.0.ffn_norm.weight", "key": "grad layers.ffn_norm.weight", "detail": "off"}
+    v = {"k": 1, "what": "layers.0.ffn_norm.weight", "key": "grad layers.ffn_norm.weight", "detail": "off",
+         "excess": 5000.0}
     reply = {"violations": [v], "failure": None, "steps": 2, "margin": 0.5}
     obs = observation(TP, case, SimpleNamespace(status="ok", seconds=1.0, detail="", replies={0: reply, 1: reply}))
     assert len(obs.steps) == 2 and obs.failure is None and obs.extra["margin"] == 0.5
     found = compare(case, observe(case), obs, retained_grads=False)
     assert [(d.kind, d.param, d.microbatch) for d in found] == [("grad", "layers.0.ffn_norm.weight", 1)]
+    # the rank judged it against its own tolerance; a blunted harness (selfcheck --tolerance-slack) misses it
+    from harness.compare.values import Tolerance
+
+    assert compare(case, observe(case), obs, retained_grads=False, tol=Tolerance.for_case(case, slack=1e30)) == []
     failed = {"violations": [], "steps": 0, "failure": {"k": 0, "type": "ValueError", "message": "boom"}}
     obs = observation(TP, case, SimpleNamespace(status="ok", seconds=1.0, detail="", replies={0: failed, 1: reply}))
     assert obs.failure.type == "ValueError" and "rank 0: boom" in obs.failure.message

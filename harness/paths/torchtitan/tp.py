@@ -107,7 +107,8 @@ def observation(name: str, case: Case, outcome: Any) -> Observation:
         for v in replies[r].get("violations", ()):
             if (v["k"], v["what"]) not in seen:
                 seen.add((v["k"], v["what"]))
-                obs.violations.append(Violation("grad", v["k"], v["what"], v["detail"], key=v["key"]))
+                obs.violations.append(Violation("grad", v["k"], v["what"], v["detail"], key=v["key"],
+                                                excess=v.get("excess")))
     obs.extra["margin"] = max((rep.get("margin", 0.0) for rep in replies.values()), default=0.0)
     done = min((rep.get("steps", 0) for rep in replies.values()), default=0)
     obs.steps = [Step(k=j, grads=None, input_grads=None, outputs=None, retained=None)  # type: ignore[arg-type]

@@ -232,7 +232,7 @@ def compare(j: int, got: dict[str, torch.Tensor | None], want: dict[str, torch.T
         tol = _tolerance(float((f32[name] - e).abs().max()), scale, top)
         if diff > tol:
             ratio = float((a * e).sum() / (e * e).sum()) if scale else float("nan")
-            found.append({"k": j, "what": name, "key": f"grad {_role(name)}", "max_abs": diff,
+            found.append({"k": j, "what": name, "key": f"grad {_role(name)}", "max_abs": diff, "excess": diff / tol,
                           "detail": f"{name}.grad after backward {j}: max abs diff {diff:.3g} from float64 eager "
                                     f"(largest entry {scale:.3g}, tolerance {tol:.3g}); least-squares ratio "
                                     f"actual/expected {ratio:.4g}"})
