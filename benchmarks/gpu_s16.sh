@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 16: one-GPU device calls.
-#   a   issue 30's GPU parts: megatron-core 0.16.1's local CUDA graphs under
-#       accumulation (benchmarks/megatron_cudagraph_accum.py, two seeds), with
-#       the carried wheels (.whl/: megatron-core, liger-kernel) in /tmp/site;
-#       and whether transformer_engine imports there
+#   a   issue 30's GPU parts: megatron-core's local CUDA graphs under
+#       accumulation (benchmarks/megatron_cudagraph_accum.py 100 0) on releases
+#       0.16.1, 0.17.1, 0.18.2 and 0.19.2, from carried cp312 wheels in .whl/
+#       (the device's Python is 3.12); and whether transformer_engine imports
 #   b   issue 34: README's gate at -n 16 on this session's code (a worker per
 #       compile flavour, cases started on every flavour at once, heavy replay
 #       groups dealt out by cases), alone on the machine
@@ -19,12 +19,15 @@ packer & PACK=$!
   echo "cores $(nproc)"; nvidia-smi -L 2>/dev/null; } >>"$S" 2>&1
 CALL=${1:?call a, b or c}
 if [ "$CALL" = a ]; then
-    SITE=/tmp/site
-    python -m pip install -q --no-index --no-deps --no-compile --target $SITE .whl/*.whl >>"$S" 2>&1
-    { python -c "import triton; print('triton', triton.__version__)"; python -c "import transformer_engine" 2>&1 | tail -1; } >>"$S" 2>&1
-    step mcg0 280 env PYTHONPATH=$SITE:. python benchmarks/megatron_cudagraph_accum.py 100 0
-    step mcg1 200 env PYTHONPATH=$SITE:. python benchmarks/megatron_cudagraph_accum.py 100 1
-    tail -3 "$W/mcg0.log" "$W/mcg1.log" >>"$S"
+    # megatron-core releases side by side (one small GPU job each); their logs are in
+    # benchmarks/results-s16/accum-VERSION.log
+    python -c "import transformer_engine" >>"$S" 2>&1 || echo "transformer_engine: not installed (its wheel is 729 MB)" >>"$S"
+    for v in 0.16.1 0.17.1 0.18.2 0.19.2; do
+        python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site$v .whl/megatron_core-$v-*.whl >>"$S" 2>&1
+        (PYTHONPATH=/tmp/site$v:. timeout 250 python benchmarks/megatron_cudagraph_accum.py 100 0 >"$W/accum-$v.log" 2>&1) &
+    done
+    wait
+    tail -qn 1 "$W"/accum-*.log >>"$S"
 elif [ "$CALL" = b ]; then
     step gate16 570 python -m harness gate --examples 20 -n 16 --json "$W/gate16.json" --markdown "$W/gate.md" --save "$W/found-gate16"
 else

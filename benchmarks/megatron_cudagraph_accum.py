@@ -188,16 +188,20 @@ def compare(ref: list, got: list) -> tuple[float, str]:
 
 
 def reset_cudagraph_state() -> None:
-    """Megatron keeps the record, the mempool and the buffer pool in globals; each configuration starts clean."""
+    """Megatron keeps the record, the mempool and (before 0.19) a buffer pool in globals; each
+    configuration starts clean. Only the globals the installed release has are reset."""
     from megatron.core.transformer import cuda_graphs as cg
 
     cg._CudagraphGlobalRecord.cudagraph_created = False
     cg._CudagraphGlobalRecord.cudagraph_record = []
     cg._CudagraphGlobalRecord.cudagraph_inference_record = []
-    cg.TensorReusePool.tensor_strong_refs, cg.TensorReusePool.tensor_strong_refs_dataptrs = [], set()
-    cg.TensorReusePool.pool = []
+    pool = getattr(cg, "TensorReusePool", None)
+    if pool is not None:
+        pool.tensor_strong_refs, pool.tensor_strong_refs_dataptrs, pool.pool = [], set(), []
     cg.CudaGraphManager.global_mempool = None
-    cg.fwd_buffer_reuse_ref_count = cg.bwd_buffer_reuse_ref_count = 0
+    for name in ("fwd_buffer_reuse_ref_count", "bwd_buffer_reuse_ref_count"):
+        if hasattr(cg, name):
+            setattr(cg, name, 0)
     cg._set_capture_end()
     cg._set_warmup_end()
     gc.collect()
