@@ -140,11 +140,12 @@ def test_the_llama_knobs_are_case_data_checked_for_two_tp_ranks():
     case = _tp_case(heads=4, kv_heads=2, head_dim=4, n_layers=2, vocab=12, tie=True, sp=False,
                     loss_parallel=False, seq=6, batch=2, ignored=5, seed=7)
     assert Case.loads(case.dumps()) == case
-    for field, value, words in (("heads", 3, "multiple of 2"), ("vocab", 7, "multiple of 2"),
-                                ("seq", 5, "multiple of 2"), ("kv_heads", 8, "must divide heads"),
-                                ("ignored", 6, "must leave a label")):
+    for field, value, words in (("heads", 3, "multiple of 2"), ("head_dim", 3, "multiple of 2"),
+                                ("kv_heads", 8, "must divide heads"), ("ignored", 6, "must leave a label"),
+                                ("seq", 5, "with sequence parallel the sequence length")):
         spec = json.loads(case.dumps())
         spec["family"]["torchtitan"][field] = value
+        spec["family"]["torchtitan"]["sp"] = field == "seq"
         with pytest.raises(SpecError, match=f"torchtitan.{field}.*{words}"):
             Case.loads(json.dumps(spec))
 
@@ -161,7 +162,7 @@ def test_the_llama_draw_gives_valid_even_configs():
     def drawn(case):
         k = knobs(case)
         assert Case.loads(case.dumps()) == case
-        assert k.heads % 2 == k.kv_heads % 2 == k.head_dim % 2 == k.seq % 2 == k.vocab % 2 == 0
+        assert k.heads % 2 == k.kv_heads % 2 == k.head_dim % 2 == 0 and (k.seq % 2 == 0 or not k.sp)
         assert k.heads % k.kv_heads == 0 and k.ignored < k.seq
 
     drawn()
@@ -265,9 +266,10 @@ def test_the_cpu_attention_is_causal_sdpa_on_both_sides_and_the_reference_keeps_
 
 @needs_torchtitan
 @pytest.mark.parametrize("knobs", [dict(tie=True, sp=True, ignored=1), dict(sp=False, loss_parallel=False, n_layers=2),
-                                   dict(heads=4, kv_heads=2, head_dim=2, vocab=12, seq=6, batch=2, tie=True,
-                                        loss_parallel=False, multiple_of=4)],
-                         ids=["tied-sp", "no-sp-no-loss-parallel", "gqa-uneven-ffn"])
+                                   dict(heads=4, kv_heads=2, head_dim=2, vocab=7, seq=6, batch=2, tie=True,
+                                        loss_parallel=False, multiple_of=1),
+                                   dict(vocab=5, seq=5, sp=False, ignored=2)],
+                         ids=["tied-sp", "no-sp-no-loss-parallel", "gqa-uneven-vocab-and-ffn", "odd-sequence"])
 def test_torchtitan_tp_agrees_with_float64_with_room_to_spare(knobs):
     from harness.engine.check import check
 

@@ -67,8 +67,13 @@ def _knobs(draw, case: Case) -> Case:
 
 KNOBS = Draw("torchtitan", (_knobs,))
 
-# Two TP ranks: heads, kv heads, the FFN width and (with SP) the sequence are
-# split in two, so each is drawn even; the vocabulary is split too.
+# Two TP ranks. torchtitan requires the TP degree to divide heads and kv heads
+# (``Decoder.Config.update_from_config`` raises otherwise) and, with sequence
+# parallelism, the sequence length (``Trainer.__init__``: "Training sequence
+# length must be divisible by ..."); those are drawn even. RoPE rotates
+# pairs, so the head size is even. The vocabulary and the FFN width
+# (``multiple_of`` 1 gives an odd one) may split unevenly: torchtitan's
+# vocab-parallel embedding and loss, and DTensor's colwise shards, take that.
 TP = 2
 
 
@@ -76,10 +81,12 @@ TP = 2
 def _llama(draw, case: Case) -> Case:
     heads = draw(st.sampled_from((2, 4)))
     kv = draw(st.sampled_from(tuple(d for d in (2, 4) if heads % d == 0)))
-    seq = draw(st.sampled_from((4, 2, 6, 8)))
+    sp = not draw(st.booleans())
+    seq = draw(st.sampled_from((4, 2, 6, 8) if sp else (4, 2, 3, 5, 6, 7, 8)))
     k = Knobs(heads=heads, kv_heads=kv, head_dim=draw(st.sampled_from((2, 4))), n_layers=draw(st.integers(1, 3)),
-              vocab=draw(st.sampled_from((8, 4, 6, 12, 16, 32))), multiple_of=draw(st.sampled_from((2, 4, 8, 16))),
-              eps_exp=draw(st.sampled_from((5, 6))), tie=draw(st.booleans()), sp=not draw(st.booleans()),
+              vocab=draw(st.integers(8, 33) | st.integers(2, 7)),
+              multiple_of=draw(st.sampled_from((2, 1, 4, 8, 16))),
+              eps_exp=draw(st.sampled_from((5, 6))), tie=draw(st.booleans()), sp=sp,
               loss_parallel=not draw(st.booleans()), seq=seq, batch=draw(st.integers(1, 2)),
               ignored=draw(st.integers(0, seq - 1)), seed=draw(st.integers(0, 2**16 - 1)))
     return case.with_data("torchtitan", None if k == Knobs() else k)
@@ -101,6 +108,9 @@ def _check(case: Case, v: Knobs, where: str) -> None:
     check_cuts(case, v.layers, f"{where}.layers")
     if v.heads % v.kv_heads:
         raise SpecError(f"{where}.kv_heads", f"must divide heads ({v.heads}), got {v.kv_heads}")
+    if v.sp and v.seq % TP:
+        raise SpecError(f"{where}.seq", f"with sequence parallel the sequence length must be a multiple of {TP} "
+                                        f"(torchtitan's Trainer refuses others), got {v.seq}")
     if v.ignored >= v.seq:
         raise SpecError(f"{where}.ignored", f"must leave a label in each sequence of {v.seq}, got {v.ignored}")
 CASE_DATA = DataNamespace("torchtitan", Knobs, {
@@ -109,8 +119,10 @@ CASE_DATA = DataNamespace("torchtitan", Knobs, {
     "preserve_rng": sc.boolean,
     "determinism": lambda v, w: sc.string(v, w, choices=DETERMINISM),
     "heads": _even(2, 8), "kv_heads": _even(2, 8), "head_dim": _even(2, 8),
-    "n_layers": lambda v, w: sc.integer(v, w, 1, 4), "vocab": _even(2, 64), "multiple_of": _even(2, 32),
+    "n_layers": lambda v, w: sc.integer(v, w, 1, 4), "vocab": lambda v, w: sc.integer(v, w, 2, 64),
+    "multiple_of": lambda v, w: sc.integer(v, w, 1, 32),
     "eps_exp": lambda v, w: sc.integer(v, w, 1, 8), "tie": sc.boolean, "sp": sc.boolean,
-    "loss_parallel": sc.boolean, "seq": _even(2, 16), "batch": lambda v, w: sc.integer(v, w, 1, 4),
+    "loss_parallel": sc.boolean, "seq": lambda v, w: sc.integer(v, w, 2, 16),
+    "batch": lambda v, w: sc.integer(v, w, 1, 4),
     "ignored": lambda v, w: sc.integer(v, w, 0, 15), "seed": lambda v, w: sc.integer(v, w, 0, 2**31 - 1),
 }, check=_check)
