@@ -181,7 +181,9 @@ def report_from_json(data: Any, file: str) -> dict[str, Any]:
         if "schema" in data:
             sc.integer(data["schema"], "schema", 1, 1)
         _version(data["torch"], "torch")
-        for name, release in sc.package_ranges(data.get("packages", {}), "packages").items():
+        # The releases installed where the report was made (``{"deepspeed": "0.19.8"}``): versions, not ranges.
+        for name, release in sc.dict_of(data.get("packages", {}), "packages", lambda x, w: x, 8).items():
+            sc.string(name, "packages key", max_len=64, pattern=sc._PACKAGE)
             _version(release, f"packages.{name}")
         opt_text = lambda x, w: x if x is None else sc.string(x, w, max_len=sc.MAX_TEXT)  # noqa: E731
         for i, row in enumerate(sc.array(data["rows"], "rows", 100_000)):
