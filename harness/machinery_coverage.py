@@ -260,16 +260,19 @@ class Meter:
         tracer = self.tracer(family)
         fc = self.families[family]
         result = None
+        _deposited.clear()  # a rank's lines from requests outside any measured run (a probe) are not this run's
         try:
             with tracer:
                 result = fn()
             return result
         finally:
             lines, arcs = tracer.take()
-            child = _detach(result)
-            if child is not None:
-                lines |= {ln for ln in child[0] if ln[0] in tracer.files}
-                arcs |= {a for a in child[1] if a[0] in tracer.files}
+            children = [_detach(result), *_deposited]
+            _deposited.clear()
+            for child in children:
+                if child is not None:
+                    lines |= {ln for ln in child[0] if ln[0] in tracer.files}
+                    arcs |= {a for a in child[1] if a[0] in tracer.files}
             fresh = lines - fc.lines
             self.new_lines += len(fresh)
             self._case |= lines
@@ -312,11 +315,14 @@ def combine(snapshots: Iterable[dict[str, Any]]) -> dict[str, FamilyCoverage]:
 # --- worker processes ------------------------------------------------------
 #
 # Some paths run their case in a child process (``harness.workers.isolation``:
-# the compile flavours, the graphed paths). A child started while this
-# variable is set traces every family's machinery around each case and hands
-# its lines back in ``Observation.extra[EXTRA_KEY]``; the parent's ``Meter``
-# takes them out again (so nothing downstream sees them) and keeps those in
-# the family's own files.
+# the compile flavours, the graphed paths) or on the ranks of a worker pool
+# (``harness.workers.pool``: pipeline, dtensor, ddp, fsdp2, mesh, ...). A
+# child started while this variable is set traces every family's machinery
+# around each case (each request, on a rank) and hands its lines back under
+# ``EXTRA_KEY``: in ``Observation.extra``, or in the rank's reply, which the
+# pool takes out at once and ``deposit``s here. The parent's ``Meter`` takes
+# them (so nothing downstream sees them) and keeps those in the family's own
+# files. Ranks under torchrun (``TorchrunGroup``) are not traced.
 
 ENV = "GRADFUZZ_MACHINERY_COVERAGE"
 EXTRA_KEY = "machinery_coverage"
@@ -328,6 +334,17 @@ def request_in_children(on: bool = True) -> None:
         os.environ[ENV] = "1"
     else:
         os.environ.pop(ENV, None)
+
+
+# How much longer a traced rank may take before its request counts as hung: tracing
+# slows a rank's Python several times over, and a false "timeout" finding (a dtensor
+# case past its 10 s on a loaded 2-core host) is worse than a late true one.
+SLOWDOWN = 4.0
+
+
+def slowdown() -> float:
+    """The factor on a worker pool's request timeout: ``SLOWDOWN`` while ranks trace, else 1."""
+    return SLOWDOWN if os.environ.get(ENV) else 1.0
 
 
 _child: list[Tracer | None] = []
@@ -350,6 +367,21 @@ def attach(extra: dict[str, Any], tracer: Tracer) -> None:
 def _detach(result: Any) -> tuple[list[Line], list[Arc]] | None:
     extra = getattr(result, "extra", None)
     if isinstance(extra, dict) and EXTRA_KEY in extra:
-        lines, arcs = extra.pop(EXTRA_KEY)
-        return [tuple(x) for x in lines], [tuple(x) for x in arcs]  # type: ignore[misc]
+        return _pop(extra)
     return None
+
+
+def _pop(d: dict[str, Any]) -> tuple[list[Line], list[Arc]]:
+    lines, arcs = d.pop(EXTRA_KEY)
+    return [tuple(x) for x in lines], [tuple(x) for x in arcs]  # type: ignore[misc]
+
+
+_deposited: list[tuple[list[Line], list[Arc]]] = []  # ranks' lines since the measured run began
+
+
+def deposit(reply: dict[str, Any]) -> None:
+    """Take a rank's lines out of its reply (the family's code never sees
+    them) and keep them for the ``Meter`` measuring the current run."""
+    if EXTRA_KEY in reply:
+        _deposited.append(_pop(reply))
+        del _deposited[:-256]  # bounded when nothing measures (a probe, a run without --coverage's meter)

@@ -14,6 +14,7 @@ non-zero rank under torchrun, fed by broadcasts from rank 0) and ``handle``
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.workers import gpu, lifeline
@@ -167,10 +169,14 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
             break
         if msg.get("op") == "stop":
             break
+        tracer = child_tracer()  # --coverage: the machinery lines this request reached go back with the reply
         try:
-            reply = handle(ctx, msg)
+            with tracer if tracer is not None else contextlib.nullcontext():
+                reply = handle(ctx, msg)
         except Exception as e:
             reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        if tracer is not None:
+            attach(reply, tracer)
         lost = gpu.device_error(ctx.device)
         if lost:
             reply["device_lost"] = lost

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, NoReturn
 
+from harness.machinery_coverage import deposit, slowdown
 from harness.materialize import workarounds
 from harness.workers import host
 from harness.workers.stillness import POLL, WINDOW, Stillness
@@ -169,7 +170,10 @@ class WorkerPool:
         self.start()
         self._next_id += 1
         msg = dict(msg, id=self._next_id, workarounds=workarounds.in_force_now())
-        outcome = self._gather(msg, timeout, send=True)
+        outcome = self._gather(msg, timeout * slowdown(), send=True)
+        for reply in outcome.replies.values():  # --coverage: the ranks' lines, kept for the caller's Meter
+            if isinstance(reply, dict):
+                deposit(reply)
         outcome, lost = lost_device(outcome)
         if outcome.status != "ok" or lost:
             self.close()

@@ -150,3 +150,40 @@ def test_a_bad_coverage_mode_is_refused():
 
     with pytest.raises(ValueError):
         Session(save_dir=None, coverage="lines")
+
+
+def test_a_ranks_lines_come_back_with_its_reply_and_count_for_the_run_that_sent_the_request():
+    meter = mc.Meter()
+    stale = {mc.EXTRA_KEY: ([(tc.__file__, 1)], [])}
+    mc.deposit(stale)  # a request outside any measured run (a probe): not the next run's
+    known = _line_of(tc.checkpoint, "if use_reentrant is None")
+
+    def run():
+        reply = {"grads": 1, mc.EXTRA_KEY: ([(tc.__file__, known)], [(tc.__file__, -1, known)])}
+        mc.deposit(reply)  # what WorkerPool.request does with every rank's reply
+        assert reply == {"grads": 1}  # the family's code never sees the lines
+        return reply
+
+    meter.measure("checkpoint", run)
+    assert meter.families["checkpoint"].lines == {(tc.__file__, known)}
+
+
+def test_pipeline_ranks_trace_in_their_own_process(monkeypatch):
+    from harness.engine.session import Session, fuzz
+    from harness.paths import close_paths, resolve
+    from harness.workers import pool
+
+    monkeypatch.delenv(mc.ENV, raising=False)
+    s = Session(save_dir=None, coverage="measure")  # before the pool starts: its ranks inherit the request
+    for g in list(pool.groups.values()):
+        g.close()  # a pool an earlier test started does not trace; the next request starts a fresh one
+    paths = resolve("pipeline.GPipe.stock")
+    try:
+        fuzz(paths, examples=3, seed=1, session=s)
+    finally:
+        close_paths(paths)
+        for g in list(pool.groups.values()):
+            g.close()  # nor should the next test get this tracing pool
+    fc = s.meter.families["pipeline"]
+    assert fc.examples == 3
+    assert any(f.endswith(os.path.join("pipelining", "schedules.py")) for f, _ in fc.lines), sorted(fc.lines)[:5]
