@@ -46,6 +46,11 @@ class Bug:
     # ``misuse``: a use the stack's docs do not support that it silently gets
     # wrong (harness.observation.FINDING_CLASSES); listed apart in reports.
     finding_class: str = BUG_CLASS
+    # ``workaround``: the bug's signatures depend on the case's numbers (tensors
+    # swapped between microbatches), so the recorded ones cannot be complete;
+    # the gate files a new divergence on its path under it when its workaround
+    # removes it (``harness.gate.run.claim_new``). ``signature``: by signature only.
+    claims: str = "signature"
 
     def covers(self, path: str) -> bool:
         return covers(self.path, path)
@@ -94,7 +99,8 @@ def first(hits: list[Bug], version: str | None) -> Bug | None:
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BUG_FIELDS = ("id", "path", "torch", "packages", "summary", "upstream", "cases", "signatures", "workaround",
-               "finding_class")
+               "finding_class", "claims")
+CLAIMS = ("signature", "workaround")
 MAX_BUGS = 10_000
 
 
@@ -133,8 +139,12 @@ def from_json(data: Any, file: str) -> Ledger:
             wa = sc.string(b.get("workaround", NO_WORKAROUND), f"{where}.workaround",
                            choices=(NO_WORKAROUND, *workarounds.EFFECTS))
             cls = corpus_finding_class(b.get("finding_class", BUG_CLASS), f"{where}.finding_class")
+            claims = sc.string(b.get("claims", CLAIMS[0]), f"{where}.claims", choices=CLAIMS)
+            if claims == "workaround" and wa == NO_WORKAROUND:
+                raise SpecError(f"{where}.claims", "claims \"workaround\" needs a workaround other than \"none\": "
+                                "the gate files a new divergence under this bug only where its workaround removes it")
             bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa, "packages": packages,
-                               "finding_class": cls}))
+                               "finding_class": cls, "claims": claims}))
     except SpecError as e:
         if not e.where:
             raise CorpusError(file, "expected a JSON object with gradfuzz_ledger and bugs") from None
@@ -223,6 +233,8 @@ def _entry(bug: Bug) -> dict[str, Any]:
     out = {k: list(v) if isinstance(v, tuple) else v for k, v in bug.__dict__.items()}
     if out["finding_class"] == BUG_CLASS:
         del out["finding_class"]
+    if out["claims"] == CLAIMS[0]:
+        del out["claims"]
     packages = out.pop("packages")
     return {**out, "packages": dict(packages)} if packages else out
 

@@ -28,6 +28,8 @@ EFFECTS = {
                            "by a contiguous clone",
     # A misuse finding's fix (docs/gate.md "Misuse findings"): a path that makes them applies it itself.
     "documented-drive": "drive the stack as its docs say: the same case without the misuse",
+    # Megatron's answer to NVIDIA/Megatron-LM#750 (pipeline size 2): its paths apply it themselves.
+    "paired-p2p": "run megatron's pipeline schedule with batch_p2p_comm off (paired isend/irecv, not batch_isend_irecv)",
 }
 
 

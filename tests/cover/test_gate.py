@@ -84,6 +84,43 @@ def test_known_means_the_workaround_removes_it(tmp_path, workaround, status):
     assert report.failed is (status == "resembles")
 
 
+@pytest.mark.parametrize("claims, workaround, status", [
+    ("workaround", "clone-grads", "known"),  # its workaround removes it: that bug, whatever the signature
+    ("workaround", "optimizer-for-loop", "new"),  # another bug's workaround leaves it wrong: still new
+    ("signature", "clone-grads", "new"),  # an entry that claims by signature only takes nothing unrecorded
+])
+def test_a_bug_that_claims_by_workaround_takes_a_new_signature_its_workaround_removes(tmp_path, claims, workaround,
+                                                                                      status):
+    """megatron's PP=2 batched-p2p swap shows a new signature on most new cases
+    (the swapped tensors mix microbatches); its entry claims by workaround, so
+    the gate files an unrecorded divergence under it only where its workaround
+    removes it, and otherwise the row stays new and fails the gate."""
+    cases, led = _ledger_world(tmp_path, "eager/accumulategrad_stack_alias.json", {
+        "id": "steal", "path": "eager.accumulate", "torch": f">={V}", "summary": "view steal",
+        "workaround": workaround, "claims": claims})
+    data = json.load(open(led))
+    data["bugs"][0]["cases"] = []  # the case is in the corpus, its signature in no entry
+    open(led, "w").write(json.dumps(data))
+    report = gate.run_gate(resolve("eager.accumulate"), corpus_dirs=[cases], ledger_file=led, minutes=0,
+                           run_selfcheck=False)
+    got = {(r.status, r.bug) for r in report.rows}
+    assert got == {(status, "steal" if status == "known" else None)}, [r.detail for r in report.rows]
+    assert report.failed is (status == "new")
+    if status == "known":
+        assert "claimed by steal" in report.rows[0].detail
+
+
+def test_an_entry_that_claims_by_workaround_needs_one(tmp_path):
+    from harness.gate import ledger as ledger_mod
+
+    led = tmp_path / "ledger.json"
+    led.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [
+        {"id": "b", "path": "eager.accumulate", "torch": ">=2.0", "summary": "s", "claims": "workaround"}]}))
+    with pytest.raises(Exception) as e:
+        ledger_mod.load(str(led))
+    assert "bugs[0].claims" in str(e.value) and str(led) in str(e.value)
+
+
 class _SecondBug:
     """eager.accumulate with a second bug the view steal's workaround cannot
     remove: ``where="same"`` zeroes every grad after backward 1 (where the

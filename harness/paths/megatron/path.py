@@ -12,6 +12,8 @@ micro-steps, undone by the grad outputs each rank is given, ``rank``).
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
+from typing import Any
 
 from harness.case.spec import Case
 from harness.observation import GRAD_NONE, Observation
@@ -172,6 +174,39 @@ class MegatronPipePath(PooledPath):
 
     def repro(self, case: Case) -> Repro:
         return replay_only(self.name)
+
+    def with_workaround(self, name: str) -> Any | None:
+        """``paired-p2p``: the same case with ``batch_p2p_comm`` off, the fix
+        megatron's maintainers give for pipeline size 2 (NVIDIA/Megatron-LM#750),
+        so the gate can tell that bug by what removes it."""
+        return PairedP2p(self) if name == PAIRED_P2P else None
+
+
+PAIRED_P2P = "paired-p2p"
+
+
+class PairedP2p:
+    """A pipeline path with ``paired-p2p`` in force: its name, contract and
+    cases, each run with ``batch_p2p`` off (and so without ``overlap_p2p``,
+    which needs it off already)."""
+
+    def __init__(self, path: MegatronPipePath) -> None:
+        self.path, self.name, self.contract = path, path.name, path.contract
+
+    def availability(self) -> Availability:
+        return self.path.availability()
+
+    def _paired(self, case: Case) -> Case:
+        return case.with_data("megatron", replace(knobs(case), batch_p2p=False))
+
+    def supports(self, case: Case) -> str | None:
+        return self.path.supports(self._paired(case))
+
+    def run(self, case: Case) -> Observation:
+        return self.path.run(self._paired(case))
+
+    def repro(self, case: Case) -> Repro:
+        return self.path.repro(case)
 
 
 VPP_CHUNKS = 2
