@@ -66,6 +66,8 @@ def test_rules_exclude_what_the_generator_cannot_draw():
     assert pairs.excluded(("schedule:mode=tolerance", "training:optimizer=rprop"))
     assert pairs.excluded(("op:attention", "schedule:mode=tolerance")) is None
     assert pairs.excluded(("op:embedding", "schedule:mode=exact")) is None
+    assert pairs.excluded(("knob:placement:shard0", "op:index"))  # the placements draw keeps to_local there
+    assert pairs.excluded(("knob:placement:shard0", "op:matmul")) is None
 
 
 @pytest.fixture(scope="module")
