@@ -207,8 +207,8 @@ def test_a_tp_observation_leaves_the_core_case_unobserved_and_reports_each_grad_
 def test_the_tolerance_sits_far_below_a_missing_reduction():
     from harness.paths.torchtitan.tp_rank import _tolerance
 
-    # a grad of scale 1 whose float32 eager error is 1e-7: a half (one rank's share) is 5000x the tolerance
-    assert 0.5 / _tolerance(1e-7, 1.0, 1.0) > 1000
+    # a grad of scale 1 whose float32 eager error is 1e-7: a half (one rank's share) is ~1000x the tolerance
+    assert 0.5 / _tolerance(1e-7, 1.0, 1.0) > 500
 
 
 @needs_torchtitan

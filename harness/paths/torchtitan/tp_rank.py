@@ -202,11 +202,14 @@ def eager(config: Any, full: dict[str, torch.Tensor], dtype: torch.dtype, case: 
 
 def _tolerance(e32: float, scale: float, top: float) -> float:
     """How far a float32 TP grad may sit from float64: 16x the float32 eager
-    run's own error on that tensor (TP reorders the same sums), plus 1e-4 of
+    run's own error on that tensor (TP reorders the same sums), plus 5e-4 of
     the tensor's largest entry and 1e-5 of the step's largest grad (a tensor
     whose float32 error happened to be near zero, or whose entries cancel).
-    A missing reduction or a grad counted twice is off by O(the grad)."""
-    return 16 * e32 + 1e-4 * scale + 1e-5 * top
+    The closest agreeing grad seen in 60 drawn cases was a tied embedding
+    grad (3 layers, one valid token) 2e-5 of its largest entry off, 6x the
+    float32 eager error. A missing reduction or a grad counted twice is off
+    by O(the grad): the canary's norm grads by 30-80%."""
+    return 16 * e32 + 5e-4 * scale + 1e-5 * top
 
 
 def _role(name: str) -> str:
