@@ -94,6 +94,7 @@ def main() -> int:
                       f"{len(row.get('signatures', []))} signature(s)", flush=True)
                 if "error" in row:
                     print(f"  run failed: {row['error']}", flush=True)
+                _write(args.json, rows)  # after every run: a long benchmark stopped early keeps what it ran
             if "measure" in by_mode and "guide" in by_mode:
                 g, u = set(by_mode["guide"].get("signatures", [])), set(by_mode["measure"].get("signatures", []))
                 by_mode["guide"]["only_guided"] = sorted(g - u)
@@ -102,10 +103,14 @@ def main() -> int:
             if "off" in by_mode and "measure" in by_mode and by_mode["off"]["cpu_s"]:
                 print(f"  tracer overhead (CPU, measure/off): {by_mode['measure']['cpu_s'] / by_mode['off']['cpu_s']:.2f}x",
                       flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    _write(args.json, rows)
     return 0
+
+
+def _write(file: str | None, rows: list[dict[str, Any]]) -> None:
+    if file:
+        with open(file, "w") as fh:
+            json.dump(rows, fh, indent=1)
 
 
 if __name__ == "__main__":
