@@ -89,7 +89,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
                     counts=counts, findings=extra.get("details", {}),
                     workers=extra.get("workers", 1),
                     coverage={f: {"lines": len(c.lines), "of": c.total, "files": c.files, "arcs": len(c.arcs),
-                                  "traced_runs": c.examples} for f, c in sorted(coverage.items())} or None,
+                                  "traced_runs": c.examples, "reached": c.to_json()["lines"]}
+                              for f, c in sorted(coverage.items())} or None,
                     seconds=round(extra.get("seconds", 0.0), 3), cpu_s=round(extra.get("cpu_s", 0.0), 3))
         from harness.artifacts.corpus import atomic_write
 

@@ -107,6 +107,8 @@ def test_the_summary_and_the_json_show_machinery_coverage_only_when_asked(tmp_pa
     assert 0 < int(m.group(1)) < int(m.group(2))
     assert data["coverage"]["checkpoint"]["lines"] == int(m.group(1))
     assert data["coverage"]["checkpoint"]["traced_runs"] == 20
+    reached = data["coverage"]["checkpoint"]["reached"]
+    assert sum(len(v) for v in reached.values()) == int(m.group(1)) and tc.__file__ in reached
     plain, plain_data = _fuzz(tmp_path, name="plain.json")
     assert "machinery coverage" not in plain.stdout and plain_data["coverage"] is None
     # tracing changes no draw: the same examples and findings
