@@ -14,7 +14,7 @@ from harness.paths.torchtitan.data import CASE_DATA
 
 FAMILY = Family(
     "torchtitan",
-    paths=lazy("harness.paths.torchtitan.path:paths"),
+    paths=lazy("harness.paths.torchtitan.factory:paths"),
     canaries=lazy("harness.paths.torchtitan.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/torchtitan/README.md",

@@ -131,9 +131,7 @@ def _storages(values: Any) -> set[int]:
     return out
 
 
-def paths(options: Options) -> list[Any]:
-    from harness.paths.torchtitan import tp
-
+def fsdp_paths(options: Options) -> list[Any]:
+    """The FSDP2 / AC / compile variants (``factory.paths`` adds the TP one)."""
     return [TorchtitanPath(f"torchtitan.{v}.stock", ac, compiled, STOCK, options.world_size,
-                           max(options.timeout, 60.0), options.backend) for v, (ac, compiled) in VARIANTS.items()] + \
-        tp.paths(options.world_size, options.timeout, options.backend)
+                           max(options.timeout, 60.0), options.backend) for v, (ac, compiled) in VARIANTS.items()]
