@@ -26,7 +26,7 @@ from harness.observation import Failure, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Repro
 from harness.paths.engine_rules import engine_owned, replay_only
 from harness.paths.pooled import PooledPath
-from harness.paths.torchtitan.data import LLAMA, knobs
+from harness.paths.torchtitan.data import LLAMA
 
 STOCK = "stock"
 
