@@ -167,8 +167,8 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
         # optimizer steps on), not by .grad on the way, which the loop's own
         # calls may move (gas1_manual: every backward is the engine's boundary).
         mid_window = stage in MID_WINDOW and low is None and not misuse
-        engine, returned, stepped = _engine(case, built, stage, ctx, config_gas(case, drive == NOSYNC))
         scale = config_gas(case, drive == NOSYNC)  # the engine divides by its accumulation steps
+        engine, returned, stepped = _engine(case, built, stage, ctx, scale)
         with _told() as told:
             for k in range(case.schedule.backwards):
                 boundary = k % gas == gas - 1
@@ -187,25 +187,9 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                 if fault is not None:
                     fault.before_backward(engine, k % gas)
                 if live:
-                    loss = sum((o * c).sum() for o, c in live) * scale
-                    if drive == TORCH:
-                        loss.backward()  # the engine's output hooks divide by its accumulation steps
-                    elif misuse == "backward_twice":
-                        engine.backward(loss / 2, retain_graph=True)
-                        engine.backward(loss / 2)
-                    else:
-                        with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
-                            engine.backward(loss)
-                try:
-                    facts = _facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window)
-                except Exception as e:
-                    if not misuse:
-                        raise
-                    # safe_get_full_grad refused the read (ZeRO 2 after a step() the engine did not count
-                    # as a boundary), not the loop: the grads are out of sight here; the step count still shows.
-                    facts = _facts(case, built, k, engine, stage, False, inputs, outs, False)
-                    facts["unreadable"] = f"{type(e).__name__}: {e}"[:300]
-                out["steps"].append(facts)
+                    _backward(engine, sum((o * c).sum() for o, c in live) * scale, drive, misuse, boundary)
+                out["steps"].append(_step_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window,
+                                                misuse))
                 if boundary or drive in (AUTO, TORCH) and misuse not in ONE_STEP_A_WINDOW:
                     engine.step()
                 out["steps"][-1]["optimizer_steps"] = stepped[0]
@@ -217,6 +201,34 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
         else:
             out["failure"] = rank_failure(k, e)
     return out
+
+
+def _backward(engine: Any, loss: torch.Tensor, drive: str, misuse: str, boundary: bool) -> None:
+    """One micro-step's backward as the drive (or the drawn misuse) calls it."""
+    if drive == TORCH:
+        loss.backward()  # the engine's output hooks divide by its accumulation steps
+    elif misuse == "backward_twice":
+        engine.backward(loss / 2, retain_graph=True)
+        engine.backward(loss / 2)
+    else:
+        with engine.no_sync() if drive == NOSYNC and not boundary else contextlib.nullcontext():
+            engine.backward(loss)
+
+
+def _step_facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: bool, inputs: list,
+                outs: Any, mid_window: bool, misuse: str) -> dict[str, Any]:
+    """What this rank sees after backward ``k``. Under a misuse,
+    safe_get_full_grad may refuse the read (ZeRO 2 after a step() the engine
+    did not count as a boundary): that is not the loop's doing, so the grads
+    are out of sight here and the step count still shows."""
+    try:
+        return _facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window)
+    except Exception as e:
+        if not misuse:
+            raise
+        facts = _facts(case, built, k, engine, stage, False, inputs, outs, False)
+        facts["unreadable"] = f"{type(e).__name__}: {e}"[:300]
+        return facts
 
 
 NOT_ABOUT_THE_LOOP = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
