@@ -259,20 +259,7 @@ def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
         dist_utils.set_spmd_backend("partial_dtensor")
         k = knobs(case)
         fault = load_object(impl, "torchtitan impl") if impl != STOCK else None
-        config = sharded_config(k, ctx.world_size)
-        model = config.build()
-        if fault is not None and hasattr(fault, "before_parallelize"):
-            fault.before_parallelize(model, k)
-        dims = parallelize(model, config, ctx, k)
-        model.init_states()  # as the trainer does after parallelize: re-ties a tied embedding and head
-        if k.tie and model.tok_embeddings.weight is not model.lm_head.weight:
-            out["violations"].append({"k": -1, "what": "tok_embeddings.weight", "key": "weight tying lost",
-                                      "detail": "enable_weight_tying: tok_embeddings.weight is not lm_head.weight "
-                                                "after parallelize_llama and init_states"})
-        full = weights(llama_config(k).build(), k.seed)
-        load(model, full)
-        if fault is not None and hasattr(fault, "after_parallelize"):
-            fault.after_parallelize(model, k)
+        model, dims, full = _parallel_model(ctx, k, fault, out["violations"])
         data = batches(case, k)
         want = eager(llama_config(k), full, torch.float64, case, data)
         f32 = eager(llama_config(k), full, torch.float32, case, data)
@@ -289,9 +276,7 @@ def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
                     pred = pred.to_local()
                 loss, _ = loss_fn(pred, y, tokens)
                 loss.backward()
-            got = {n: None if p.grad is None else
-                   (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().to(torch.float64)
-                   for n, p in params.items()}
+            got = _full_grads(params)
             out["violations"] += compare(j, got, want[j], f32[j])
             out["margin"] = max(out["margin"], _margin(got, want[j], f32[j]))
             out["steps"] += 1
@@ -303,6 +288,36 @@ def run_case(ctx: Rank, case: Case, impl: str) -> dict[str, Any]:
 
             dist_utils.set_spmd_backend(backend)
     return out
+
+
+def _parallel_model(ctx: Rank, k: Any, fault: Any, violations: list[dict[str, Any]]) -> tuple[Any, Any, dict]:
+    """torchtitan's Llama for the knobs, parallelized as the trainer does and
+    loaded with the case's weights (``full``, what the eager runs load too);
+    a tie parallelize lost goes to ``violations``."""
+    config = sharded_config(k, ctx.world_size)
+    model = config.build()
+    if fault is not None and hasattr(fault, "before_parallelize"):
+        fault.before_parallelize(model, k)
+    dims = parallelize(model, config, ctx, k)
+    model.init_states()  # as the trainer does after parallelize: re-ties a tied embedding and head
+    if k.tie and model.tok_embeddings.weight is not model.lm_head.weight:
+        violations.append({"k": -1, "what": "tok_embeddings.weight", "key": "weight tying lost",
+                           "detail": "enable_weight_tying: tok_embeddings.weight is not lm_head.weight "
+                                     "after parallelize_llama and init_states"})
+    full = weights(llama_config(k).build(), k.seed)
+    load(model, full)
+    if fault is not None and hasattr(fault, "after_parallelize"):
+        fault.after_parallelize(model, k)
+    return model, dims, full
+
+
+def _full_grads(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor | None]:
+    """Every parameter's whole grad in float64 (a DTensor's gathered), None where it has none."""
+    from torch.distributed.tensor import DTensor
+
+    return {n: None if p.grad is None else
+            (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().to(torch.float64)
+            for n, p in params.items()}
 
 
 def _margin(got: dict[str, Any], want: dict[str, torch.Tensor], f32: dict[str, torch.Tensor]) -> float:
