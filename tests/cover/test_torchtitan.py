@@ -235,11 +235,11 @@ def test_the_cpu_attention_is_causal_sdpa_on_both_sides_and_the_reference_keeps_
     reference alike, and is causal attention; the reference's complex RoPE
     cache survives its cast to float64 (``Module.to(float64)`` would cast it
     to real: the harness bug that made this path's first run diverge everywhere)."""
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-
     from harness.paths.torchtitan import cpu, tp_rank
 
-    cpu.without_triton()
+    cpu.without_triton()  # before torchtitan's model imports, which reach for triton
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
     k = Knobs(heads=2, kv_heads=2, head_dim=4, seq=4)
     for config in (tp_rank.llama_config(k), tp_rank.sharded_config(k, 2)):
         assert all(isinstance(b.attention.inner_attention, ScaledDotProductAttention) for b in config.build().layers.values())
