@@ -229,7 +229,7 @@ class IsolatedPath:
         idle before it is sent the next case."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None and self._proc is not None:
-            reply = self._recv(max(self.timeout - (time.monotonic() - ahead[2]), 0.001))
+            reply = self._recv(self._left(ahead))
             if not (isinstance(reply, tuple) and reply[:1] == ("obs",) and reply[2]):
                 self._kill()
 
@@ -238,20 +238,19 @@ class IsolatedPath:
             self._kill()
             self._start()
 
+    def _left(self, ahead: tuple[Case, str | None, float]) -> float:
+        """What is left of the timeout of a case sent at ``ahead[2]``."""
+        return max(self.timeout - (time.monotonic() - ahead[2]), 0.001)
+
     def run(self, case: Case, path_name: str | None = None) -> Observation:
         ahead = self._ahead
-        if ahead is not None and ahead[0] is case and ahead[1] == path_name:
-            self._ahead = None
-            reply = self._recv(max(self.timeout - (time.monotonic() - ahead[2]), 0.001))
-        else:
-            self._drain()
-            self._ensure_child()
-            self._log_mark()
-            try:
-                self._send(self._message(case))
-                reply = self._recv(self.timeout)
-            except (BrokenPipeError, OSError):
-                reply = None
+        if ahead is None or ahead[0] is not case or ahead[1] != path_name:
+            self.submit(case, path_name)  # not submitted ahead: sent now (what was pending is drained first)
+        ahead, self._ahead = self._ahead, None
+        try:
+            reply = self._recv(self._left(ahead)) if ahead is not None else None  # None: the send failed
+        except (BrokenPipeError, OSError):
+            reply = None
         return self._reply(reply)
 
     def _reply(self, reply: Any) -> Observation:
