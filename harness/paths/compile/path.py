@@ -376,13 +376,10 @@ class FlavorWorker(IsolatedPath):
     def _message(self, case: Case, path_name: str | None = None) -> tuple:
         return super()._message(case, self._flavor)
 
-    def submit_on(self, name: str, case: Case) -> bool:
-        """Start ``case`` on flavour ``name`` unless this child is busy with another."""
-        if self.pending():
-            return False
+    def submit_on(self, name: str, case: Case) -> None:
+        """Start ``case`` on flavour ``name`` (``IsolatedPath.submit``)."""
         self._flavor = name
         self.submit(case, name)
-        return True
 
     def run_on(self, name: str, case: Case) -> Observation:
         self._flavor = name
