@@ -126,3 +126,19 @@ CASE_DATA = DataNamespace("torchtitan", Knobs, {
     "batch": lambda v, w: sc.integer(v, w, 1, 4),
     "ignored": lambda v, w: sc.integer(v, w, 0, 15), "seed": lambda v, w: sc.integer(v, w, 0, 2**31 - 1),
 }, check=_check)
+
+
+def trainer_refusal(case: Case) -> str | None:
+    """What torchtitan's trainer owns, for every path of the family: the
+    engine's parts, the optimizer step and clipping (grads are compared, not
+    a step), and the grads at a step's start (train_step zeroes them)."""
+    from harness.paths.engine_rules import engine_owned
+
+    s = case.schedule
+    if reason := engine_owned(case, "torchtitan's trainer"):
+        return reason
+    if s.optimizer or s.clip:
+        return "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
+    if s.grad_init != "none" or s.zero_grad == "keep":
+        return "torchtitan's train_step zeroes every grad at the start of each step (no prefilled or kept grads)"
+    return None

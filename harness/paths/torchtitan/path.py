@@ -24,9 +24,9 @@ from harness.case.spec import Case
 from harness.observation import Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
+from harness.paths.engine_rules import exact_mean, replay_only
 from harness.paths.pooled import PooledPath
-from harness.paths.torchtitan.data import KNOBS, knobs
+from harness.paths.torchtitan.data import KNOBS, knobs, trainer_refusal
 
 STOCK = "stock"
 # variant -> (activation checkpointing policy, per-block compile), torchtitan's
@@ -59,13 +59,8 @@ class TorchtitanPath(PooledPath):
                                                              f"{', compiled per block' if self.compiled else ''}")
 
     def supports(self, case: Case) -> str | None:
-        s = case.schedule
-        if reason := engine_owned(case, "torchtitan's trainer"):
+        if reason := trainer_refusal(case):
             return reason
-        if s.optimizer or s.clip:
-            return "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
-        if s.grad_init != "none" or s.zero_grad == "keep":
-            return "torchtitan's train_step zeroes every grad at the start of each step (no prefilled or kept grads)"
         if case.dtype != "float32":
             return "torchtitan's FSDP mixed precision takes float32 or bfloat16 parameters, not float64"
         if self.ac != "none" and not knobs(case).preserve_rng and draws_random(case):

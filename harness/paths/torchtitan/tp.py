@@ -24,9 +24,9 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Failure, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Repro
-from harness.paths.engine_rules import engine_owned, replay_only
+from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
-from harness.paths.torchtitan.data import LLAMA
+from harness.paths.torchtitan.data import LLAMA, trainer_refusal
 
 STOCK = "stock"
 
@@ -53,14 +53,9 @@ class TorchtitanTPPath(PooledPath):
         return Availability(True, base.reason.replace("torchtitan FSDP2, AC none", "torchtitan Llama3, TP/SP plan"))
 
     def supports(self, case: Case) -> str | None:
-        s = case.schedule
-        if reason := engine_owned(case, "torchtitan's trainer"):
+        if reason := trainer_refusal(case):
             return reason
-        if s.optimizer or s.clip:
-            return "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
-        if s.grad_init != "none" or s.zero_grad == "keep":
-            return "torchtitan's train_step zeroes every grad at the start of each step (no prefilled or kept grads)"
-        if s.param_hooks:
+        if case.schedule.param_hooks:
             return "parameter hooks belong to the core case's parameters, which the Llama does not have"
         return None
 
