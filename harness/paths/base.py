@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 from harness.generate import Draw
 from harness.materialize.schedule import Observe
 from harness.case.spec import Case
-from harness.observation import (HOOK_FIRING, HOOK_KEPT, LIFETIME, MUTATION, PLACEMENT, RECOMPUTATION, RNG_STATE,
-                                  Observation)
+from harness.observation import (HOOK_FIRING, HOOK_KEPT, LAYOUT, LIFETIME, MUTATION, OPTIMIZER_STATE, PLACEMENT,
+                                  RECOMPUTATION, RETAINED, RNG_STATE, Observation)
 
 # Blind spots several families share, each reason written once. A family
 # composes its ``Contract.blind`` from these and its own.
@@ -28,12 +28,32 @@ PLAIN_GRADS = (PLACEMENT, "one process and plain tensors: a grad has no placemen
                           "collective")
 RNG_NOT_COMPARED = (RNG_STATE, "not compared yet: this family's loop does not record the RNG state after its call "
                               "(issue 33 item 3; the eager, split and checkpoint paths do)")
+# Parameter hooks are drawn only with lifetime schedules (``engine_rules.lifetime_schedule``).
+NO_PARAM_HOOKS = (HOOK_KEPT, "parameter hooks come with lifetime schedules, drawn for the graphed paths only "
+                             "(lifetime_schedule refuses them here)")
+# The third-party stacks' grads are read whole through their own accessors.
+FULL_VALUES = (PLACEMENT, "grads are read whole through the stack's own accessor (safe_get_full_grad, main_grad, "
+                          "full_tensor()): placements and collectives are not compared")
+# Pipeline schedules (pipeline.*, mesh.pp_dp.*) refuse a clip or optimizer step after step().
+NO_STEP_AFTER_SCHEDULE = (OPTIMIZER_STATE, "the schedule's step() ends at the grads: a clip or optimizer step after "
+                                           "it is refused")
 # The rank loops (dtensor, ddp, fsdp2) build their own microbatch loop, not run_schedule's.
 RANK_LOOP = (
     (HOOK_KEPT, "the rank loop registers no parameter hooks (lifetime schedules are not drawn for rank families)"),
     (HOOK_FIRING, "the rank loop does not count the case's tensor hooks per backward"),
     (MUTATION, "the rank loop holds no user tensors between backwards (run_schedule's Held is single-process)"),
     (LIFETIME, "the rank loop watches no saved tensors: a rank's graph lifetime is not checked"),
+)
+# What a third-party stack's rank loop cannot show, besides its own reasons.
+STACK_LOOP = (*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED, FULL_VALUES)
+# A contract switch that is off already says an observation cannot be made:
+# (switch, observation, why). A family's own reason for it, in
+# ``Contract.blind``, is kept in place of this one.
+IMPLIED = (
+    ("retained_grads", RETAINED, "the contract does not promise retained grads (retained_grads=False)"),
+    ("grad_layout", LAYOUT, "the contract does not promise .grad strides (grad_layout=False)"),
+    ("graph_freed", LIFETIME, "the contract does not promise the graph freed after backward (graph_freed=False)"),
+    ("random_ops", RNG_STATE, "random ops are not drawn for this path (random_ops=False): no RNG state to compare"),
 )
 
 
@@ -96,9 +116,15 @@ class Contract:
     # make; compare does not hold it to these.
     blind: tuple[tuple[str, str], ...] = ()
 
+    def blind_spots(self) -> tuple[tuple[str, str], ...]:
+        """The declared blind spots and those the switches imply, each once."""
+        named = {name for name, _ in self.blind}
+        return self.blind + tuple((name, why) for switch, name, why in IMPLIED
+                                  if not getattr(self, switch) and name not in named)
+
     def blind_to(self) -> frozenset[str]:
         """The names of the observations this path cannot make."""
-        return frozenset(name for name, _ in self.blind)
+        return frozenset(name for name, _ in self.blind_spots())
 
     def strategy_flags(self) -> tuple[tuple[str, object], ...]:
         """The generator keywords this contract asks for; paths with equal

@@ -18,9 +18,9 @@ from dataclasses import replace
 from typing import Any
 
 from harness.case.spec import Case
-from harness.observation import GRAD_NONE, MISUSE_CLASS, Observation, Violation
+from harness.observation import GRAD_NONE, MISUSE_CLASS, OPTIMIZER_STATE, Observation, Violation
 from harness.paths.assemble import observation as assemble
-from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.base import STACK_LOOP, Availability, Contract, Options, Repro
 from harness.paths.deepspeed.data import KNOBS, MISUSE, Knobs, knobs
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath
@@ -42,13 +42,17 @@ _WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process
 SAFE_GET_FULL_GRAD_BLIND = (GRAD_NONE, "grads are read with deepspeed.utils.safe_get_full_grad, which assembles them "
                             "from ZeRO's flat fp32 gradient partitions (DeepSpeed docs, ZeRO-3 \"Debugging\": "
                             "safe_get_full_grad); those hold a slice for every parameter, used or not")
+# What the engine's runs cannot show: the rank loop's and its own optimizer.
+BLIND = (SAFE_GET_FULL_GRAD_BLIND, *STACK_LOOP,
+         (OPTIMIZER_STATE, "the engine steps its own optimizer (SGD at learning rate 0 here): the case's training "
+                           "step is not drawn for it"))
 
 
 class DeepSpeedPath(PooledPath):
     # Stage 0 accumulates through eager's AccumulateGrad: where plain
     # .backward() already diverges (accumulategrad-steals-views), so does it.
     contract = Contract(retained_grads=True, draws=(KNOBS,), model_parts=True, judged_against="eager.accumulate",
-                        blind=(SAFE_GET_FULL_GRAD_BLIND,))
+                        blind=BLIND)
 
     def __init__(self, name: str, stage: int, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None, drive: str = "auto") -> None:
@@ -100,7 +104,7 @@ class MisusePath(DeepSpeedPath):
     wrong. One it raises on or warns about is refused (``Observation.extra``)."""
 
     contract = Contract(retained_grads=True, draws=(KNOBS, MISUSE), model_parts=True,
-                        judged_against="eager.accumulate", blind=(SAFE_GET_FULL_GRAD_BLIND,))
+                        judged_against="eager.accumulate", blind=BLIND)
     finding_class = MISUSE_CLASS
 
     def use(self, case: Case) -> str:

@@ -26,10 +26,10 @@ from harness.case.spec import Case
 from harness.generate import Draw
 from harness.materialize.stages import StageSpec, Value, cut, requires_grad
 from harness.materialize.tensors import Built
-from harness.observation import Observation
+from harness.observation import INPUT_GRAD, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.deepspeed.path import SAFE_GET_FULL_GRAD_BLIND, engine_refusal
+from harness.paths.deepspeed.path import BLIND, engine_refusal
 from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 
@@ -127,7 +127,9 @@ class DeepSpeedPipePath(PooledPath):
     # where plain .backward() already diverges (accumulategrad-steals-views
     # over two microbatches), so does the engine.
     contract = Contract(retained_grads=False, draws=(STAGES,), model_parts=True, leaf_input_grads=False,
-                        random_ops=False, judged_against="eager.accumulate", blind=(SAFE_GET_FULL_GRAD_BLIND,))
+                        random_ops=False, judged_against="eager.accumulate",
+                        blind=(*BLIND, (INPUT_GRAD, "train_batch reads the stage inputs from the data iterator and hands "
+                                                    "no input grad back")))
 
     def __init__(self, name: str, stage: int, timeout: float = 60.0, backend: str | None = None) -> None:
         super().__init__(name, 2, timeout, backend)

@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 from harness.case.spec import Case
-from harness.observation import GRAD_NONE, Observation
+from harness.observation import GRAD_NONE, OPTIMIZER_STATE, Observation
 from harness.paths.assemble import observation as assemble
-from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.base import STACK_LOOP, Availability, Contract, Options, Repro
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.megatron.data import KNOBS, PP_KNOBS, VPP_KNOBS, groups, knobs
 from harness.paths.pooled import PooledPath
@@ -43,7 +43,9 @@ class MegatronPath(PooledPath):
                                 "buffer megatron's DistributedDataParallel keeps for every trainable parameter "
                                 "(megatron-core API docs, core.distributed.distributed_data_parallel: \"DDP wrapper "
                                 "which stores grads in contiguous buffers\"), so an unused parameter's grad is a "
-                                "zero slice by design, never None"),))
+                                "zero slice by design, never None"), *STACK_LOOP,
+                               (OPTIMIZER_STATE, "megatron's optimizers check for CUDA tensor types and do not run "
+                                                 "on a CPU: the case's training step is not run for it")))
 
     def __init__(self, name: str, distopt: bool, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

@@ -40,7 +40,8 @@ from harness.case.spec import Case
 from harness.generate import tp_eligible
 from harness.observation import PLACEMENT, Observation
 from harness.paths.assemble import observation
-from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
+from harness.paths.base import (NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, RANK_LOOP, RNG_NOT_COMPARED, Availability,
+                                Contract, Options, Repro)
 from harness.paths.engine_rules import lifetime_schedule, replay_only
 from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, pp_schedule, split
 from harness.paths.mesh.redistribute import shard_to_partial
@@ -200,7 +201,7 @@ class PpDpPath(MeshPath):
     or sharded (FSDP2) over "dp" (``harness.paths.mesh.pp_dp``)."""
 
     contract = Contract(retained_grads=False, draws=(PP_DP,), model_parts=True, random_ops=False,
-                        blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED, NOT_2D_PP))
+                        blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED, NOT_2D_PP, NO_STEP_AFTER_SCHEDULE))
 
     def availability(self) -> Availability:
         if self.broken:

@@ -46,9 +46,10 @@ from typing import Any
 
 import torch
 
-from harness.observation import Failure, Grads, Mutation, Observation, Step, Violation
+from harness.observation import HOOK_FIRING, Failure, Grads, Mutation, Observation, Step, Violation
 from harness.paths.engine_rules import lifetime_schedule
-from harness.paths.base import Availability, Contract, Options, Repro
+from harness.paths.base import (NO_PARAM_HOOKS, NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, PLAIN_GRADS, Availability,
+                                Contract, Options, Repro)
 from harness.paths.pipeline.data import Machinery, stage_cuts
 from harness.paths.pipeline.strategy import layout_draw
 from harness.case.spec import Case
@@ -130,6 +131,14 @@ def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, t
     return _same_rank[key]["self_send"].get(schedule)
 
 
+# What a schedule's run cannot show (the switches add retained grads and the RNG state).
+BLIND = (
+    NO_RECOMPUTATION, PLAIN_GRADS, NO_STEP_AFTER_SCHEDULE, NO_PARAM_HOOKS,
+    (HOOK_FIRING, "the stages' backwards run inside torch's schedule runtime: the case's tensor hooks fire there, "
+                  "uncounted per backward"),
+)
+
+
 class PipelinePath:
     def __init__(self, schedule: str, impl: str, world_size: int = 1, timeout: float = 10.0, name: str = "",
                  backend: str | None = None) -> None:
@@ -157,7 +166,7 @@ class PipelinePath:
     def contract(self) -> Contract:  # type: ignore[override]
         layouts = self.layouts
         return Contract(retained_grads=False, draws=(layout_draw(layouts),) if layouts else (), model_parts=True,
-                        random_ops=False)
+                        random_ops=False, blind=BLIND)
 
     def _layouts(self) -> tuple[tuple[int, int], ...]:
         """The (stages, microbatches) the schedule's constructor takes here."""

@@ -24,6 +24,7 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Failure, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Repro
+from harness.paths.torchtitan.path import BLIND
 from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 from harness.paths.torchtitan.data import LLAMA, trainer_refusal
@@ -34,7 +35,7 @@ STOCK = "stock"
 class TorchtitanTPPath(PooledPath):
     # The core case's retained grads, hooks and outputs are not this path's:
     # its steps leave them unobserved (None), and say so here.
-    contract = Contract(retained_grads=False, draws=(LLAMA,), random_ops=False)
+    contract = Contract(retained_grads=False, draws=(LLAMA,), random_ops=False, blind=BLIND)
 
     def __init__(self, name: str, impl: str = STOCK, world_size: int = 2, timeout: float = 60.0,
                  backend: str | None = None) -> None:
