@@ -3,7 +3,9 @@
 Each job is one ``python -m ...`` command whose output goes to a log file;
 the caller reads what the child wrote and is told how each one ended, with
 the tail of its log when it failed. Children run single-threaded: N of them
-share the cores.
+share the cores. Each knows its slot (``SLOT_ENV``: 0 to N-1, reused as
+children end), so the process groups it starts spread over the GPUs
+(``host.first_gpu``) as the fuzz phase's xdist workers' do.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+SLOT_ENV = "GRADFUZZ_SLOT"
 
 
 @dataclass
@@ -32,18 +36,20 @@ def run_jobs(jobs: list[tuple[str, list[str]]], workers: int, folder: str, on_en
     """Run ``(key, argv)`` jobs, ``workers`` at a time; ``on_end`` as each
     ends, ``on_tick(pending, running)`` every ``tick`` seconds and at the end."""
     pending = list(jobs)
-    running: dict[str, tuple[subprocess.Popen, float, str]] = {}
+    running: dict[str, tuple[subprocess.Popen, float, str, int]] = {}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     shown = 0.0
     while pending or running:
         while pending and len(running) < max(1, workers):
             key, argv = pending.pop(0)
             log = os.path.join(folder, f"{key}.log")
+            slot = min(set(range(len(running) + 1)) - {r[3] for r in running.values()})
             with open(log, "w") as fh:
-                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-            running[key] = (proc, time.monotonic(), log)
+                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env={**env, SLOT_ENV: str(slot)})
+            running[key] = (proc, time.monotonic(), log, slot)
         time.sleep(0.2)
-        for key, (proc, t0, log) in list(running.items()):
+        for key, (proc, t0, log, _) in list(running.items()):
             if proc.poll() is not None:
                 del running[key]
                 on_end(Ended(key, proc.returncode, time.monotonic() - t0, log))

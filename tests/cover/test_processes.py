@@ -226,3 +226,34 @@ def test_groups_of_xdist_workers_spread_over_the_gpus(monkeypatch, gpus, world, 
     monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
     got = first_gpu(world)
     assert got == first and got + world <= max(gpus, world)
+
+
+@pytest.mark.parametrize("slot,first", [("0", 0), ("1", 2), ("3", 2), ("", 0), ("x1", 0), ("\u0661", 0)])
+def test_groups_of_gate_children_spread_over_the_gpus(monkeypatch, slot, first) -> None:
+    """The gate's replay and canary children are not xdist workers: their
+    slot (``jobs.SLOT_ENV``) picks the block of GPUs instead."""
+    import torch
+
+    from harness.workers.host import first_gpu
+    from harness.workers.jobs import SLOT_ENV
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv(SLOT_ENV, slot)
+    assert first_gpu(2) == first
+
+
+def test_each_running_child_has_its_own_slot(tmp_path) -> None:
+    """Slots are 0 to N-1 among the children running at once, reused as they end."""
+    import sys
+
+    from harness.workers.jobs import SLOT_ENV, run_jobs
+
+    code = f"import os, time; time.sleep(0.3); print(os.environ['{SLOT_ENV}'])"
+    jobs = [(f"j{i}", [sys.executable, "-c", code]) for i in range(5)]
+    ended = []
+    run_jobs(jobs, 2, str(tmp_path), ended.append)
+    slots = {e.key: open(e.log).read().strip() for e in ended}
+    assert sorted(set(slots.values())) == ["0", "1"], slots
+    assert slots["j0"] != slots["j1"]
