@@ -34,11 +34,11 @@ class _Drawn:
     """The strategies ``cases`` draws from, made once per size limit (same
     draws, same shrinking, as building them inline)."""
 
-    _made: dict[tuple[int, int, bool, tuple[str, ...], bool, bool, bool, bool], "_Drawn"] = {}
+    _made: dict[tuple[int, int, bool, tuple[str, ...], bool, bool, bool, bool, bool], "_Drawn"] = {}
 
     def __init__(self, max_blocks: int, max_microbatches: int, gaps: bool = False, extra: tuple[str, ...] = (),
                  model: bool = False, random_ops: bool = True, mostly_grad: bool = False,
-                 retained_grads: bool = True) -> None:
+                 retained_grads: bool = True, hooks: bool = True) -> None:
         self.exact = st.booleans().map(lambda b: not b)
         self.dim = st.sampled_from((3, 2, 4))
         # Microbatch size 1 (gap cases): every batch-shaped grad is then a
@@ -53,6 +53,8 @@ class _Drawn:
         blocks += tuple(m for m in MODEL_BLOCKS if m not in blocks) if model else ()
         if not random_ops:  # paths that cannot reproduce a seeded mask: not drawn only to be refused
             blocks = tuple(b for b in blocks if b != "dropout")
+        if not hooks:  # paths that trace with fullgraph=True: no tensor hook, no retain_grad
+            blocks = tuple(b for b in blocks if b not in ("hook", "retain"))
         self.blocks = st.lists(st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3)),
                                min_size=1, max_size=max_blocks)
         self.out_kind = st.integers(0, 4)
@@ -65,7 +67,7 @@ class _Drawn:
         # the case must contain (``harness.generate.focus``), "" shrinking to none.
         self.focus_blocks = {exact: focus_blocks(exact, tuple(dict.fromkeys(blocks))) if model else None
                              for exact in (True, False)}
-        self.focus_training = focus_training(retained_grads) if model else None
+        self.focus_training = focus_training(retained_grads, hooks) if model else None
         self.steps = st.integers(1, 2)
         self.grad_init = st.sampled_from(("none", "zero", "prefilled"))
         self.zero_grad = st.sampled_from(("set_to_none", "zeros", "keep"))
@@ -74,8 +76,8 @@ class _Drawn:
     @classmethod
     def get(cls, max_blocks: int, max_microbatches: int, gaps: bool = False, extra: tuple[str, ...] = (),
             model: bool = False, random_ops: bool = True, mostly_grad: bool = False,
-            retained_grads: bool = True) -> "_Drawn":
-        key = (max_blocks, max_microbatches, gaps, extra, model, random_ops, mostly_grad, retained_grads)
+            retained_grads: bool = True, hooks: bool = True) -> "_Drawn":
+        key = (max_blocks, max_microbatches, gaps, extra, model, random_ops, mostly_grad, retained_grads, hooks)
         if key not in cls._made:
             cls._made[key] = cls(*key)
         return cls._made[key]
@@ -88,7 +90,7 @@ class _Drawn:
 def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches: int = 4,
           lifetime: bool = False, gaps: bool = False, model: bool = False, input_grad: bool | str = False,
           random_ops: bool = True, draws: tuple[Draw, ...] = (), takes: Callable[[Case], bool] | None = None,
-          retained_grads: bool = True) -> Case:
+          retained_grads: bool = True, hooks: bool = True) -> Case:
     """Valid cases; ``exact`` None draws the mode too. ``lifetime`` also draws
     buffer-lifetime schedules (allocator pressure between backwards, held
     outputs, parameter hooks); ``draws`` are the families' own knobs, drawn
@@ -99,13 +101,15 @@ def cases(draw, exact: bool | None = None, max_blocks: int = 6, max_microbatches
     (``harness.generate.focus``): a rare op class and a training feature it
     must contain, so that every pair of features turns up within a few
     hundred examples; ``retained_grads`` False (no path compares retained
-    grads) leaves ``retain_grad`` out of those targets. ``takes`` (the
+    grads) leaves ``retain_grad`` out of those targets; ``hooks`` False
+    leaves out tensor hooks and ``retain_grad`` altogether. ``takes`` (the
     target's "some path runs it"): a case none takes is repaired where
     ``repair`` can, not thrown away."""
     # The strategies are built once (_Drawn), not per draw: building and
     # validating them again for every case cost a third of generation.
     extra = tuple(dict.fromkeys(b for d in draws for b in d.blocks))
-    s = _Drawn.get(max_blocks, max_microbatches, gaps, extra, model, random_ops, input_grad == MOSTLY, retained_grads)
+    s = _Drawn.get(max_blocks, max_microbatches, gaps, extra, model, random_ops, input_grad == MOSTLY, retained_grads,
+                   hooks)
     if exact is None:
         exact = draw(s.exact)  # shrinks towards exact mode
     dim = draw(s.dim)

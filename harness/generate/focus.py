@@ -89,14 +89,15 @@ def focus_blocks(exact: bool, available: tuple[str, ...]) -> Callable[[Blocks], 
     return focused
 
 
-def focus_training(retained_grads: bool = True) -> Callable[[Blocks], Any]:
+def focus_training(retained_grads: bool = True, hooks: bool = True) -> Callable[[Blocks], Any]:
     """``blocks -> strategy of blocks`` with a hook or ``retain_grad`` on the
     last node appended (or unchanged: the shrink target). Neither adds a
     node, so the case's size is unchanged. Without ``retained_grads`` (no
     path of the target compares retained grads: the graphed paths, one of
     which refuses them) ``retain_grad`` is no target: it doubled
-    graphed.compile's skipped examples."""
-    pick = st.sampled_from((None,) + tuple(t for t in _TRAINING if retained_grads or t[0] != "retain"))
+    graphed.compile's skipped examples. Without ``hooks`` there is no
+    target at all."""
+    pick = st.sampled_from((None,) + tuple(t for t in _TRAINING if hooks and (retained_grads or t[0] != "retain")))
 
     @st.composite
     def focused(draw: Any, blocks: Blocks) -> Blocks:

@@ -100,6 +100,36 @@ def test_mostly_draws_input_grads_three_times_in_four():
     assert _x_grad_share(True) == 1.0
 
 
+@settings(max_examples=150, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+@seed(0)
+@given(st.data())
+def test_a_contract_without_tensor_hooks_draws_none(data):
+    """torchtitan.fsdp_compile (fullgraph=True) refused 72% of the draws it
+    shared with the other FSDP paths, nearly all for a hook or retain_grad;
+    ``Contract.tensor_hooks=False`` gives it a target that draws neither,
+    and the same draw with hooks on does make them."""
+    from harness.paths.base import Contract
+
+    flags = dict(Contract(model_parts=True, tensor_hooks=False).strategy_flags())
+    assert flags["hooks"] is False
+    case = data.draw(cases(**flags))
+    assert not case.hooks and not case.retain_grad
+
+
+def test_the_hook_targets_are_drawn_where_hooks_are_allowed():
+    got = []
+
+    @settings(max_examples=150, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @seed(0)
+    @given(cases(model=True))
+    def one(case: Case) -> None:
+        got.append(bool(case.hooks or case.retain_grad))
+
+    one()
+    assert sum(got) > 30, sum(got)
+
+
 def test_pairs_at_200_examples_above_the_old_generator(eager_split):
     """Measured on 7cfa862 (before pair targets): 407 distinct cross-class pairs
     in the first 200 eager+split examples at seed 0, split.stock outside its

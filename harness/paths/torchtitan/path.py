@@ -14,6 +14,7 @@ undoes through the labels each rank is given.
 
 from __future__ import annotations
 
+from dataclasses import replace
 import functools
 import importlib.metadata
 import importlib.util
@@ -54,6 +55,8 @@ class TorchtitanPath(PooledPath):
                  timeout: float = 10.0, backend: str | None = None) -> None:
         super().__init__(name, world_size, timeout, backend)
         self.ac, self.compiled, self.impl = ac, compiled, impl
+        if compiled:  # fullgraph=True: dynamo refuses the case's tensor hooks and retain_grad (supports says so)
+            self.contract = replace(TorchtitanPath.contract, tensor_hooks=False)
 
     def availability(self) -> Availability:
         if importlib.util.find_spec("torchtitan") is None:
