@@ -35,6 +35,7 @@ from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.workers import gpu, lifeline
+from harness.workers.placement import first_gpu  # noqa: F401  (the pool reads it here)
 
 
 def preload() -> None:
@@ -97,28 +98,6 @@ def _loopback() -> str | None:
         if name.startswith("lo"):
             return name
     return None
-
-
-def first_gpu(world_size: int) -> int:
-    """The GPU a harness-started group's rank 0 takes: groups of different
-    pytest-xdist workers spread over the machine's GPUs in blocks of
-    ``world_size`` (worker gw<n> takes block n mod blocks), instead of every
-    group's rank r sitting on GPU r. With -n 32 on four H200s every group put
-    its ranks on GPUs 0 and 1, and their contexts and NCCL buffers ran GPU 0
-    out of memory (session 13, second call); the 4-rank mesh groups still
-    take all four. The gate's replay and canary children (``jobs.SLOT_ENV``)
-    spread the same way: without it their groups all sat on GPU 0 (38 GB
-    against about 1 GB on GPUs 2 and 3, four H200s, -n 16, session 17)."""
-    import torch
-
-    from harness.workers.jobs import SLOT_ENV
-
-    blocks = torch.cuda.device_count() // world_size if torch.cuda.is_available() else 0
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    slot = os.environ.get(SLOT_ENV, "")
-    n = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() and worker[2:].isascii() else \
-        int(slot) if slot.isdigit() and slot.isascii() and len(slot) < 6 else 0
-    return (n % blocks) * world_size if blocks > 1 else 0
 
 
 def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None, timeout_s: float,

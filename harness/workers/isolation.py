@@ -42,6 +42,7 @@ from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
 from harness.workers.interpreter import python
+from harness.workers.placement import one_gpu_env
 
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
 STARTUP_TIMEOUT = 180.0
@@ -110,7 +111,7 @@ class IsolatedPath:
     def _start(self) -> None:
         self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
-        env = {**os.environ, PROGRESS_ENV: "1"}
+        env = {**os.environ, PROGRESS_ENV: "1", **one_gpu_env()}
         self._proc = subprocess.Popen(
             python("harness.workers.isolation"),  # the parent's path, never the working directory's files
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,

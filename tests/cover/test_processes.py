@@ -219,7 +219,7 @@ def test_groups_of_xdist_workers_spread_over_the_gpus(monkeypatch, gpus, world, 
     GPUs 0 and 1; each rank of one group still gets its own GPU."""
     import torch
 
-    from harness.workers.host import first_gpu
+    from harness.workers.placement import first_gpu
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
@@ -234,7 +234,7 @@ def test_groups_of_gate_children_spread_over_the_gpus(monkeypatch, slot, first) 
     slot (``jobs.SLOT_ENV``) picks the block of GPUs instead."""
     import torch
 
-    from harness.workers.host import first_gpu
+    from harness.workers.placement import first_gpu
     from harness.workers.jobs import SLOT_ENV
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -257,3 +257,26 @@ def test_each_running_child_has_its_own_slot(tmp_path) -> None:
     slots = {e.key: open(e.log).read().strip() for e in ended}
     assert sorted(set(slots.values())) == ["0", "1"], slots
     assert slots["j0"] != slots["j1"]
+
+
+@pytest.mark.parametrize("visible,slot,want", [(None, "1", "1"), (None, "6", "2"), ("4,5,6,7", "3", "7"),
+                                               ("GPU-a,GPU-b,GPU-c,GPU-d", "0", "GPU-a")])
+def test_one_process_workers_see_only_their_blocks_gpu(monkeypatch, visible, slot, want) -> None:
+    """A compile or graphed flavour's child sees one GPU, its process's
+    block's: their CUDA contexts all sat on GPU 0 (62.3 GB, session 17)."""
+    import torch
+
+    from harness.workers.jobs import SLOT_ENV
+    from harness.workers.placement import one_gpu_env
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv(SLOT_ENV, slot)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert one_gpu_env() == {"CUDA_VISIBLE_DEVICES": want}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert one_gpu_env() == {}
