@@ -2,7 +2,8 @@
 # Session 17b: ONE four-GPU device call (nvidia-h100-x4 or nvidia-h200-x4): the
 # gate ALONE after 23916a1 (replay/canary children spread their NCCL groups
 # over the GPUs via GRADFUZZ_SLOT), NCCL, world size 2, --examples 2, -n 32,
-# wall limit 560 s (timeout -k 30 so a stopped gate can still flush).
+# wall limit 560 s (timeout -k 30 so a stopped gate can still flush); GATE_ARGS,
+# GATE_N and LIMIT from the environment narrow it (a --paths subset).
 #   spread    every 10 s each GPU's memory and the processes holding a context
 #             there (nvidia-smi), with GF_CHAIN / xdist worker / GRADFUZZ_SLOT
 #             from /proc/PID/environ, into $W/gpu.jsonl; summarised into
@@ -13,7 +14,7 @@
 #   DRY=1 bash benchmarks/gpu_s17b.sh       # gloo, tiny budget, on a CPU machine
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-N=nccl; LIMIT=${LIMIT:-560}; GATE_EX=2; GATE_N=32; GATE_ARGS=""
+N=nccl; LIMIT=${LIMIT:-560}; GATE_EX=2; GATE_N=${GATE_N:-32}; GATE_ARGS=${GATE_ARGS:-}
 if [ -n "${DRY:-}" ]; then
     N=gloo; LIMIT=${LIMIT_DRY:-150}; GATE_EX=1; GATE_N=2
     GATE_ARGS="--paths ddp.fixed --no-selfcheck"
