@@ -113,6 +113,11 @@ def rng_states(oracle: Observation, obs: Observation) -> list[Divergence]:
     restores the state for the recomputation and hands the caller's stream
     back where the forward left it. Once per run, at the first backward."""
     for o_step, p_step in zip(oracle.steps, obs.steps):
+        if o_step.rng is None and p_step.rng is not None:
+            # Both record it exactly when the case draws random numbers: an
+            # oracle without it is broken, and comparing nothing would pass.
+            raise RuntimeError(f"the oracle recorded no RNG state after backward {p_step.k} where {obs.path} did: "
+                               "a harness bug (oracles/eager.py), not a finding")
         if o_step.rng is None or p_step.rng is None or o_step.rng == p_step.rng:
             continue
         return [Divergence(

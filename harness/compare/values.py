@@ -135,7 +135,10 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
             if actual is None:  # not observable at this backward (a pipeline schedule's mid-step grads)
                 continue
             relative = REL_AFTER_STEP[tol.precision or case.dtype] * tol.scale if role == "after step" or (inexact is not None and k >= inexact) else None
-            for name, e in expected.items():
+            # The path's names too: a grad only the path has (the oracle
+            # dropped it, or the path made one up) is compared, not skipped.
+            for name in [*expected, *(n for n in actual if n not in expected)]:
+                e = expected.get(name)
                 key = f"{role}:{name}"
                 if key in done:
                     continue

@@ -129,3 +129,35 @@ def test_the_rng_state_is_recorded_and_compared_where_the_contract_is_not_blind_
 
     found = check(case, _split_with(draws_in_backward))
     assert [(d.kind, d.microbatch) for d in found] == [("rng", 0)], found
+
+
+def test_a_grad_only_the_path_has_is_compared():
+    """compare walks the path's names too: an oracle that dropped a retained
+    grad (mutant 110 of oracles/eager.py survived every path, session 17)
+    shows as a finding, not as nothing to compare."""
+    case = Case(**{**_unused_case().__dict__, "retain_grad": ("n0",)})
+    oracle = observe(case)
+    assert all(s.retained.get("n0") is not None for s in oracle.steps)
+    path = copy.deepcopy(oracle)
+    path.path = "probe"
+    for step in oracle.steps:
+        step.retained.pop("n0")
+    found = compare(case, oracle, path)
+    assert [(d.param, d.microbatch) for d in found] == [("retained grad n0", 0)], found
+    assert "where autograd gives none" in found[0].detail
+
+
+def test_an_oracle_without_the_rng_state_is_a_harness_error():
+    """Both sides record the RNG state exactly when the case draws random
+    numbers; an oracle that stops recording it (mutant 86) would otherwise
+    compare nothing and pass."""
+    case = _unused_case()
+    case = Case(**{**case.__dict__, "nodes": case.nodes + (Node("n1", "dropout", (Use("n0"),)),),
+                   "outputs": (Use("n1"),)})
+    oracle = observe(case)
+    path = copy.deepcopy(oracle)
+    path.path = "probe"
+    for step in oracle.steps:
+        step.rng = None
+    with pytest.raises(RuntimeError, match="oracle recorded no RNG state"):
+        compare(case, oracle, path)
