@@ -189,7 +189,7 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                 if live:
                     _backward(engine, sum((o * c).sum() for o, c in live) * scale, drive, misuse, boundary)
                 out["steps"].append(_step_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window,
-                                                misuse))
+                                                misuse, ctx.device))
                 if boundary or drive in (AUTO, TORCH) and misuse not in ONE_STEP_A_WINDOW:
                     engine.step()
                 out["steps"][-1]["optimizer_steps"] = stepped[0]
@@ -216,11 +216,25 @@ def _backward(engine: Any, loss: torch.Tensor, drive: str, misuse: str, boundary
 
 
 def _step_facts(case: Case, built: Built, k: int, engine: Any, stage: int, boundary: bool, inputs: list,
-                outs: Any, mid_window: bool, misuse: str) -> dict[str, Any]:
+                outs: Any, mid_window: bool, misuse: str, device: torch.device) -> dict[str, Any]:
     """What this rank sees after backward ``k``. Under a misuse,
     safe_get_full_grad may refuse the read (ZeRO 2 after a step() the engine
     did not count as a boundary): that is not the loop's doing, so the grads
-    are out of sight here and the step count still shows."""
+    are out of sight here and the step count still shows.
+
+    The ranks decide that together, before any of them reads: DeepSpeed
+    refuses on the ranks that hold a slice of the parameter and sends the
+    others straight into the read's all_reduce, so a rank that caught its
+    refusal alone walked on and left its peer in that all_reduce (a hang
+    the pool timed out after the path's 60 s, restarting the ranks, or, a
+    window later, a collective paired with the wrong one and a gloo error
+    taken for DeepSpeed's refusal)."""
+    if misuse and boundary:
+        mine = _read_refused(engine.module.params())
+        if not _every_rank_can(mine is None, device):
+            facts = _facts(case, built, k, engine, stage, False, inputs, outs, False)
+            facts["unreadable"] = mine or "another rank's safe_get_full_grad refuses the read"
+            return facts
     try:
         return _facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window)
     except Exception as e:
@@ -229,6 +243,35 @@ def _step_facts(case: Case, built: Built, k: int, engine: Any, stage: int, bound
         facts = _facts(case, built, k, engine, stage, False, inputs, outs, False)
         facts["unreadable"] = f"{type(e).__name__}: {e}"[:300]
         return facts
+
+
+def _read_refused(params: dict[str, torch.nn.Parameter]) -> str | None:
+    """Why ``safe_get_full_grad`` would raise on this rank, found without
+    a collective: it takes the path ``safe_get_full_grad`` takes (DeepSpeed
+    0.19.8, utils/tensor_fragment.py) and asks this rank's slice for its
+    grad fragment, the one call of that path that raises before the
+    all_reduce ("Gradients are only available immediately after backward
+    and before engine step"). None: every read can go ahead here."""
+    for name, p in params.items():
+        mapping = getattr(p, "_hp_mapping", None)
+        flat = getattr(p, "_hp_grad", None) is not None or p.grad is None and not hasattr(p, "ds_id")
+        if mapping is None or not flat:
+            continue  # no slice here (its read goes straight to the all_reduce), or .grad / ZeRO 3's own read
+        try:
+            mapping.get_lp_grad_fragment(p._index_in_param_group)
+        except Exception as e:
+            return f"{name}: {type(e).__name__}: {e}"[:300]
+    return None
+
+
+def _every_rank_can(here: bool, device: torch.device) -> bool:
+    """True on every rank when ``here`` is true on every rank (one small
+    all_reduce, which every rank reaches at the same micro-step)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if here else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) == 0
 
 
 NOT_ABOUT_THE_LOOP = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
