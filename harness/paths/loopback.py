@@ -29,6 +29,31 @@ SOURCE = '''def _gradfuzz_loopback():
         os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
 '''
 
+# How a ranked script compares one grad and gives its verdict (DeepSpeed,
+# megatron): a grad a stack's flat buffers hold as zeros for a parameter
+# that got none is read as zeros, on either side; every rank's count of
+# differences is summed, rank 0 prints the verdict, and the ranks leave
+# together (ENTRY).
+VERDICT = '''def differs(rank, k, name, e, a, shape):
+    """1 (and what differs, printed) when grad ``a`` is not eager's ``e``; None reads as zeros."""
+    e = torch.zeros(shape, dtype=torch.float64) if e is None else e
+    a = torch.zeros(shape, dtype=torch.float64) if a is None else a.to("cpu", torch.float64)
+    if torch.allclose(a, e, rtol=1e-5, atol=1e-5):
+        return 0
+    print(f"rank {rank} backward {k}: {name}.grad differs\\n  expected {e.tolist()}\\n  actual   {a.tolist()}")
+    return 1
+
+
+def verdict(bad, device, versions):
+    flag = torch.tensor([bad], device=device)
+    dist.all_reduce(flag)
+    if dist.get_rank() == 0:
+        print(f"{versions}: {'DIVERGES' if flag.item() else 'agrees'} ({int(flag.item())} differences)")
+    dist.barrier()  # no rank tears gloo down while another is still using it (an abort at exit)
+    dist.destroy_process_group()
+    return 1 if flag.item() else 0
+'''
+
 # The verdict is flushed, then the interpreter's teardown is skipped.
 ENTRY = '''
 

@@ -10,6 +10,7 @@ import pytest
 from harness.case.spec import Case
 from harness.paths import resolve
 from harness.paths.deepspeed.data import Knobs, config, pipe_config
+from tests.helpers import torchrun_verdict
 
 INSTALLED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not INSTALLED, reason="deepspeed is not installed: pip install 'gradfuzz[deepspeed]'")
@@ -151,21 +152,6 @@ def test_a_zero_finding_gets_a_torchrun_script_whose_config_is_data():
     assert pipe.repro(case).template == "none"  # the pipeline engine's script is not written yet: it says so
 
 
-def _zero_script_verdict(text: str, where) -> tuple[str, int]:
-    import os
-    import subprocess
-    import sys
-
-    file = where / "repro.py"
-    file.write_text(text)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
-                          "--nproc-per-node", "2", str(file)], capture_output=True, text=True, timeout=900,
-                         cwd=where, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    words = [ln for ln in run.stdout.splitlines() if "agrees" in ln or "DIVERGES" in ln]
-    assert words, run.stdout[-2000:] + run.stderr[-3000:]
-    return words[-1], run.returncode
-
-
 @needs_deepspeed
 def test_the_zero_script_runs_alone_agrees_and_fails_when_the_grads_are_doubled(tmp_path):
     """The script's own check can fail: the same script with the loss doubled
@@ -176,12 +162,12 @@ def test_the_zero_script_runs_alone_agrees_and_fails_when_the_grads_are_doubled(
     case = nested(microbatches=2)
     (p,) = resolve("deepspeed.zero2.stock")
     text = script(case, p.name, p.repro(case))
-    line, rc = _zero_script_verdict(text, tmp_path)
+    line, rc = torchrun_verdict(text, tmp_path)
     assert "agrees (0 differences)" in line and rc == 0, line
     doubled = text.replace("loss = sum((o * c).sum() for o, c in live) * gas ",
                            "loss = sum((o * c).sum() for o, c in live) * gas * 2 ")
     assert doubled != text
-    line, rc = _zero_script_verdict(doubled, tmp_path)
+    line, rc = torchrun_verdict(doubled, tmp_path)
     assert "DIVERGES" in line and rc == 1, line
 
 
@@ -336,5 +322,5 @@ def test_a_misuse_finding_gets_a_standalone_script_that_shows_it(tmp_path):
     (p,) = resolve("deepspeed.zero0.misuse")
     text = script(case, p.name, p.repro(case))
     assert "MISUSE = 'zero_grad'" in text and "The loop MISUSES the engine (zero_grad)" in text
-    line, rc = _zero_script_verdict(text, tmp_path)
+    line, rc = torchrun_verdict(text, tmp_path)
     assert "DIVERGES" in line and rc == 1, line

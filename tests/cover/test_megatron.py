@@ -5,6 +5,7 @@ kinds with its canary caught."""
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,6 +109,50 @@ def test_the_canary_is_caught_from_a_cold_start():
     (canary,) = [c for c in all_canaries() if c.name == "megatron_keeps_last_micro_step"]
     result = run_canary(canary, seed=0)
     assert result.caught and "expected g1 + g2" in result.detail, result.detail
+
+
+# megatron-core raises on it (NVIDIA/Megatron-LM#1150)
+UNUSED = Path(__file__).parents[2] / "cases" / "megatron" / "unused_param_overlap_reset_assert.json"
+
+
+def test_a_ddp_finding_gets_a_torchrun_script_with_the_config_as_data_and_the_cpu_patches():
+    """Written without megatron-core: the script is text; the stack is its reader's."""
+    from harness.artifacts.repro import script
+
+    case = _two_params().with_data("megatron", Knobs(overlap=True, bucket=40, shared=True))
+    for p in resolve("megatron.ddp,megatron.distopt"):
+        text = script(case, p.name, p.repro(case))
+        compile(text, "repro.py", "exec")
+        assert "import harness" not in text and "from harness" not in text
+        assert '"bucket_size": 40' in text and f'"use_distributed_optimizer": {str(p.distopt).lower()}' in text
+        assert "SHARED = ['w1']" in text and "CPU_PATCHES = {'current_device': _cpu_device" in text
+        assert "finalize_model_grads([ddp])" in text and "os._exit(code)" in text
+    assert _pp().repro(case).template == "none"  # the pipeline's script is not written yet: it says so
+
+
+@needs_megatron
+def test_the_ddp_script_runs_alone_shows_the_raise_agrees_on_a_clean_case_and_sees_a_doubled_grad(tmp_path):
+    """A corpus finding's script diverges as the path does (megatron raises on
+    the second zero_grad_buffer); a clean case agrees (distributed optimizer,
+    overlap, one bucket a parameter, a shared embedding, grads read inside
+    the window); the same script with the loss doubled must say DIVERGES."""
+    from harness.artifacts.corpus import load
+    from harness.artifacts.repro import script
+    from tests.helpers import torchrun_verdict
+
+    (ddp,) = resolve("megatron.ddp")
+    case = load(str(UNUSED)).case
+    line, rc = torchrun_verdict(script(case, ddp.name, ddp.repro(case)), tmp_path)
+    assert "DIVERGES" in line and rc == 1, line  # every release the ledger names (>= 0.12) raises
+    (distopt,) = resolve("megatron.distopt")
+    clean = _two_params().with_data("megatron", Knobs(overlap=True, bucket=1, shared=True))
+    text = script(clean, distopt.name, distopt.repro(clean))
+    line, rc = torchrun_verdict(text, tmp_path)
+    assert "agrees (0 differences)" in line and rc == 0, line
+    doubled = text.replace("/ MICROBATCHES).backward()", "/ MICROBATCHES * 2).backward()")
+    assert doubled != text
+    line, rc = torchrun_verdict(doubled, tmp_path)
+    assert "DIVERGES" in line and rc == 1, line
 
 
 # megatron.pp.stock: two pipeline stages, the shared weight all-reduced by finalize_model_grads.

@@ -79,7 +79,7 @@ def _misuse_words(misuse: str) -> str:
             "expected is what the user meant, the grads of the documented drive.\n")
 
 
-_RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + '''
+_RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + "\n\n" + loopback.VERDICT + '''
 
 def main():
     _gradfuzz_loopback()
@@ -124,20 +124,8 @@ def main():
         if boundary:
             for n, p in params.items():
                 # safe_get_full_grad reads ZeRO's flat buffers, which hold zeros for a parameter without a grad
-                e = want[k][n] if want[k][n] is not None else torch.zeros(p.shape, dtype=torch.float64)
-                g = safe_get_full_grad(p) if p.requires_grad else None
-                a = torch.zeros(p.shape, dtype=torch.float64) if g is None else g.to("cpu", torch.float64)
-                if not torch.allclose(a, e, rtol=1e-5, atol=1e-5):
-                    bad += 1
-                    print(f"rank {rank} backward {k}: {n}.grad differs\\n  expected {e.tolist()}\\n  actual   {a.tolist()}")
+                bad += differs(rank, k, n, want[k][n], safe_get_full_grad(p) if p.requires_grad else None, p.shape)
         if STEP_EVERY_MICRO_STEP or boundary:
             engine.step()
-    flag = torch.tensor([bad], device=device)
-    dist.all_reduce(flag)
-    if rank == 0:
-        print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}: "
-              f"{'DIVERGES' if flag.item() else 'agrees'} ({int(flag.item())} differences)")
-    dist.barrier()
-    dist.destroy_process_group()
-    return 1 if flag.item() else 0
+    return verdict(bad, device, f"torch {torch.__version__}, deepspeed {deepspeed.__version__}")
 ''' + loopback.ENTRY

@@ -51,7 +51,7 @@ def _synchronize(device: Any = None) -> None:
     """Nothing to wait for on a CPU rank: its ops and gloo's waited requests have completed."""
 
 
-_REPLACEMENTS = {"current_device": _cpu_device, "synchronize": _synchronize}
+REPLACEMENTS = {"current_device": _cpu_device, "synchronize": _synchronize}
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def on_cpu(device: torch.device) -> Iterator[None]:
         return
     saved: dict[str, Any] = {name: getattr(torch.cuda, name) for name in PATCHED}
     for name in PATCHED:
-        setattr(torch.cuda, name, _REPLACEMENTS[name])
+        setattr(torch.cuda, name, REPLACEMENTS[name])
     try:
         yield
     finally:

@@ -68,7 +68,11 @@ class MegatronPath(PooledPath):
         return assemble(self.name, case, outcome)
 
     def repro(self, case: Case) -> Repro:
-        return replay_only(self.name)
+        if self.impl != STOCK:  # a canary's fault is not megatron's: replayed, never scripted
+            return replay_only(self.name)
+        from harness.paths.megatron.script import Ddp
+
+        return Repro(template="megatron", family=Ddp(self.distopt, self._world()))
 
 
 def megatron_refusal(case: Case, engine: str) -> str | None:

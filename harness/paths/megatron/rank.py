@@ -60,7 +60,7 @@ def _parallel_state(pipeline: int = 1, virtual: int | None = None) -> Any:
     return parallel_state
 
 
-def _tied(case: Case) -> set[str]:
+def tied(case: Case) -> set[str]:
     uses = [u.ref for n in case.nodes for u in n.args] + [u.ref for u in case.outputs]
     return {p.name for p in case.params if uses.count(p.name) > 1}
 
@@ -72,15 +72,15 @@ def _wrap(case: Case, built: Built, distopt: bool, ctx: Rank) -> Any:
     _parallel_state()
     module = CaseModule(built, built.params(), ctx.device, built.dtype)
     if knobs(case).shared:
-        for name in _tied(case):
+        for name in tied(case):
             module.params()[name].shared_embedding = True
     config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
     return DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, distopt)), module)
 
 
-def _gathered(buffer: Any) -> torch.Tensor:
+def gathered(buffer: Any) -> torch.Tensor:
     """A grad buffer as the distributed optimizer sees it: every bucket's
-    reduced shard from the rank that owns it."""
+    reduced shard from the rank that owns it. (The standalone script runs this source.)"""
     out = buffer.grad_data.clone()
     group = buffer.data_parallel_group
     world = group.size()
@@ -92,15 +92,20 @@ def _gathered(buffer: Any) -> torch.Tensor:
     return out
 
 
-def main_grads(ddp: Any, reduced: bool) -> dict[str, torch.Tensor]:
-    """Every trainable parameter's ``main_grad``; after a distributed-optimizer reduce, its gathered shards."""
-    names = {p: n for n, p in ddp.module.params().items()}
+def buffer_grads(ddp: Any, names: dict, reduced: bool) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's ``main_grad`` by name (``names``: parameter -> name), read from the grad
+    buffers; after a distributed-optimizer reduce, its gathered shards. (The standalone script runs this source.)"""
     out = {}
     for buffer in ddp.buffers:
-        full = _gathered(buffer) if reduced and ddp.ddp_config.use_distributed_optimizer else buffer.grad_data
+        full = gathered(buffer) if reduced and ddp.ddp_config.use_distributed_optimizer else buffer.grad_data
         for p, (start, end, _) in buffer.param_index_map.items():
             out[names[p]] = full[start:end].view(p.shape)
     return out
+
+
+def main_grads(ddp: Any, reduced: bool) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's ``main_grad``; after a distributed-optimizer reduce, its gathered shards."""
+    return buffer_grads(ddp, {p: n for n, p in ddp.module.params().items()}, reduced)
 
 
 def _facts(case: Case, built: Built, k: int, ddp: Any, sync: bool, inputs: list[torch.Tensor],
