@@ -369,6 +369,14 @@ class TargetRun:
             target(float(new), label=GUIDE_LABEL)
         if hit is not None:
             path, divs = hit
+            # A hang costs the path's whole timeout and a restart of its workers
+            # on every try, so a hang is not shrunk (a shrink whose step hangs
+            # keeps what it had): each new hang costs two timeouts, where
+            # Hypothesis's 500 shrinks bounded it by hours. A timeout's
+            # signature does not depend on the case's shape.
+            hang = not self.replaying and any(d.kind == "timeout" for d in divs)
+            if hang and rnd.focus is not None:
+                raise _Stopped()
             if rnd.focus is None:
                 t = self.tallies[path.name]
                 if t.first_hit_examples is None and not self.replaying:  # from this path's cold start
@@ -377,7 +385,7 @@ class TargetRun:
                 rnd.focus = path
                 self._first = (self.drawn, time.monotonic() - self.started)
             rnd.case, rnd.divs = case, divs
-            if self.detect_only or self.until_kinds is not None:
+            if self.detect_only or self.until_kinds is not None or hang:
                 raise _Stopped()
             raise _Found(divs[0].detail)
 

@@ -104,3 +104,54 @@ def test_hooks_scale_the_oracle_and_eager_alike():
     )
     assert not check(case, resolve("eager.accumulate")[0])
     assert not check(case, resolve("split.fixed")[0])
+
+
+class _Hangs:
+    """A path whose every case with two or more nodes hangs (a timeout, as a
+    pool reports one), without the wait: the engine's cost is its calls."""
+
+    name = "hangs"
+
+    def __init__(self) -> None:
+        from harness.paths.base import Contract
+
+        self.contract, self.calls = Contract(), 0
+
+    def availability(self):
+        from harness.paths.base import Availability
+
+        return Availability(True)
+
+    def supports(self, case):
+        return None
+
+    def run(self, case):
+        from oracles.eager import observe
+        from harness.observation import Violation
+
+        self.calls += 1
+        obs = observe(case)
+        obs.path = self.name
+        if len(case.nodes) >= 2:
+            obs.violations.append(Violation("timeout", -1, "process group", "the case hung", key="timeout"))
+        return obs
+
+    def repro(self, case):
+        from harness.paths.engine_rules import replay_only
+
+        return replay_only(self.name)
+
+
+def test_a_hang_is_found_once_and_not_shrunk():
+    """Every shrink step of a hang costs the path's whole timeout and a
+    restart (62 s a step on deepspeed.zero2.misuse; Hypothesis allows 500
+    shrinks): the engine keeps the first hanging case, confirms it once and
+    goes on. The finding is the same timeout signature."""
+    from harness.engine.result import Result
+    from harness.engine.runner import fuzz_path
+
+    path, result = _Hangs(), Result()
+    fuzz_path(path, examples=40, deadline=None, seed=0, result=result, save_dir=None)
+    hangs = [d for d in result.divergences if d.kind == "timeout"]
+    assert hangs and len({d.signature for d in hangs}) == 1, result.divergences
+    assert path.calls <= 40 + 2 * len(hangs) + 2, path.calls  # the examples, a confirmation each, nothing shrunk
