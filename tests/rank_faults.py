@@ -13,6 +13,8 @@ import torch.distributed as dist
 def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     if ctx.rank == msg.get("raise_on"):
         raise RuntimeError("injected rank failure")
+    if ctx.rank == msg.get("leave_on"):  # a rank that stops and reports it (DeepSpeed's refused misuse)
+        return {"refused": "raised RuntimeError: injected", "left_early": True}
     if msg.get("busy_s"):  # a peer still computing when the other raises: it must get to answer
         end = time.monotonic() + msg["busy_s"]
         while time.monotonic() < end:

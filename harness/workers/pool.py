@@ -342,8 +342,11 @@ def lost_device(outcome: Outcome) -> tuple[Outcome, bool]:
 
 def _failed(reply: Any) -> bool:
     """A rank's reply that says the case failed on it (a raise in its rank
-    code, or the host's error for a message it could not handle)."""
-    return isinstance(reply, dict) and bool(reply.get("failure") or "error" in reply)
+    code, or the host's error for a message it could not handle), or that it
+    left the case early for a reason of its own (``left_early``: DeepSpeed's
+    misuse loop, whose raise is the user being told): either way its peers
+    may be blocked in a collective it never joins."""
+    return isinstance(reply, dict) and bool(reply.get("failure") or "error" in reply or reply.get("left_early"))
 
 
 def _fatal(log: str) -> str:

@@ -53,6 +53,24 @@ def test_failing_rank_ends_the_case_in_seconds() -> None:
         pool.close()
 
 
+def test_a_rank_that_leaves_early_ends_the_case_in_seconds() -> None:
+    """A rank that stops on its own and says so (``left_early``: DeepSpeed's
+    misuse loop reports a raise as the user being told) leaves its peer in a
+    collective: the pool lets the peer go as for a raise, not after the case
+    timeout (60 s and a restart per such case on deepspeed.zero2.misuse)."""
+    from harness.workers.pool import FAILED_PEER_GRACE, WorkerPool
+
+    pool = WorkerPool(2, "gloo")
+    try:
+        pool.start()
+        t0 = time.monotonic()
+        out = pool.request({"op": "call", "module": "tests.rank_faults", "leave_on": 1}, timeout=120)
+        assert out.status == "timeout" and out.replies[1]["left_early"], (out.status, out.detail)
+        assert time.monotonic() - t0 < FAILED_PEER_GRACE + 10
+    finally:
+        pool.close()
+
+
 def test_a_peer_that_is_still_computing_is_not_taken_for_blocked() -> None:
     """Rank 1 raises while rank 0 computes for 2 s before answering: the pool
     must not cut rank 0 off as blocked (it answers within the grace)."""

@@ -197,7 +197,7 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
             out.update(steps=[], refused=f"warned: {told[0]}")
     except Exception as e:  # a rank that raises reports it; the parent judges
         if misuse:
-            out.update(steps=[], refused=f"raised {type(e).__name__}: {str(e)[:300]}")
+            out.update(steps=[], refused=f"raised {type(e).__name__}: {str(e)[:300]}", left_early=True)
         else:
             out["failure"] = rank_failure(k, e)
     return out
