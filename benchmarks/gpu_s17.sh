@@ -6,7 +6,7 @@
 #   mesh      on NCCL, 4 ranks, seed 1: mesh.pp_dp.stock,fixed 150 beside the
 #             same on gloo; mesh.pp_dp.fixed alone 300; the mesh stock paths
 #             (fsdp_tp, dtensor2d) 150 to completion; their fixed paths 300
-#   spread    host.first_gpu's check: every 10 s each GPU's memory and which
+#   spread    placement.first_gpu's check: every 10 s each GPU's memory and which
 #             processes hold a context there (nvidia-smi), with each process's
 #             chain and xdist worker read from /proc/PID/environ, into
 #             $W/gpu.jsonl; summarised into $W/spread.txt at the end

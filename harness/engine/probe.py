@@ -10,12 +10,13 @@ from typing import Any, Callable
 from harness import registry
 from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.paths import families
+from harness.paths.base import Options
 
 try:
     from harness.observation import GRAD_NONE
 except ImportError:  # a checkout before issue 33, measured by benchmarks/observations.py
     GRAD_NONE = "None versus zeros"
-from harness.paths.base import Options
+
 
 def probe_case(frozen: bool = False, cut: bool = True) -> Case:
     """``x0 @ w0 @ w2 @ w3 @ w4`` beside a ``u1`` that eager leaves None:

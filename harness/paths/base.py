@@ -35,8 +35,8 @@ NO_PARAM_HOOKS = (HOOK_KEPT, "parameter hooks come with lifetime schedules, draw
 FULL_VALUES = (PLACEMENT, "grads are read whole through the stack's own accessor (safe_get_full_grad, main_grad, "
                           "full_tensor()): placements and collectives are not compared")
 # Pipeline schedules (pipeline.*, mesh.pp_dp.*) refuse a clip or optimizer step after step().
-NO_STEP_AFTER_SCHEDULE = (OPTIMIZER_STATE, "the schedule's step() ends at the grads: a clip or optimizer step after "
-                                           "it is refused")
+NO_STEP_AFTER_SCHEDULE = (OPTIMIZER_STATE, "a training step after the schedule (clip, optimizer) is not part of this "
+                                           "path")
 # The rank loops (dtensor, ddp, fsdp2) build their own microbatch loop, not run_schedule's.
 RANK_LOOP = (
     (HOOK_KEPT, "the rank loop registers no parameter hooks (lifetime schedules are not drawn for rank families)"),

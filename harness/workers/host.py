@@ -35,7 +35,6 @@ from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.workers import gpu, lifeline
-from harness.workers.placement import first_gpu  # noqa: F401  (the pool reads it here)
 
 
 def preload() -> None:

@@ -5,7 +5,7 @@ the caller reads what the child wrote and is told how each one ended, with
 the tail of its log when it failed. Children run single-threaded: N of them
 share the cores. Each knows its slot (``SLOT_ENV``: 0 to N-1, reused as
 children end), so the process groups it starts spread over the GPUs
-(``host.first_gpu``) as the fuzz phase's xdist workers' do.
+(``placement.first_gpu``) as the fuzz phase's xdist workers' do.
 """
 
 from __future__ import annotations

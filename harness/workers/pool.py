@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 from harness.machinery_coverage import deposit, slowdown
 from harness.materialize import workarounds
 from harness.workers import host
+from harness.workers.placement import first_gpu
 from harness.workers.stillness import POLL, WINDOW, Stillness
 
 START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
@@ -142,7 +143,7 @@ class WorkerPool:
         store = os.path.join(self.tmp, "store")
         sys.stdout.flush()
         sys.stderr.flush()
-        first = host.first_gpu(self.world_size) if self.backend == "nccl" else 0
+        first = first_gpu(self.world_size) if self.backend == "nccl" else 0
         for rank in range(self.world_size):
             here, there = ctx.Pipe(duplex=True)
             log = os.path.join(self.tmp, f"rank{rank}.log")

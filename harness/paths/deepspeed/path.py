@@ -42,10 +42,11 @@ _WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process
 SAFE_GET_FULL_GRAD_BLIND = (GRAD_NONE, "grads are read with deepspeed.utils.safe_get_full_grad, which assembles them "
                             "from ZeRO's flat fp32 gradient partitions (DeepSpeed docs, ZeRO-3 \"Debugging\": "
                             "safe_get_full_grad); those hold a slice for every parameter, used or not")
+# The case's training step: the engine refuses it, and so cannot show it.
+OWN_OPTIMIZER = ("the engine steps its own optimizer (SGD at learning rate 0 here); the case's training step is not "
+                 "drawn for it")
 # What the engine's runs cannot show: the rank loop's and its own optimizer.
-BLIND = (SAFE_GET_FULL_GRAD_BLIND, *STACK_LOOP,
-         (OPTIMIZER_STATE, "the engine steps its own optimizer (SGD at learning rate 0 here): the case's training "
-                           "step is not drawn for it"))
+BLIND = (SAFE_GET_FULL_GRAD_BLIND, *STACK_LOOP, (OPTIMIZER_STATE, OWN_OPTIMIZER))
 
 
 class DeepSpeedPath(PooledPath):
@@ -175,7 +176,7 @@ def engine_refusal(case: Case, zeroes: str) -> str | None:
     if reason := engine_owned(case, "the engine"):
         return reason
     if s.optimizer or s.clip:
-        return "the engine steps its own optimizer (SGD at learning rate 0 here); the case's training step is not drawn for it"
+        return OWN_OPTIMIZER
     if s.grad_init != "none" or s.zero_grad == "keep":
         return f"DeepSpeed owns .grad: it starts empty and the engine zeroes it {zeroes}"
     if case.dtype != "float32":

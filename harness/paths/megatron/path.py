@@ -33,6 +33,11 @@ def installed() -> bool:
     return importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
 
 
+# The case's training step: refused, and so not shown.
+CUDA_OPTIMIZERS = ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
+                   "training step is not run for it")
+
+
 class MegatronPath(PooledPath):
     # Each micro-step's grad reaches main_grad through eager's AccumulateGrad
     # (megatron's hook adds param.grad, then clears it): where plain
@@ -44,8 +49,7 @@ class MegatronPath(PooledPath):
                                 "(megatron-core API docs, core.distributed.distributed_data_parallel: \"DDP wrapper "
                                 "which stores grads in contiguous buffers\"), so an unused parameter's grad is a "
                                 "zero slice by design, never None"), *STACK_LOOP,
-                               (OPTIMIZER_STATE, "megatron's optimizers check for CUDA tensor types and do not run "
-                                                 "on a CPU: the case's training step is not run for it")))
+                               (OPTIMIZER_STATE, CUDA_OPTIMIZERS)))
 
     def __init__(self, name: str, distopt: bool, impl: str = STOCK, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:
@@ -81,8 +85,7 @@ def megatron_refusal(case: Case, engine: str) -> str | None:
     if reason := engine_owned(case, engine):
         return reason
     if s.optimizer or s.clip:
-        return ("megatron's optimizers check for CUDA tensor types and do not run on a CPU; the case's "
-                "training step is not run for it")
+        return CUDA_OPTIMIZERS
     if s.grad_init != "none" or s.zero_grad == "keep":
         return ("megatron accumulates in main_grad, which zero_grad_buffer() must clear at the start of every "
                 "iteration (documented); .grad is a transient its hook adds and clears")

@@ -239,7 +239,7 @@ class PpDpPath(MeshPath):
         if reason := lifetime_schedule(case):
             return reason
         if s.clip or s.optimizer:
-            return "a training step after the schedule (clip, optimizer) is not part of this path (as pipeline.*)"
+            return f"{NO_STEP_AFTER_SCHEDULE[1]} (as pipeline.*)"
         if any(len(x.shape) == 0 for x in case.inputs):
             return "an input without a batch dim cannot be split into microbatches"
         if draws_random(case):

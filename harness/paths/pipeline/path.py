@@ -241,7 +241,7 @@ class PipelinePath:
         if reason := lifetime_schedule(case):
             return reason
         if s.clip or s.optimizer:
-            return "a training step after the schedule (clip, optimizer) is not part of this path"
+            return NO_STEP_AFTER_SCHEDULE[1]
         if any(len(x.shape) == 0 for x in case.inputs):
             return "an input without a batch dim cannot be split into microbatches"
         from harness.case.ops import draws_random

@@ -128,6 +128,9 @@ CASE_DATA = DataNamespace("torchtitan", Knobs, {
 }, check=_check)
 
 
+NO_TRAINING_STEP = "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
+
+
 def trainer_refusal(case: Case) -> str | None:
     """What torchtitan's trainer owns, for every path of the family: the
     engine's parts, the optimizer step and clipping (grads are compared, not
@@ -138,7 +141,7 @@ def trainer_refusal(case: Case) -> str | None:
     if reason := engine_owned(case, "torchtitan's trainer"):
         return reason
     if s.optimizer or s.clip:
-        return "the trainer's optimizer and clipping are not driven here: grads are compared, not a step"
+        return NO_TRAINING_STEP
     if s.grad_init != "none" or s.zero_grad == "keep":
         return "torchtitan's train_step zeroes every grad at the start of each step (no prefilled or kept grads)"
     return None

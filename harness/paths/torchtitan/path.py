@@ -27,7 +27,7 @@ from harness.paths.assemble import observation as assemble
 from harness.paths.base import STACK_LOOP, Availability, Contract, Options, Repro
 from harness.paths.engine_rules import exact_mean, replay_only
 from harness.paths.pooled import PooledPath
-from harness.paths.torchtitan.data import KNOBS, knobs, trainer_refusal
+from harness.paths.torchtitan.data import KNOBS, NO_TRAINING_STEP, knobs, trainer_refusal
 
 STOCK = "stock"
 # variant -> (activation checkpointing policy, per-block compile), torchtitan's
@@ -40,8 +40,7 @@ INSTALL = "pip install 'gradfuzz[torchtitan]'"
 # The trainer's runs cannot show these (its activation checkpointing reruns
 # blocks inside torchtitan's wrappers, uncounted: NO_RECOMPUTATION's count is
 # not taken there either).
-BLIND = (*STACK_LOOP, (OPTIMIZER_STATE, "the trainer's optimizer and clipping are not driven here: grads are "
-                                        "compared, not a step"))
+BLIND = (*STACK_LOOP, (OPTIMIZER_STATE, NO_TRAINING_STEP))
 
 
 class TorchtitanPath(PooledPath):

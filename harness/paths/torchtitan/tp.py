@@ -24,10 +24,10 @@ from typing import Any
 from harness.case.spec import Case
 from harness.observation import Failure, Observation, Step, Violation
 from harness.paths.base import Availability, Contract, Repro
-from harness.paths.torchtitan.path import BLIND
 from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 from harness.paths.torchtitan.data import LLAMA, trainer_refusal
+from harness.paths.torchtitan.path import BLIND
 
 STOCK = "stock"
 
