@@ -146,6 +146,10 @@ class Observation:
     precision: str | None = None
     # Oracle only: each backward's own parameter grads, before accumulation.
     contributions: list[Grads] = field(default_factory=list)
+    # The machinery told the user (raised or warned) on a use its docs do not
+    # support: never a finding, and a release that refuses is not affected
+    # (``gradfuzz versions``). No steps are observed then.
+    refused: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -23,7 +23,11 @@ from packaging.version import InvalidVersion, Version
 
 from harness.paths import UsageError
 
-DIVERGES, AGREES = "diverges", "agrees"
+DIVERGES, AGREES, REFUSED, ABSENT, UNKNOWN = "diverges", "agrees", "refused", "absent", "unknown"
+CLASSES = (DIVERGES, AGREES, REFUSED, ABSENT)
+# A release the bug cannot be in: the case runs right, the stack refuses the
+# use (raises or warns: the user was told), or the release lacks the drive.
+NOT_AFFECTED = (AGREES, REFUSED, ABSENT)
 SAMPLES = 4  # releases run before bisecting: the two ends and two between
 
 
@@ -120,16 +124,22 @@ def in_session(nox: str, package: str, release: str, case: str, paths: str | Non
 def here(case: str, paths: str | None) -> dict[str, str]:
     """Each path's outcome on ``case`` with what is installed here."""
     from harness.artifacts import corpus
-    from harness.engine import runner
+    from harness.engine.check import CaseCheck
     from harness.paths import resolve
 
     entry = corpus.load(case)
+    cc = CaseCheck(entry.case)
     out = {}
     for p in resolve(paths or _found_on(case) or None):
         a = p.availability()
-        reason = None if not a.ok else p.supports(entry.case)
-        out[p.name] = (f"unavailable: {a.reason}" if not a.ok else f"outside its contract: {reason}" if reason
-                       else _outcome(runner.check(entry.case, p)))
+        if not a.ok:
+            out[p.name] = f"{ABSENT if a.absent else 'unavailable'}: {a.reason}"
+        elif reason := p.supports(entry.case):
+            out[p.name] = f"outside its contract: {reason}"
+        else:
+            divs = cc.run(p)
+            refused = cc.seen[p.name].refused
+            out[p.name] = f"{REFUSED}: {refused}" if refused else _outcome(divs)
     return out
 
 
@@ -142,18 +152,24 @@ def _outcome(divergences: list) -> str:
 
 
 def verdict(per_path: dict[str, str]) -> str:
-    """One release's outcome: diverges if any path does, agrees if all that ran agree."""
-    ran = {k: v for k, v in per_path.items() if v == AGREES or v.startswith(DIVERGES)}
+    """One release's outcome: diverges if any path does, agrees if all that
+    ran agree; where none ran, refused or absent if a path says so (the
+    stack told the user, or this release lacks the drive), else no answer."""
+    classes = {k: outcome_class(v) for k, v in per_path.items()}
+    ran = {k: v for k, v in per_path.items() if classes[k] in (DIVERGES, AGREES)}
     if not ran:
-        return "no answer: " + "; ".join(f"{k} {v}" for k, v in per_path.items())[:300]
+        said = set(classes.values()) - {UNKNOWN}
+        word = REFUSED if REFUSED in said else ABSENT if said else "no answer"
+        return f"{word}: " + "; ".join(f"{k} {v}" for k, v in per_path.items())[:300]
     hit = [f"{k}{v[len(DIVERGES):]}" for k, v in ran.items() if v != AGREES]
     return f"{DIVERGES} on {len(hit)} of {len(ran)} paths: {hit[0]}" if hit else AGREES
 
 
 def outcome_class(outcome: str) -> str:
-    """``diverges``, ``agrees`` or ``unknown``: what the bisection and the range look at."""
+    """``diverges``, ``agrees``, ``refused``, ``absent`` or ``unknown``: what
+    the bisection and the range look at."""
     word = outcome.split(" ")[0].rstrip(":")
-    return word if word in (DIVERGES, AGREES) else "unknown"
+    return word if word in CLASSES else UNKNOWN
 
 
 def bisect(releases: list[str], outcome: Callable[[str], str], samples: int = SAMPLES) -> dict[str, str]:
@@ -180,23 +196,27 @@ def filled(releases: list[str], seen: dict[str, str]) -> dict[str, str]:
             continue
         lo = [x for x in run if Version(x) < Version(r)]
         hi = [x for x in run if Version(x) > Version(r)]
-        same = lo and hi and outcome_class(seen[lo[-1]]) == outcome_class(seen[hi[0]]) != "unknown"
-        out[r] = f"{outcome_class(seen[lo[-1]])} (not run)" if same else "unknown (not run)"
+        same = lo and hi and outcome_class(seen[lo[-1]]) == outcome_class(seen[hi[0]]) != UNKNOWN
+        out[r] = f"{outcome_class(seen[lo[-1]])} (not run)" if same else f"{UNKNOWN} (not run)"
     return out
 
 
 def specifier(releases: list[str], outcomes: dict[str, str]) -> str | None:
-    """The affected range as a PEP 440 specifier, if the diverging releases
-    are one stretch between releases that agree; open at an end the list
-    reaches. None: no divergence, or a pattern one range cannot say."""
+    """The affected range as a PEP 440 specifier: from the first diverging
+    release to the last, open at an end the list reaches, with ``!=`` for
+    each release inside that is not affected. None: no divergence, or an
+    answer missing inside the stretch or at a border (where it starts or
+    stops is not known)."""
     flags = [outcome_class(outcomes[r]) for r in releases]
     hit = [i for i, f in enumerate(flags) if f == DIVERGES]
-    if not hit or any(flags[i] != DIVERGES for i in range(hit[0], hit[-1] + 1)):
+    if not hit:
         return None
     lo, hi = hit[0], hit[-1]
-    if lo > 0 and flags[lo - 1] != AGREES or hi + 1 < len(flags) and flags[hi + 1] != AGREES:
-        return None  # an end of the stretch borders a release without an answer: where it starts is not known
+    border = flags[lo - 1: lo] + flags[hi + 1: hi + 2]
+    if any(f not in (DIVERGES, *NOT_AFFECTED) for f in flags[lo: hi + 1] + border):
+        return None
     parts = [f">={releases[lo]}"] if lo > 0 else []
+    parts += [f"!={releases[i]}" for i in range(lo, hi + 1) if flags[i] != DIVERGES]
     parts += [f"<{releases[hi + 1]}"] if hi + 1 < len(releases) else []
     return ",".join(parts)
 
@@ -206,8 +226,8 @@ def table(package: str, releases: list[str], seen: dict[str, str]) -> str:
     lines = [f"{package:<16} {r:<10} {outcomes[r]}" for r in releases]
     spec = specifier(releases, outcomes)
     if spec is None and any(o.startswith(DIVERGES) for o in outcomes.values()):
-        lines.append("range: not one stretch between releases that agree (a release without an answer borders it, "
-                     "or it has gaps): run the unknown releases, or file one ledger entry per stretch")
+        lines.append("range: not known: a release without an answer lies inside the diverging stretch or borders it; "
+                     "run the unknown releases (--releases, or --all)")
     elif spec is None:
         lines.append(f"range: none of the releases of {package} run diverges on this case")
     else:

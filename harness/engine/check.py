@@ -57,6 +57,7 @@ class CaseCheck:
         self._oracle = oracle
         self._tol = tol
         self._bases: dict[str, bool] = {}
+        self.seen: dict[str, Observation] = {}  # each path's last observation (``gradfuzz versions`` reads refusals)
 
     @property
     def oracle(self) -> Observation:
@@ -83,6 +84,7 @@ class CaseCheck:
             obs = self.meter.measure(machinery_family(path.name), lambda: path.run(self.case))
         else:
             obs = path.run(self.case)
+        self.seen[path.name] = obs
         if self.profile is not None:
             self.profile.paths[path.name] = self.profile.paths.get(path.name, 0.0) + (time.process_time() - t0)
             self.profile.path_runs[path.name] = self.profile.path_runs.get(path.name, 0) + 1

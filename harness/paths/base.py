@@ -63,6 +63,11 @@ IMPLIED = (
 class Availability:
     ok: bool
     reason: str = ""
+    # Not available because the installed release of the stack lacks what the
+    # path drives (DeepSpeed's loss.backward() before 0.18.3): the bug cannot
+    # be there, so ``gradfuzz versions`` counts that release as not affected
+    # rather than as one without an answer.
+    absent: bool = False
 
 
 @dataclass(frozen=True)

@@ -269,7 +269,7 @@ def test_a_misuse_deepspeed_silently_gets_wrong_is_a_misuse_finding_and_a_refuse
     assert CaseCheck(_misuse("zero_grad")).run(zero2) == []  # accepted, and right: no finding
     (zero3,) = resolve("deepspeed.zero3.misuse")
     obs = zero3.run(_misuse("backward_twice"))
-    assert "mat2 must be a matrix" in obs.extra["refused"] and not obs.steps
+    assert "mat2 must be a matrix" in obs.refused and not obs.steps
     assert CaseCheck(_misuse("backward_twice")).run(zero3) == []
 
 

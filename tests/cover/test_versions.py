@@ -80,10 +80,49 @@ def test_ranges_open_at_the_ends_the_list_reaches_and_gaps_are_said():
     assert v.specifier(rs, dict(zip(rs, [v.DIVERGES, v.DIVERGES, v.AGREES, v.AGREES]))) == "<1.2"
     assert v.specifier(rs, dict(zip(rs, [v.AGREES, v.DIVERGES, v.DIVERGES, v.DIVERGES]))) == ">=1.1"
     split = dict(zip(rs, [v.DIVERGES, v.AGREES, v.DIVERGES, v.AGREES]))
-    assert v.specifier(rs, split) is None and "not one stretch" in v.table("x", rs, split)
+    assert v.specifier(rs, split) == "!=1.1,<1.3"  # a release inside that agrees is left out by name
     assert "none of the releases of x run" in v.table("x", rs, dict.fromkeys(rs, v.AGREES))
     unknown = v.filled(rs, {"1.0": v.AGREES, "1.3": v.DIVERGES})
     assert unknown["1.1"] == "unknown (not run)" and v.specifier(rs, unknown) is None
+    assert "range: not known" in v.table("x", rs, unknown)
+
+
+def test_a_refusal_or_a_release_without_the_drive_is_not_affected_and_not_agreement():
+    """Session 17 found the six DeepSpeed misuse ranges by hand because the
+    tool read a refusal (the stack raised: the user was told) as "agrees" and
+    a release without loss.backward() as "diverges". Both are releases the
+    bug is not in, said as what they are."""
+    refused = v.verdict({"deepspeed.zero1.misuse": "refused: raised TypeError: backward() got an unexpected keyword",
+                         "deepspeed.zero0.misuse": "outside its contract: no misuse drawn"})
+    absent = v.verdict({"deepspeed.zero1.torch": "absent: DeepSpeed 0.16.9 has no loss.backward() drive"})
+    assert v.outcome_class(refused) == v.REFUSED and v.outcome_class(absent) == v.ABSENT
+    assert v.outcome_class(v.verdict({"p": "unavailable: deepspeed is not installed here"})) == v.UNKNOWN
+    rs = ["0.16.9", "0.18.2", "0.18.3", "0.18.6", "0.18.7", "0.19.0", "0.19.8"]
+    seen = dict(zip(rs, [absent, absent, "diverges on 1 of 1 paths: x", "diverges on 1 of 1 paths: x", refused,
+                         "diverges on 1 of 1 paths: x", "diverges on 1 of 1 paths: x"]))
+    assert v.specifier(rs, seen) == ">=0.18.3,!=0.18.7"
+    assert "refused" in v.table("deepspeed", rs, seen).splitlines()[4]
+    # the bisection looks at the class: a refusal between two agreements is a change it runs down
+    bisected = v.bisect(rs, lambda r: refused if r == "0.18.7" else v.AGREES, samples=4)
+    assert sorted(bisected, key=rs.index) == rs[:1] + rs[2:]  # 0.18.6 and 0.19.0 run to find the refusal's ends
+
+
+def test_deepspeed_loss_backward_drive_is_absent_before_the_release_that_hooks_outputs(monkeypatch):
+    import importlib.util
+
+    from packaging.version import Version
+
+    from harness.paths.deepspeed import path as ds
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(ds, "installed_release", lambda: Version("0.18.2"))
+    torch_drive = ds.DeepSpeedPath("deepspeed.zero1.torch", 1, drive="torch")
+    a = torch_drive.availability()
+    assert not a.ok and a.absent and "0.18.3" in a.reason
+    monkeypatch.setattr(ds, "installed_release", lambda: Version("0.18.3"))
+    assert not torch_drive.availability().absent
+    monkeypatch.setattr(ds, "installed_release", lambda: Version("0.16.9"))
+    assert not ds.DeepSpeedPath("deepspeed.zero1.stock", 1).availability().absent  # the other drives are there
 
 
 def test_a_release_where_nothing_ran_is_no_answer_not_agreement():

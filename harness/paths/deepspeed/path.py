@@ -13,9 +13,12 @@ Outputs and input grads are compared after every micro-step.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import replace
 from typing import Any
+
+from packaging.version import Version
 
 from harness.case.spec import Case
 from harness.observation import GRAD_NONE, MISUSE_CLASS, OPTIMIZER_STATE, Observation, Violation
@@ -30,6 +33,10 @@ STAGES = (0, 1, 2, 3)
 NO_SYNC_STAGES = (0, 1)  # engine.no_sync() refuses the stages that partition grads
 TORCH_STAGES = (1, 2, 3)  # loss.backward(): ZeRO 0 raises "Direct calls to tensor.backward() are not supported"
 INSTALL = "pip install 'gradfuzz[deepspeed]'"
+# The first release whose engine hooks its outputs so that a plain
+# loss.backward() accumulates as engine.backward does (checked in each
+# release's runtime/utils.py: 0.18.2 lacks the hooks, 0.18.3 has them).
+TORCH_DRIVE_SINCE = Version("0.18.3")
 WARM_TIMEOUT = 900.0  # the first compile of DeepSpeed's shared-memory op on a loaded 2-core machine
 _WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process ids) that have started DeepSpeed's communication once
 
@@ -49,6 +56,11 @@ OWN_OPTIMIZER = ("the engine steps its own optimizer (SGD at learning rate 0 her
 BLIND = (SAFE_GET_FULL_GRAD_BLIND, *STACK_LOOP, (OPTIMIZER_STATE, OWN_OPTIMIZER))
 
 
+def installed_release() -> Version:
+    """DeepSpeed's release as installed, read from its metadata (importing it takes seconds)."""
+    return Version(importlib.metadata.version("deepspeed"))
+
+
 class DeepSpeedPath(PooledPath):
     # Stage 0 accumulates through eager's AccumulateGrad: where plain
     # .backward() already diverges (accumulategrad-steals-views), so does it.
@@ -63,6 +75,9 @@ class DeepSpeedPath(PooledPath):
     def availability(self) -> Availability:
         if importlib.util.find_spec("deepspeed") is None:
             return Availability(False, f"deepspeed is not installed here: {INSTALL}")
+        if self.drive == "torch" and (have := installed_release()) < TORCH_DRIVE_SINCE:
+            return Availability(False, f"DeepSpeed {have} has no loss.backward() drive: its output hooks "
+                                f"(runtime.utils.register_output_backward_hooks) came in {TORCH_DRIVE_SINCE}", absent=True)
         where = self.group_availability()
         return where if not where.ok else Availability(True, f"{where.reason}; DeepSpeed ZeRO stage {self.stage}")
 
@@ -82,7 +97,7 @@ class DeepSpeedPath(PooledPath):
                                       "stage": self.stage, "impl": self.impl, "drive": self.drive}, self.timeout)
         refused = sorted({r["refused"] for r in outcome.replies.values() if isinstance(r, dict) and r.get("refused")})
         if refused:  # DeepSpeed told the user (raised or warned): a refusal, never a finding
-            return Observation(self.name, extra={"refused": refused[0]})
+            return Observation(self.name, refused=refused[0])
         obs = assemble(self.name, case, outcome)
         obs.violations += skipped_steps(case, outcome.replies)
         if knobs(case).bf16:  # forward and backward in bfloat16, fp32 master grads: compared at bf16
