@@ -104,6 +104,34 @@ def test_graphed_canaries_are_listed_and_skipped_without_cuda_never_caught(tmp_p
     assert all(not d["caught"] and "needs CUDA" in d["skipped"] for d in data)
 
 
+def test_a_canary_that_cannot_run_here_gets_no_process_in_the_gates_self_check(monkeypatch):
+    """``gate -n N`` runs each canary in a process of its own; one whose path
+    cannot run here (the graphed ones without CUDA) is skipped with the same
+    reason the process would give, without starting it."""
+    from harness.canaries import all_canaries
+    from harness.gate import selfcheck as sc
+
+    found = _graphed_canaries()
+    cheap = next(c for c in all_canaries() if c.name == "double_count_nested")
+    started = []
+
+    def jobs(argvs, n, folder, on_end, *a, **k):
+        started.extend(key for key, _ in argvs)
+        for key, argv in argvs:  # the runnable one, in this process as its job would
+            out = argv[argv.index("--json") + 1]
+            with open(out, "w") as fh:
+                fh.write(sc.to_json([sc.run_canary(cheap)]))
+            on_end(type("E", (), {"key": key, "returncode": 0, "seconds": 0.0, "tail": lambda self: ""})())
+
+    monkeypatch.setattr(sc, "run_jobs", jobs)
+    results = sc.selfcheck(canaries=[found[GRAPHED[0]], cheap, found[GRAPHED[1]]], workers=2)
+    assert started == [cheap.name]
+    assert [r.name for r in results] == [GRAPHED[0], cheap.name, GRAPHED[1]]
+    assert results[1].caught
+    for r in (results[0], results[2]):
+        assert r.state == "skipped" and r == sc.run_canary(found[r.name]), r
+
+
 def views_on_cpu(module, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):
     """The grad-views canary's own wrapper on the CPU replay stand-in (tests/standins.py)."""
     from harness.paths.graphed.canaries import static_grad_views
