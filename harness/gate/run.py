@@ -246,6 +246,7 @@ def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, sla
     by_name = {p.name: p for p in live}
     verdicts: dict[tuple[str, str, str | None], tuple[Verdict, ledger_mod.Bug]] = {}
     seen = {(r.path, r.signature) for r in rows}
+    _start_children(rows, by_name, led)
     for r in list(rows):
         if r.status != "known" or r.bug is None:
             continue
@@ -266,6 +267,20 @@ def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, sla
         v, bug = verdicts[key]
         r.status, r.detail, r.bug, r.upstream = v.status, f"{r.detail} [{v.note}]", bug.id, bug.upstream
     claim_new(rows, by_name, led, slack, version)
+
+
+def _start_children(rows: list[Row], by_name: dict[str, Path], led: ledger_mod.Ledger) -> None:
+    """Start the child process of every path in a child that a known row
+    will run on (the compile flavours, a child each), all at once: each
+    takes seconds to import torch and its compiler, and the checks below
+    use them one at a time. Which runs where is unchanged, so is the verdict."""
+    for r in rows:
+        path = by_name.get(r.path)
+        if r.status != "known" or r.bug is None or r.case is None or not hasattr(path, "start_soon"):
+            continue
+        wa = led.by_id(r.bug, r.path).workaround
+        if wa != ledger_mod.NO_WORKAROUND and apply(path, wa) is not None:
+            path.start_soon()  # a second row on the path finds its child started: nothing to do
 
 
 def claim_new(rows: list[Row], by_name: dict[str, Path], led: ledger_mod.Ledger, slack: float | None,

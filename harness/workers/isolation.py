@@ -92,6 +92,7 @@ class IsolatedPath:
         self._out: Any = None
         self.starts = 0  # children started; every one after the first replaced a crashed, hung or broken one
         self._ahead: tuple[Case, str | None, float] | None = None  # (case, path name, sent at): submitted, not read
+        self._booting = False  # spawned by start_soon, its "ready" not read yet
 
     def availability(self):
         return self.local.availability()
@@ -108,7 +109,19 @@ class IsolatedPath:
     def restarts(self) -> int:
         return max(self.starts - 1, 0)
 
+    def start_soon(self) -> None:
+        """Start the child and return without waiting for it to be ready: a
+        caller about to use several isolated paths one after another (the
+        gate's workaround checks) lets their interpreter starts overlap."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._kill()
+            self._spawn()
+
     def _start(self) -> None:
+        self._spawn()
+        self._await_ready()
+
+    def _spawn(self) -> None:
         self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
         env = {**os.environ, PROGRESS_ENV: "1", **one_gpu_env()}
@@ -117,6 +130,10 @@ class IsolatedPath:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
         )
         self._send(("init", self.recipe))
+        self._booting = True
+
+    def _await_ready(self) -> None:
+        self._booting = False
         reply = self._recv(STARTUP_TIMEOUT)
         if not (isinstance(reply, tuple) and reply[:1] == ("ready",)):
             detail = self._log_tail()
@@ -183,7 +200,7 @@ class IsolatedPath:
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
-        self._ahead = None
+        self._ahead, self._booting = None, False
         if proc is not None:
             if proc.poll() is None:
                 proc.kill()
@@ -238,6 +255,8 @@ class IsolatedPath:
         if self._proc is None or self._proc.poll() is not None:
             self._kill()
             self._start()
+        elif self._booting:  # started by start_soon: its "ready" is still to be read
+            self._await_ready()
 
     def _left(self, ahead: tuple[Case, str | None, float]) -> float:
         """What is left of the timeout of a case sent at ``ahead[2]``."""

@@ -215,3 +215,28 @@ def test_isolated_fixed_standin_agrees_and_returns_timings():
         assert not check(scale(), path)
     finally:
         path.close()
+
+
+def test_children_started_soon_boot_side_by_side_and_run_as_if_started_on_use():
+    """The gate starts the children its workaround checks will use all at once
+    (``IsolatedPath.start_soon``): both are alive before either is used, each
+    is started once, and what they observe is what a child started on use does."""
+    soon = [isolated("standin.fixed", "tests.standins:fixed", owned_outputs=True) for _ in range(2)]
+    late = isolated("standin.fixed", "tests.standins:fixed", owned_outputs=True)
+    try:
+        for p in soon:
+            p.start_soon()
+        assert all(p._proc is not None and p._proc.poll() is None for p in soon)
+        crashing = isolated("standin.crashes", "tests.standins:crashes")
+        crashing.start_soon()
+        assert [d.kind for d in check(scale(microbatches=2), crashing)] == ["crash"]  # a crash after a soon start
+        crashing.close()
+        want = late.run(scale()).steps
+        for p in soon:
+            p.start_soon()  # already started: nothing happens
+            got = p.run(scale()).steps
+            assert p.starts == 1 and [s.grads.keys() for s in got] == [s.grads.keys() for s in want]
+            assert all(torch.equal(g[k], w[k]) for s, t in zip(got, want) for g, w in [(s.grads, t.grads)] for k in w)
+    finally:
+        for p in (*soon, late):
+            p.close()

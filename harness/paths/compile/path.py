@@ -424,6 +424,9 @@ class IsolatedCompilePath:
             self.stats.add(obs.extra["compile"])
         return obs
 
+    def start_soon(self) -> None:
+        self.worker.start_soon()
+
     def close(self) -> None:
         self.worker.close()  # the next run starts a fresh one
 
