@@ -1,7 +1,7 @@
 """A case spelled out as plain torch source, for the standalone repro scripts.
 
 Every script template (``harness.artifacts.repro``, ``harness.paths.pipeline.script``,
-``harness.paths.dtensor.script``) writes the module, its data and its custom
+``harness.paths.dtensor.script``, the DeepSpeed and megatron ones) writes the module, its data and its custom
 autograd Functions the same way, from typed values only: names are the
 validated identifiers of the case, numbers are literals, text goes through
 ``repr``.
@@ -10,12 +10,15 @@ validated identifiers of the case, numbers are literals, text goes through
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.case import functions
 from harness.case.ops import OPS, draws_random
 from harness.case.spec import Case, SpecError, Use
-from harness.materialize.names import variable
+from harness.materialize.names import attribute, variable
+
+if TYPE_CHECKING:
+    from harness.materialize.stages import StageSpec
 
 
 def checked(case: Case) -> Case:
@@ -65,6 +68,42 @@ def hook_lines(name: str, kind: str, factor: Any, indent: str) -> list[str]:
     """The hook a case registers on the node held in ``name``, as source lines."""
     body = f"lambda g: g * {factor_literal(factor)}" if kind == "scale" else "lambda g: None"
     return [f"{indent}if {name}.requires_grad:", f"{indent}    {name}.register_hook({body})  # a {kind} hook"]
+
+
+def stage_source(case: Case, spec: StageSpec) -> str:
+    """One stage as a plain nn.Module class (the pipeline and DeepSpeed pipe
+    scripts): its parameters from PARAMS, its inputs positional as ``a0``, ``a1``..."""
+    args = [f"a{i}" for i in range(len(spec.inputs))]
+    received = {(v.ref, v.index): a for v, a in zip(spec.inputs, args)}
+    local = {n.name for n in spec.nodes}
+    hooks = {h.node: h for h in case.hooks}
+
+    def ref(u: Use) -> str:
+        if u.ref in spec.params:
+            s = f"self.{attribute(u.ref)}"
+        elif u.ref in local:
+            s = variable(u.ref) if u.index is None else f"{variable(u.ref)}[{u.index}]"
+        else:
+            s = received[(u.ref, u.index)]
+        return f"{s}.mT" if u.transpose else s
+
+    lines = [f"class Stage{spec.index}(torch.nn.Module):",
+             f'    """Stage {spec.index}: receives {", ".join(v.label for v in spec.inputs) or "nothing"}."""',
+             "",
+             "    def __init__(self):",
+             "        super().__init__()"]
+    for n in spec.params:
+        lines.append(f"        self.{attribute(n)} = torch.nn.Parameter(torch.tensor(PARAMS[{n!r}], dtype=DTYPE), "
+                     f"requires_grad={n!r} not in FROZEN)")
+    lines += ["", f"    def forward(self{''.join(', ' + a for a in args)}):"]
+    for n in spec.nodes:
+        lines.append(f"        {variable(n.name)} = {OPS[n.op].source([ref(u) for u in n.args], dict(n.attrs))}")
+        h = hooks.get(n.name)
+        if h is not None:
+            lines += hook_lines(variable(n.name), h.kind, h.factor, "        ")
+    outs = [ref(u) for u in spec.outputs]
+    lines.append(f"        return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
+    return "\n".join(lines)
 
 
 def literal(t: Any) -> str:

@@ -4,6 +4,7 @@ every ZeRO stage with its canary caught."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -148,8 +149,25 @@ def test_a_zero_finding_gets_a_torchrun_script_whose_config_is_data():
         compile(text, "repro.py", "exec")
         assert "deepspeed.initialize(model=module, optimizer=opt, config=CONFIG)" in text
         assert f"DRIVE = {p.drive!r}" in text and '"reduce_bucket_size": 8' in text
-    (pipe,) = resolve("deepspeed.pipe.stock")
-    assert pipe.repro(case).template == "none"  # the pipeline engine's script is not written yet: it says so
+
+
+# The tied all-reduce writes into w1's grad, a view of the same buffer (deepspeed.pipe.*, 0.19.8).
+TIED_ALIAS = Path(__file__).parents[2] / "cases" / "deepspeed" / "pipe_tied_allreduce_writes_sibling_grad.json"
+
+
+def test_a_pipe_finding_gets_a_torchrun_script_with_its_stages_and_tied_layers():
+    """Written without DeepSpeed: the stages are plain classes, the tied weights TiedLayerSpecs, the config data."""
+    from harness.artifacts.repro import script
+    from tests.helpers import nested
+
+    case = _two_stages(nested(microbatches=2))
+    for p in resolve("deepspeed.pipe"):
+        text = script(case, p.name, p.repro(case))
+        compile(text, "repro.py", "exec")
+        assert "import harness" not in text and "from harness" not in text
+        assert f'"zero_optimization": {{"stage": {p.stage}}}' in text and '"gradient_accumulation_steps": 2' in text
+        assert "STAGE_TIED = [['w0'], ['w0']]" in text and "class Stage1(torch.nn.Module):" in text
+        assert "TiedLayerSpec(n, Holder, n, forward_fn=append_weight)" in text and "engine.train_batch(" in text
 
 
 @needs_deepspeed
@@ -323,4 +341,27 @@ def test_a_misuse_finding_gets_a_standalone_script_that_shows_it(tmp_path):
     text = script(case, p.name, p.repro(case))
     assert "MISUSE = 'zero_grad'" in text and "The loop MISUSES the engine (zero_grad)" in text
     line, rc = torchrun_verdict(text, tmp_path)
+    assert "DIVERGES" in line and rc == 1, line
+
+
+@needs_deepspeed
+def test_the_pipe_script_runs_alone_shows_the_corpus_finding_agrees_on_a_clean_case_and_sees_a_doubled_grad(tmp_path):
+    """The tied-alias finding's script diverges as the path does (w1's grad);
+    a tied case without the alias agrees over two microbatches; the same
+    script with the loss doubled must say DIVERGES."""
+    from harness.artifacts.corpus import load
+    from harness.artifacts.repro import script
+    from tests.helpers import nested
+
+    stock, zero1 = resolve("deepspeed.pipe")
+    case = load(str(TIED_ALIAS)).case
+    line, rc = torchrun_verdict(script(case, stock.name, stock.repro(case)), tmp_path)
+    assert "DIVERGES (1 differences)" in line and rc == 1, line
+    clean = _two_stages(nested(microbatches=2))
+    text = script(clean, zero1.name, zero1.repro(clean))
+    line, rc = torchrun_verdict(text, tmp_path)
+    assert "agrees (0 differences)" in line and rc == 0, line
+    doubled = text.replace("return MICROBATCHES * sum(", "return 2 * MICROBATCHES * sum(")
+    assert doubled != text
+    line, rc = torchrun_verdict(doubled, tmp_path)
     assert "DIVERGES" in line and rc == 1, line

@@ -1,7 +1,8 @@
 """``deepspeed.*``: the case's module under a DeepSpeed engine (ZeRO 0 to 3)
 with gradient accumulation, on the worker pool's process group: the paths
 (``path``), what each rank runs (``rank``), the engine's knobs as case data
-(``data``), the canary, and the page.
+(``data``), the canary, the standalone scripts (``script`` for ZeRO,
+``pipescript`` for the pipeline engine), and the page.
 
 DeepSpeed is optional (``pip install 'gradfuzz[deepspeed]'``): without it
 these paths are listed as unavailable with that command.
@@ -14,7 +15,8 @@ FAMILY = Family(
     "deepspeed",
     paths=lazy("harness.paths.deepspeed.pipe:family_paths"),
     canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
-    scripts={"deepspeed": lazy("harness.paths.deepspeed.script:script")},
+    scripts={"deepspeed": lazy("harness.paths.deepspeed.script:script"),
+             "deepspeed.pipe": lazy("harness.paths.deepspeed.pipescript:script")},
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",
     prefixes=("deepspeed",),

@@ -30,7 +30,6 @@ from harness.observation import INPUT_GRAD, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.path import BLIND, engine_refusal
-from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 
 GAS = (1, 2, 3, 4)
@@ -45,6 +44,21 @@ def tied_params(case: Case) -> set[str]:
     """Parameters both stages use: a copy on each, tied by ``TiedLayerSpec``."""
     specs = cut_of(case)
     return set(specs[0].params) & set(specs[-1].params) if len(specs) > 1 else set()
+
+
+def bodies(case: Case) -> list[tuple[tuple[str, ...], StageSpec]]:
+    """Each stage as the engine is handed it (``piperank`` and the standalone
+    script build the same layers from this): the tied parameters it uses,
+    one ``TiedLayerSpec`` each that appends its weight to the activations,
+    then its own nodes over the other parameters, which take those weights
+    after the activations."""
+    tied = tied_params(case)
+    out = []
+    for spec in cut_of(case):
+        mine = tuple(n for n in spec.params if n in tied)
+        out.append((mine, replace(spec, params=tuple(n for n in spec.params if n not in tied),
+                                  inputs=spec.inputs + tuple(Value(n) for n in mine))))
+    return out
 
 
 @st.composite
@@ -171,7 +185,9 @@ class DeepSpeedPipePath(PooledPath):
         return obs
 
     def repro(self, case: Case) -> Repro:
-        return replay_only(self.name)
+        from harness.paths.deepspeed.pipescript import Pipe
+
+        return Repro(template="deepspeed.pipe", family=Pipe(self.stage))
 
 
 def _as_replicas(outcome: Any) -> Any:

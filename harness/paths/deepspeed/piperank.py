@@ -23,16 +23,15 @@ returns.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
 from harness.case.spec import Case
-from harness.materialize.stages import StageModule, StageSpec, Value
+from harness.materialize.stages import StageModule, StageSpec
 from harness.materialize.tensors import Built
 from harness.paths.deepspeed.data import pipe_config
-from harness.paths.deepspeed.pipe import cut_of, tied_params
+from harness.paths.deepspeed.pipe import bodies
 from harness.paths.deepspeed.rank import _deepspeed
 from harness.paths.rankfacts import encode, rank_failure
 from harness.workers.host import Rank
@@ -78,12 +77,8 @@ def _layers(case: Case, built: Built) -> list[Any]:
 
     values = {n: v.to(built.dtype) for n, v in built.params().items()}
     trainable = {p.name: p.requires_grad for p in case.params}
-    tied = tied_params(case)
     stages = []
-    for spec in cut_of(case):
-        mine = tuple(n for n in spec.params if n in tied)
-        body = replace(spec, params=tuple(n for n in spec.params if n not in tied),
-                       inputs=spec.inputs + tuple(Value(n) for n in mine))
+    for mine, body in bodies(case):
         stages.append([TiedLayerSpec(n, Holder, n, values[n], trainable[n], forward_fn=_append) for n in mine]
                       + [LayerSpec(Body, case, body, values)])
     width = max(len(s) for s in stages)

@@ -12,49 +12,12 @@ when stages share it) and of every input.
 from __future__ import annotations
 
 from harness.objects import Ref
-from harness.materialize.names import attribute, variable
 from harness.materialize.tensors import Built
-from harness.case.ops import OPS
-from harness.materialize.source import checked, forward_source, function_helpers, hook_lines, literal
+from harness.materialize.source import checked, forward_source, function_helpers, literal, stage_source
 from harness.paths.base import Repro
-from harness.case.spec import Case, Use
-from harness.materialize.stages import StageSpec, cut
+from harness.case.spec import Case
+from harness.materialize.stages import cut
 from harness.paths.pipeline.data import stage_cuts
-
-
-def stage_source(case: Case, spec: StageSpec) -> str:
-    """One stage as a plain nn.Module class."""
-    args = [f"a{i}" for i in range(len(spec.inputs))]
-    received = {(v.ref, v.index): a for v, a in zip(spec.inputs, args)}
-    local = {n.name for n in spec.nodes}
-    hooks = {h.node: h for h in case.hooks}
-
-    def ref(u: Use) -> str:
-        if u.ref in spec.params:
-            s = f"self.{attribute(u.ref)}"
-        elif u.ref in local:
-            s = variable(u.ref) if u.index is None else f"{variable(u.ref)}[{u.index}]"
-        else:
-            s = received[(u.ref, u.index)]
-        return f"{s}.mT" if u.transpose else s
-
-    lines = [f"class Stage{spec.index}(torch.nn.Module):",
-             f'    """Stage {spec.index}: receives {", ".join(v.label for v in spec.inputs) or "nothing"}."""',
-             "",
-             "    def __init__(self):",
-             "        super().__init__()"]
-    for n in spec.params:
-        lines.append(f"        self.{attribute(n)} = torch.nn.Parameter(torch.tensor(PARAMS[{n!r}], dtype=DTYPE), "
-                     f"requires_grad={n!r} not in FROZEN)")
-    lines += ["", f"    def forward(self{''.join(', ' + a for a in args)}):"]
-    for n in spec.nodes:
-        lines.append(f"        {variable(n.name)} = {OPS[n.op].source([ref(u) for u in n.args], dict(n.attrs))}")
-        h = hooks.get(n.name)
-        if h is not None:
-            lines += hook_lines(variable(n.name), h.kind, h.factor, "        ")
-    outs = [ref(u) for u in spec.outputs]
-    lines.append(f"        return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
-    return "\n".join(lines)
 
 
 def script(case: Case, machinery: Repro, title: str) -> str:
