@@ -127,7 +127,6 @@ def test_a_ddp_finding_gets_a_torchrun_script_with_the_config_as_data_and_the_cp
         assert '"bucket_size": 40' in text and f'"use_distributed_optimizer": {str(p.distopt).lower()}' in text
         assert "SHARED = ['w1']" in text and "CPU_PATCHES = {'current_device': _cpu_device" in text
         assert "finalize_model_grads([ddp])" in text and "os._exit(code)" in text
-    assert _pp().repro(case).template == "none"  # the pipeline's script is not written yet: it says so
 
 
 @needs_megatron
@@ -150,6 +149,57 @@ def test_the_ddp_script_runs_alone_shows_the_raise_agrees_on_a_clean_case_and_se
     line, rc = torchrun_verdict(text, tmp_path)
     assert "agrees (0 differences)" in line and rc == 0, line
     doubled = text.replace("/ MICROBATCHES).backward()", "/ MICROBATCHES * 2).backward()")
+    assert doubled != text
+    line, rc = torchrun_verdict(doubled, tmp_path)
+    assert "DIVERGES" in line and rc == 1, line
+
+
+# megatron-core runs it and the grads are wrong (NVIDIA/Megatron-LM#750)
+SWAPS = Path(__file__).parents[2] / "cases" / "megatron" / "vpp_pp2_batched_p2p_swaps_fwd_bwd.json"
+
+
+def test_a_pipeline_finding_gets_a_torchrun_script_with_its_stages_and_configs_as_data():
+    """Written without megatron-core: the stages spelled out, the tied weight
+    named, batch_p2p_comm as the case sets it; a canary's stays replay-only."""
+    from harness.artifacts.repro import script
+    from harness.paths.megatron.path import MegatronVppPath
+
+    case = _vtied().with_data("megatron", Knobs(cuts=(1, 2, 3), overlap=True, distopt=True))
+    text = script(case, _vpp().name, _vpp().repro(case))
+    compile(text, "repro.py", "exec")
+    assert "import harness" not in text and "from harness" not in text
+    assert '"batch_p2p_comm": true' in text and '"virtual_pipeline_model_parallel_size": 2' in text
+    assert '"use_distributed_optimizer": true' in text and "SHARED = 'w0'" in text and "class Stage3(" in text
+    assert "class MegatronStage(" in text and "def tie(" in text and "class CudaFactoriesOnCpu(" in text
+    assert "CPU_PATCHES = {'current_device': _cpu_device" in text and "os._exit(code)" in text
+    paired = _tied().with_data("megatron", Knobs(cut=2, batch_p2p=False))
+    text = script(paired, _pp().name, _pp().repro(paired))
+    assert '"batch_p2p_comm": false' in text and "virtual_pipeline" not in text and "class Stage2(" not in text
+    canary = MegatronVppPath("megatron.vpp.broken", "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0)
+    assert canary.repro(case).template == "none"
+
+
+@needs_megatron
+def test_the_pipeline_script_runs_alone_diverges_as_the_path_agrees_paired_and_sees_a_doubled_grad(tmp_path):
+    """The corpus finding's script diverges as megatron.vpp does and agrees
+    with batch_p2p_comm off (the maintainers' workaround); megatron.pp's on a
+    tied weight (distributed optimizer, overlap, a bucket a parameter)
+    agrees, and the same script with each grad output doubled must not."""
+    from harness.artifacts.corpus import load
+    from harness.artifacts.repro import script
+    from tests.helpers import torchrun_verdict
+
+    case = load(str(SWAPS)).case
+    text = script(case, _vpp().name, _vpp().repro(case))
+    line, rc = torchrun_verdict(text, tmp_path)
+    assert "DIVERGES" in line and rc == 1, line
+    line, rc = torchrun_verdict(text.replace('"batch_p2p_comm": true', '"batch_p2p_comm": false'), tmp_path)
+    assert "agrees (0 differences)" in line and rc == 0, line
+    tied = _tied().with_data("megatron", Knobs(cut=2, overlap=True, bucket=1, distopt=True))
+    text = script(tied, _pp().name, _pp().repro(tied))
+    line, rc = torchrun_verdict(text, tmp_path)
+    assert "agrees (0 differences)" in line and rc == 0, line
+    doubled = text.replace("* MICROBATCHES for c in GRAD_OUTPUTS[k]]", "* MICROBATCHES * 2 for c in GRAD_OUTPUTS[k]]")
     assert doubled != text
     line, rc = torchrun_verdict(doubled, tmp_path)
     assert "DIVERGES" in line and rc == 1, line

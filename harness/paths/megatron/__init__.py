@@ -4,8 +4,9 @@ optimizer's reduce-scatter) with gradient accumulation, and the case cut
 into two pipeline stages under megatron's 1F1B schedule with a shared
 embedding (``megatron.pp``), on the worker pool's process group: the paths
 (``path``), what each rank runs (``rank``; ``pipe`` for the pipeline), the
-one CPU patch (``cpu``), the DDP paths' standalone script (``script``), the
-DDP config and the cut as case data (``data``), the canaries, and the page.
+one CPU patch (``cpu``), the standalone scripts (``script`` for the DDP
+paths, ``pipe_script`` for the pipeline's), the DDP config and the cut as
+case data (``data``), the canaries, and the page.
 
 megatron-core is optional (``pip install 'gradfuzz[megatron]'``): without it
 these paths are listed as unavailable with that command.
@@ -18,7 +19,8 @@ FAMILY = Family(
     "megatron",
     paths=lazy("harness.paths.megatron.path:paths"),
     canaries=lazy("harness.paths.megatron.canaries:canaries"),
-    scripts={"megatron": lazy("harness.paths.megatron.script:script")},
+    scripts={"megatron": lazy("harness.paths.megatron.script:script"),
+             "megatron.pipe": lazy("harness.paths.megatron.pipe_script:script")},
     case_data=CASE_DATA,
     docs="harness/paths/megatron/README.md",
     prefixes=("megatron",),

@@ -71,13 +71,17 @@ def on_cpu(device: torch.device) -> Iterator[None]:
             setattr(torch.cuda, name, value)
 
 
-def _is_cuda(device: Any) -> bool:
+def is_cuda(device: Any) -> bool:
+    """``device=`` as megatron spells it (a ``torch.device`` or a string such as "cuda:0") names CUDA."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
-class _CudaFactoriesOnCpu(TorchFunctionMode):
+class CudaFactoriesOnCpu(TorchFunctionMode):
+    """Tensor constructors asked for ``device="cuda"`` build on the CPU; every other call as called.
+    (The pipeline's standalone script runs this source.)"""
+
     def __init__(self) -> None:
         super().__init__()
         from torch.utils._device import _device_constructors
@@ -86,7 +90,7 @@ class _CudaFactoriesOnCpu(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in self.constructors and _is_cuda(kwargs.get("device")):
+        if func in self.constructors and is_cuda(kwargs.get("device")):
             kwargs = {**kwargs, "device": "cpu"}
         return func(*args, **kwargs)
 
@@ -97,5 +101,5 @@ def cuda_factories_on_cpu(device: torch.device) -> Iterator[None]:
     if device.type != "cpu":
         yield
         return
-    with _CudaFactoriesOnCpu():
+    with CudaFactoriesOnCpu():
         yield

@@ -64,6 +64,19 @@ def ddp_config(case: Case, distopt: bool) -> dict:
             "average_in_collective": False}
 
 
+def model_config(case: Case, chunks: int) -> dict:
+    """The ``ModelParallelConfig`` p2p and schedule fields of a pipeline case
+    (``chunks`` model chunks a rank), as keyword arguments: JSON data, so the
+    path's ranks and its standalone script set the same ones."""
+    k = knobs(case)
+    out = {"batch_p2p_comm": k.batch_p2p, "deallocate_pipeline_outputs": k.deallocate,
+           "calculate_per_token_loss": k.per_token}
+    if chunks > 1:
+        out.update({"virtual_pipeline_model_parallel_size": chunks, "overlap_p2p_comm": k.overlap_p2p,
+                    "microbatch_group_size_per_vp_stage": k.group or None})
+    return out
+
+
 @st.composite
 def _knobs(draw, case: Case) -> Case:
     overlap = draw(st.booleans())

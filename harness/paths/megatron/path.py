@@ -182,7 +182,11 @@ class MegatronPipePath(PooledPath):
         return obs
 
     def repro(self, case: Case) -> Repro:
-        return replay_only(self.name)
+        if self.impl != STOCK:  # a canary's fault is not megatron's: replayed, never scripted
+            return replay_only(self.name)
+        from harness.paths.megatron.pipe_script import Pipe
+
+        return Repro(template="megatron.pipe", family=Pipe(self.chunks))
 
     def with_workaround(self, name: str) -> Any | None:
         """``paired-p2p``: the same case with ``batch_p2p_comm`` off, the fix

@@ -85,7 +85,7 @@ from harness.materialize.stages import StageModule, StageSpec, cut
 from harness.materialize.tensors import Built
 from harness.objects import load_object
 from harness.paths.megatron.cpu import cuda_factories_on_cpu, on_cpu
-from harness.paths.megatron.data import ddp_config, knobs
+from harness.paths.megatron.data import ddp_config, knobs, model_config
 from harness.paths.megatron.rank import STOCK, _parallel_state, _raised_at, main_grads
 from harness.paths.rankfacts import encode, first_line, rank_failure
 from harness.workers.host import Rank
@@ -142,13 +142,16 @@ class MegatronStage(torch.nn.Module):
     """One pipeline stage as megatron's schedule and ``finalize_model_grads``
     see a model chunk (the attributes ``LanguageModule`` has)."""
 
-    def __init__(self, stage: StageModule, first: bool, last: bool, shared: str | None,
-                 shapes: list[tuple[int, ...]], width: int = 0) -> None:
+    def __init__(self, stage: torch.nn.Module, index: int, weights: dict[str, torch.nn.Parameter], first: bool,
+                 last: bool, shared: str | None, shapes: list[tuple[int, ...]], width: int = 0) -> None:
+        """``stage`` runs stage ``index`` and holds ``weights`` (by case name): any module, so the standalone
+        script wraps its spelled-out stages in this same source."""
         from megatron.core.enums import ModelType
 
         super().__init__()
         self.stage = stage
-        self.index = stage.spec.index
+        self.index = index
+        self.weights = weights
         self.width = width
         self.model_type = ModelType.encoder_or_decoder
         self.pre_process, self.post_process = first, last
@@ -158,20 +161,20 @@ class MegatronStage(torch.nn.Module):
         self.input_tensor: torch.Tensor | None = None
 
     def params(self) -> dict[str, torch.nn.Parameter]:
-        return self.stage.weights
+        return self.weights
 
     def set_input_tensor(self, tensors: Any) -> None:
         self.input_tensor = tensors[0] if isinstance(tensors, (list, tuple)) else tensors
 
     def shared_embedding_or_output_weight(self) -> torch.nn.Parameter | None:
-        return self.stage.weights[self.shared] if self.shared else None
+        return self.weights[self.shared] if self.shared else None
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if not self.pre_process:
             x = self.input_tensor
             assert x is not None, "a non-first stage ran without set_input_tensor"
             if x.requires_grad and x.is_leaf and x.grad is None:
-                x.grad = torch.zeros_like(x)  # see the module docstring: the boundary always answers
+                x.grad = torch.zeros_like(x)  # backward_step sends x.grad: never None, or the sender waits for ever
             flat, at, inputs = x.reshape(-1), 0, ()
             for shape in self.shapes:
                 n = math.prod(shape)
@@ -188,8 +191,9 @@ class MegatronStage(torch.nn.Module):
         return torch.cat(flat)  # a new tensor, never a view
 
 
-def _tie(module: MegatronStage, first: bool, ps: Any) -> None:
-    """``LanguageModule.setup_embeddings_and_output_layer`` with pipeline size > 1."""
+def tie(module: MegatronStage, first: bool, ps: Any) -> None:
+    """``LanguageModule.setup_embeddings_and_output_layer`` with pipeline size > 1. (The standalone script runs
+    this source.)"""
     weight = module.shared_embedding_or_output_weight()
     if weight is None:
         return
@@ -218,21 +222,16 @@ def _build(case: Case, built: Built, specs: list[StageSpec], ctx: Rank, fault: A
     k = knobs(case)
     shared = shared_params(case, specs)
     width = boundary_width(case, specs)
-    extra = {}
-    if chunks > 1:
-        extra = {"virtual_pipeline_model_parallel_size": chunks, "overlap_p2p_comm": k.overlap_p2p,
-                 "microbatch_group_size_per_vp_stage": k.group or None}
     config = TransformerConfig(num_layers=len(specs), hidden_size=1, num_attention_heads=1,
                                pipeline_model_parallel_size=STAGES, pipeline_dtype=built.dtype,
-                               batch_p2p_comm=k.batch_p2p, deallocate_pipeline_outputs=k.deallocate,
-                               calculate_per_token_loss=k.per_token, **extra)
+                               **model_config(case, chunks))
     modules = []
     for s in rank_stages(ctx.rank, chunks):  # every chunk built and tied before any is wrapped, as get_model does
         first, last = s == 0, s == len(specs) - 1
         stage = StageModule(case, specs[s], built.params(), ctx.device)
-        module = MegatronStage(stage, first, last, shared[0] if shared and (first or last) else None,
+        module = MegatronStage(stage, s, stage.weights, first, last, shared[0] if shared and (first or last) else None,
                                [] if first else boundary_shapes(case, specs[s]), width)
-        _tie(module, first, ps)
+        tie(module, first, ps)
         modules.append(module)
     ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_config(case, k.distopt)), module,
                                     disable_bucketing=chunk > 0) for chunk, module in enumerate(modules)]
@@ -312,30 +311,30 @@ def _records(case: Case, step: int, mine: dict[str, Any], facts: list[dict[str, 
     return recs
 
 
-class _PeerFailed(Exception):
+class PeerFailed(Exception):
     """Another rank raised at the same point: this rank stops there too."""
 
 
-def _agreed(ctx: Rank, fn: Any) -> Any:
+def agreed(device: torch.device, fn: Any) -> Any:
     """``fn()`` on every rank, then the ranks agree whether all of them got
     through: a rank that raised re-raises, a rank whose peer raised stops
-    (``_PeerFailed``) instead of waiting for ever in the schedule's first
+    (``PeerFailed``) instead of waiting for ever in the schedule's first
     p2p recv or a collective. Without it a raise at an iteration's start (the
     known unused-parameter assert in ``zero_grad_buffer``) left the peer
     blocked until the pool gave up on it: 9 s per case, minutes per shrink
-    (0.02 s with it)."""
+    (0.02 s with it). (The standalone script runs this source.)"""
     err: Exception | None = None
     value = None
     try:
         value = fn()
     except Exception as e:
         err = e
-    flag = torch.tensor([0.0 if err is None else 1.0], device=ctx.device)
+    flag = torch.tensor([0.0 if err is None else 1.0], device=device)
     dist.all_reduce(flag)
     if err is not None:
         raise err
     if float(flag.item()) > 0:
-        raise _PeerFailed()
+        raise PeerFailed()
     return value
 
 
@@ -358,13 +357,13 @@ def run_case(ctx: Rank, case: Case, impl: str, chunks: int = 1) -> dict[str, Any
         shared = shared_params(case, specs)
         n = boundary_width(case, specs)
         with on_cpu(ctx.device):
-            fault = _agreed(ctx, lambda: load_object(impl, "megatron impl") if impl != STOCK else None)
-            ddps, config, modules = _agreed(ctx, lambda: _build(case, built, specs, ctx, fault, chunks))
+            fault = agreed(ctx.device, lambda: load_object(impl, "megatron impl") if impl != STOCK else None)
+            ddps, config, modules = agreed(ctx.device, lambda: _build(case, built, specs, ctx, fault, chunks))
             for step in range(case.schedule.steps):
                 k = step * M
                 leaves: dict[int, list[torch.Tensor]] = {}
                 outputs: dict[int, list[torch.Tensor]] = {}
-                _agreed(ctx, lambda: [d.zero_grad_buffer() for d in ddps])
+                agreed(ctx.device, lambda: [d.zero_grad_buffer() for d in ddps])
                 forward_step = _forward_step(case, built, ctx, len(specs), leaves, outputs)
                 with cuda_factories_on_cpu(ctx.device):
                     if chunks == 1:
@@ -388,7 +387,7 @@ def run_case(ctx: Rank, case: Case, impl: str, chunks: int = 1) -> dict[str, Any
                 facts: list[Any] = [None] * ctx.world_size
                 dist.all_gather_object(facts, mine)
                 out["steps"] += _records(case, step, mine, facts, shared)
-    except _PeerFailed:
+    except PeerFailed:
         pass  # the rank that raised reports it; this one reports what it saw until then
     except Exception as e:  # a rank that raises reports it; the parent judges
         out["failure"] = rank_failure(k, e, first_line(e) or _raised_at(e))

@@ -88,14 +88,15 @@ import torch.distributed as dist
                       inspect.getsource(gathered), inspect.getsource(buffer_grads), _RUNNER, ""])
 
 
-_RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + "\n\n" + loopback.VERDICT + '''
-
-def raised(e):
+# How a megatron script names a raise (the pipeline script's too): megatron has many bare asserts.
+RAISED = '''def raised(e):
     """The first line of what megatron raised, or where a bare assert fired."""
     line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
     frame = traceback.extract_tb(e.__traceback__)[-1]
     return line[:300] or f"assert in {frame.name} ({os.path.basename(frame.filename)}: {(frame.line or '').strip()[:120]})"
+'''
 
+_RUNNER = "\n\n".join([EAGER_WINDOWS, CASE_MODULE, loopback.SOURCE, loopback.VERDICT, RAISED]) + '''
 
 def main():
     _gradfuzz_loopback()
