@@ -24,41 +24,16 @@ from harness import registry
 from harness.case.ops import draws_random
 from harness.case.spec import Case
 from harness.generate import Draw
-from harness.materialize.stages import StageSpec, Value, cut, requires_grad
+from harness.materialize.stages import Value, requires_grad
 from harness.materialize.tensors import Built
 from harness.observation import INPUT_GRAD, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.path import BLIND, engine_refusal
+from harness.paths.deepspeed.stages import cut_of
 from harness.paths.pooled import PooledPath
 
 GAS = (1, 2, 3, 4)
-
-
-def cut_of(case: Case) -> list[StageSpec]:
-    data = case.data("pipeline")
-    return cut(case, tuple(data.cuts) if data is not None else ())
-
-
-def tied_params(case: Case) -> set[str]:
-    """Parameters both stages use: a copy on each, tied by ``TiedLayerSpec``."""
-    specs = cut_of(case)
-    return set(specs[0].params) & set(specs[-1].params) if len(specs) > 1 else set()
-
-
-def bodies(case: Case) -> list[tuple[tuple[str, ...], StageSpec]]:
-    """Each stage as the engine is handed it (``piperank`` and the standalone
-    script build the same layers from this): the tied parameters it uses,
-    one ``TiedLayerSpec`` each that appends its weight to the activations,
-    then its own nodes over the other parameters, which take those weights
-    after the activations."""
-    tied = tied_params(case)
-    out = []
-    for spec in cut_of(case):
-        mine = tuple(n for n in spec.params if n in tied)
-        out.append((mine, replace(spec, params=tuple(n for n in spec.params if n not in tied),
-                                  inputs=spec.inputs + tuple(Value(n) for n in mine))))
-    return out
 
 
 @st.composite

@@ -1,5 +1,5 @@
 """What every rank of ``deepspeed.pipe.*`` runs: the case cut in two stages
-(``pipe.cut_of``), one per rank, as a ``deepspeed.pipe.PipelineModule``.
+(``stages.cut_of``), one per rank, as a ``deepspeed.pipe.PipelineModule``.
 
 A stage is a sequence of layers, as the engine wants it: one
 ``TiedLayerSpec`` per parameter that both stages use (its copy on each
@@ -31,7 +31,7 @@ from harness.case.spec import Case
 from harness.materialize.stages import StageModule, StageSpec
 from harness.materialize.tensors import Built
 from harness.paths.deepspeed.data import pipe_config
-from harness.paths.deepspeed.pipe import bodies
+from harness.paths.deepspeed.stages import bodies
 from harness.paths.deepspeed.rank import _deepspeed
 from harness.paths.rankfacts import encode, rank_failure
 from harness.workers.host import Rank

@@ -1,7 +1,7 @@
 """Standalone torchrun scripts for ``deepspeed.pipe.*`` findings.
 
 The script needs torch and DeepSpeed only, and builds what each rank of the
-path builds (``piperank``): the case cut in two stages (``pipe.bodies``),
+path builds (``piperank``): the case cut in two stages (``stages.bodies``),
 each a plain ``nn.Module`` class of its own nodes, a ``TiedLayerSpec`` per
 parameter both stages use (its weight appended to the activations), the
 stages padded with identity layers so that the ``uniform`` partition puts
@@ -29,7 +29,7 @@ from harness.materialize.tensors import Built
 from harness.paths import loopback
 from harness.paths.base import Repro
 from harness.paths.deepspeed.data import pipe_config
-from harness.paths.deepspeed.pipe import bodies
+from harness.paths.deepspeed.stages import bodies
 
 WORLD_SIZE = 2  # two stages, one a rank (the pipe paths' world)
 
