@@ -29,8 +29,8 @@ SOURCE = '''def _gradfuzz_loopback():
         os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
 '''
 
-# How a ranked script compares one grad and gives its verdict (DeepSpeed,
-# megatron): a grad a stack's flat buffers hold as zeros for a parameter
+# How a ranked script starts its group, compares one grad and gives its
+# verdict (DeepSpeed, megatron): nccl with a GPU per rank, else gloo; a grad a stack's flat buffers hold as zeros for a parameter
 # that got none is read as zeros, on either side; every rank's count of
 # differences is summed, rank 0 prints the verdict, and the ranks leave
 # together (ENTRY). The absolute tolerance scales with the grad's largest
@@ -38,7 +38,18 @@ SOURCE = '''def _gradfuzz_loopback():
 # an element that cancels to 52.9 in a grad whose largest is 6287 was 0.0018
 # off on a drawn deepspeed.pipe case (1e-5 flat called that a divergence);
 # the bugs these scripts show are of order one.
-VERDICT = '''def differs(rank, k, name, e, a, shape):
+VERDICT = '''def start_group(world, **init):
+    """This rank's process group: nccl with a GPU per rank, else gloo on the CPU. (rank, device, gpus)."""
+    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    dist.init_process_group("nccl" if gpus else "gloo", **init)
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank) if gpus else torch.device("cpu")
+    if gpus:
+        torch.cuda.set_device(device)
+    return rank, device, gpus
+
+
+def differs(rank, k, name, e, a, shape):
     """1 (and what differs, printed) when grad ``a`` is not eager's ``e``; None reads as zeros."""
     e = torch.zeros(shape, dtype=torch.float64) if e is None else e
     a = torch.zeros(shape, dtype=torch.float64) if a is None else a.to("cpu", torch.float64)

@@ -84,13 +84,8 @@ _RUNNER = EAGER_WINDOWS + "\n\n" + CASE_MODULE + "\n\n" + loopback.SOURCE + "\n\
 def main():
     _gradfuzz_loopback()
     world = int(os.environ["WORLD_SIZE"])
-    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    rank, device, gpus = start_group(world)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if gpus else "cpu")  # read when deepspeed is imported
-    dist.init_process_group("nccl" if gpus else "gloo")
-    rank = dist.get_rank()
-    device = torch.device("cuda", rank) if gpus else torch.device("cpu")
-    if gpus:
-        torch.cuda.set_device(device)
     import deepspeed
     from deepspeed.utils import safe_get_full_grad
 

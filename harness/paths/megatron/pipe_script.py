@@ -248,13 +248,8 @@ def main():
     _gradfuzz_loopback()
     if int(os.environ["WORLD_SIZE"]) != PIPELINE:
         sys.exit(f"run with --nproc-per-node {PIPELINE}: one rank a pipeline stage (of each model chunk)")
-    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= PIPELINE
-    dist.init_process_group("nccl" if gpus else "gloo", timeout=datetime.timedelta(minutes=2))
-    rank = dist.get_rank()
-    device = torch.device("cuda", rank) if gpus else torch.device("cpu")
-    if gpus:
-        torch.cuda.set_device(device)
-    else:
+    rank, device, gpus = start_group(PIPELINE, timeout=datetime.timedelta(minutes=2))
+    if not gpus:
         for name, fn in CPU_PATCHES.items():
             setattr(torch.cuda, name, fn)
     want, bad, step = expected(), 0, -1

@@ -101,13 +101,8 @@ _RUNNER = "\n\n".join([EAGER_WINDOWS, CASE_MODULE, loopback.SOURCE, loopback.VER
 def main():
     _gradfuzz_loopback()
     world = int(os.environ["WORLD_SIZE"])
-    gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    dist.init_process_group("nccl" if gpus else "gloo", timeout=datetime.timedelta(minutes=2))
-    rank = dist.get_rank()
-    device = torch.device("cuda", rank) if gpus else torch.device("cpu")
-    if gpus:
-        torch.cuda.set_device(device)
-    else:
+    rank, device, gpus = start_group(world, timeout=datetime.timedelta(minutes=2))
+    if not gpus:
         for name, fn in CPU_PATCHES.items():
             setattr(torch.cuda, name, fn)
     from megatron.core import parallel_state
