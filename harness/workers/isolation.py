@@ -117,10 +117,6 @@ class IsolatedPath:
             self._kill()
             self._spawn()
 
-    def _start(self) -> None:
-        self._spawn()
-        self._await_ready()
-
     def _spawn(self) -> None:
         self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
@@ -252,10 +248,8 @@ class IsolatedPath:
                 self._kill()
 
     def _ensure_child(self) -> None:
-        if self._proc is None or self._proc.poll() is not None:
-            self._kill()
-            self._start()
-        elif self._booting:  # started by start_soon: its "ready" is still to be read
+        self.start_soon()
+        if self._booting:  # started just now, or earlier by start_soon: its "ready" is still to be read
             self._await_ready()
 
     def _left(self, ahead: tuple[Case, str | None, float]) -> float:

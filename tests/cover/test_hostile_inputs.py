@@ -511,7 +511,7 @@ def test_a_worker_runs_nothing_from_the_directory_it_starts_in(tmp_path, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(run_dir))  # set after this process started: reaches no child
     worker = FlavorWorker()
     try:
-        worker._start()
+        worker._ensure_child()  # started and ready
         assert worker._proc is not None and worker._proc.poll() is None
     finally:
         worker.close()
