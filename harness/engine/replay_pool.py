@@ -29,7 +29,6 @@ from harness.engine.check import Replayed, replay_entries
 from harness.observation import Divergence
 from harness.artifacts import corpus
 from harness.paths import Options, Path, close_paths, heaviness, resolve
-from harness.workers.interpreter import python
 from harness.workers.isolation import OVERLAP_ENV
 from harness.workers.jobs import Ended, run_jobs
 
@@ -85,7 +84,7 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
                        "options": dataclasses.asdict(options)}, fh)
         unclaimed = list(groups)
         while unclaimed:  # a child that died left groups unclaimed: the next children take them
-            argvs = [(f"replay-{len(ends) + i}", python("harness.engine.replay_pool", spec))
+            argvs = [(f"replay-{len(ends) + i}", ["harness.engine.replay_pool", spec])
                      for i in range(min(workers, len(unclaimed)))]
             run_jobs(argvs, workers, d, ends.append, tick)
             before, unclaimed = unclaimed, [k for k in groups if not os.path.exists(_claim(d, k))]

@@ -23,7 +23,6 @@ from typing import Any
 
 from harness.canaries import Canary, all_canaries, resolve_base
 from harness.engine.runner import Result, fuzz_path
-from harness.workers.interpreter import python
 from harness.workers.jobs import Ended, run_jobs
 
 
@@ -144,6 +143,6 @@ def _in_processes(todo: list[Canary], seed: int, workers: int, progress) -> list
             if isinstance(r := resolve(c), CanaryResult):
                 done[c.name] = r
                 _say(progress, r, len(done), len(todo))
-        run_jobs([(c.name, python("harness", "selfcheck", "--canaries", c.name, "--seed", str(seed),
-                                  "--json", out(c.name))) for c in todo if c.name not in done], workers, d, ended)
+        run_jobs([(c.name, ["harness", "selfcheck", "--canaries", c.name, "--seed", str(seed), "--json", out(c.name)])
+                  for c in todo if c.name not in done], workers, d, ended)
     return [done[c.name] for c in todo]

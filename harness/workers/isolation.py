@@ -41,7 +41,7 @@ from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
-from harness.workers.interpreter import python
+from harness.workers import zygote
 from harness.workers.placement import one_gpu_env
 
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
@@ -121,10 +121,8 @@ class IsolatedPath:
         self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
         env = {**os.environ, PROGRESS_ENV: "1", **one_gpu_env()}
-        self._proc = subprocess.Popen(
-            python("harness.workers.isolation"),  # the parent's path, never the working directory's files
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
-        )
+        self._proc = zygote.start("harness.workers.isolation", [],  # forked warm, or a fresh interpreter
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
         self._send(("init", self.recipe))
         self._booting = True
 

@@ -1,6 +1,8 @@
 """Child processes, N at a time: the gate's canaries and replay groups.
 
-Each job is one ``python -m ...`` command whose output goes to a log file;
+Each job is one ``python -m MODULE ARGS`` command (``[MODULE, *ARGS]``;
+forked from the zygote where it can be, ``harness.workers.zygote``) whose
+output goes to a log file;
 the caller reads what the child wrote and is told how each one ended, with
 the tail of its log when it failed. Children run single-threaded: N of them
 share the cores. Each knows its slot (``SLOT_ENV``: 0 to N-1, reused as
@@ -14,7 +16,9 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+from harness.workers import zygote
 
 SLOT_ENV = "GRADFUZZ_SLOT"
 
@@ -36,7 +40,7 @@ def run_jobs(jobs: list[tuple[str, list[str]]], workers: int, folder: str, on_en
     """Run ``(key, argv)`` jobs, ``workers`` at a time; ``on_end`` as each
     ends, ``on_tick(pending, running)`` every ``tick`` seconds and at the end."""
     pending = list(jobs)
-    running: dict[str, tuple[subprocess.Popen, float, str, int]] = {}
+    running: dict[str, tuple[Any, float, str, int]] = {}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     shown = 0.0
     while pending or running:
@@ -45,8 +49,8 @@ def run_jobs(jobs: list[tuple[str, list[str]]], workers: int, folder: str, on_en
             log = os.path.join(folder, f"{key}.log")
             slot = min(set(range(len(running) + 1)) - {r[3] for r in running.values()})
             with open(log, "w") as fh:
-                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env={**env, SLOT_ENV: str(slot)})
+                proc = zygote.start(argv[0], argv[1:], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**env, SLOT_ENV: str(slot)})
             running[key] = (proc, time.monotonic(), log, slot)
         time.sleep(0.2)
         for key, (proc, t0, log, _) in list(running.items()):

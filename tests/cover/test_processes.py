@@ -264,15 +264,14 @@ def test_groups_of_gate_children_spread_over_the_gpus(monkeypatch, slot, first) 
 
 def test_each_running_child_has_its_own_slot(tmp_path) -> None:
     """Slots are 0 to N-1 among the children running at once, reused as they end."""
-    import sys
+    import json
 
-    from harness.workers.jobs import SLOT_ENV, run_jobs
+    from harness.workers.jobs import run_jobs
 
-    code = f"import os, time; time.sleep(0.3); print(os.environ['{SLOT_ENV}'])"
-    jobs = [(f"j{i}", [sys.executable, "-c", code]) for i in range(5)]
+    jobs = [(f"j{i}", ["tests.child_probe", "0.3"]) for i in range(5)]
     ended = []
     run_jobs(jobs, 2, str(tmp_path), ended.append)
-    slots = {e.key: open(e.log).read().strip() for e in ended}
+    slots = {e.key: json.loads(open(e.log).readline())["slot"] for e in ended}
     assert sorted(set(slots.values())) == ["0", "1"], slots
     assert slots["j0"] != slots["j1"]
 
