@@ -1,5 +1,3 @@
-import sys
+from harness.cli.main import entry
 
-from harness.cli.main import main
-
-sys.exit(main())
+entry()

@@ -519,6 +519,20 @@ def main(argv: list[str] | None = None) -> int:
     pool.leave_torchrun(_run(args))
 
 
+def entry() -> None:
+    """The ``gradfuzz`` command: ``main``, then an exit that skips the
+    interpreter's teardown of torch's modules (``zygote.finish``: about a
+    second of every command, once the families have imported dynamo)."""
+    from harness.workers.zygote import exit_code, finish
+
+    try:
+        code = main()
+    except SystemExit as e:
+        code = exit_code(e.code)
+    finish()
+    os._exit(code)
+
+
 def _run(args: argparse.Namespace) -> int:
     with escaped_output():  # names, titles and rows of strangers' files reach the terminal as text
         try:
@@ -530,4 +544,4 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
