@@ -18,7 +18,7 @@ a negative number, as ``subprocess`` does), so a crash reads the same.
 A child cannot differ from a fresh process through what the zygote
 imported: the zygote runs no torch op, starts no thread and no CUDA context
 (a probe child checks that CUDA is not poisoned for forks before the first
-real one), and a request whose environment differs from the zygote's in a
+real one, and the kernel must count one thread), and a request whose environment differs from the zygote's in a
 variable that torch or the interpreter read at import falls back to a
 fresh interpreter (``import_time_env``). ``GRADFUZZ_WARM_START=0`` turns it
 all off (the benchmark compares both). Linux only: it needs fork and
@@ -49,9 +49,12 @@ from harness.workers.interpreter import python
 ENV = "GRADFUZZ_WARM_START"
 # What the children it forks import first: the CLI (canaries), the replay
 # process, a compile flavour's worker, and the torch parts the families use.
-PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed.pipelining",
-           "torch.distributed.tensor", "harness.cli.main", "harness.engine.replay_pool", "harness.workers.isolation",
-           "harness.paths.compile.path")
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.pipelining", "torch.distributed.tensor", "harness.cli.main",
+           "harness.engine.replay_pool", "harness.workers.isolation", "harness.paths.compile.path")
+# Only where torch has no CUDA: on a CUDA build importing Inductor asks the
+# driver for devices, which starts a driver thread and poisons CUDA for every
+# forked child ("Cannot re-initialize CUDA in forked subprocess"; an H100 host, torch 2.11).
+PRELOAD_WITHOUT_CUDA = ("torch._inductor.compile_fx",)
 # Read at run time, not at import: a child may differ from the zygote in these.
 RUN_TIME_PREFIXES = ("GRADFUZZ_", "PYTEST_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_", "RANK", "WORLD_SIZE",
                      "LOCAL_RANK", "NCCL_", "PYTHONFAULTHANDLER")
@@ -283,21 +286,31 @@ def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
 
 
 def _preload() -> bool:
-    """Import ``PRELOAD``; False if CUDA is poisoned for forks afterwards (an
-    import asked the driver for devices): then no child is forked."""
-    for name in PRELOAD:
+    """Import ``PRELOAD``; False if forking is unsafe afterwards (an import
+    started a thread, Python's or the CUDA driver's, or poisoned CUDA for
+    forks): then no child is forked."""
+    import torch
+
+    cuda = torch.version.cuda is not None or torch.version.hip is not None
+    for name in PRELOAD + (() if cuda else PRELOAD_WITHOUT_CUDA):
         try:
             importlib.import_module(name)
         except Exception:  # the child meets the same error importing it itself
             pass
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
     pid = os.fork()
-    if pid == 0:  # the probe: a child must be able to start CUDA
-        os._exit(1 if torch._C._cuda_isInBadFork() else 0) if hasattr(torch._C, "_cuda_isInBadFork") else os._exit(0)
+    if pid == 0:  # the probe: a forked child must be able to start CUDA
+        poisoned = getattr(torch._C, "_cuda_isInBadFork", lambda: False)()
+        os._exit(1 if poisoned else 0)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0 and threading.active_count() == 1
+    return os.waitstatus_to_exitcode(status) == 0 and _threads() == 1
+
+
+def _threads() -> int:
+    """Threads of this process, native ones included (the kernel's count)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def serve(fd: int) -> dict[str, Any]:
