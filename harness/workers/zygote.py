@@ -224,7 +224,10 @@ def shared() -> Zygote | None:
     if not enabled():
         return None
     with _shared_lock:
-        if _shared is None or not _shared.alive or _shared.owner != os.getpid():
+        # A zygote that refused (CUDA poisoned, a thread) or died booting is not
+        # tried again in this process: each try costs its imports. One that
+        # worked and was killed since is replaced.
+        if _shared is None or _shared.owner != os.getpid() or (not _shared.alive and _shared.ready):
             try:
                 _shared = Zygote()
             except OSError:

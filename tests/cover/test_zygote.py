@@ -97,3 +97,17 @@ def test_a_killed_parent_leaves_no_zygote_and_no_child(tmp_path) -> None:
     while any(alive(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+def test_a_zygote_that_refused_is_not_started_again(monkeypatch) -> None:
+    """A zygote that said it cannot fork safely (a CUDA build that poisoned
+    forks, a thread) is not replaced by another that would pay the same
+    imports to refuse again: every child is then a fresh interpreter."""
+    monkeypatch.setattr(zygote, "_shared", None)
+    z = zygote.shared()
+    assert z.usable(dict(os.environ))
+    z.close()  # what a refusal leaves: gone, its answer "not ready"
+    z.ready = False
+    assert zygote.shared() is z
+    p, _, _, rc = _probe()
+    assert isinstance(p, subprocess.Popen) and rc == 0
