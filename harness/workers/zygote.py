@@ -44,7 +44,7 @@ import time
 from typing import Any, IO
 
 from harness.workers import lifeline
-from harness.workers.interpreter import python
+from harness.workers.interpreter import import_path, python
 
 ENV = "GRADFUZZ_WARM_START"
 # What the children it forks import first: the CLI (canaries), the replay
@@ -143,7 +143,8 @@ class Zygote:
         with self.lock:
             self.next_id += 1
             rid = self.next_id
-            msg = json.dumps({"id": rid, "module": module, "args": args, "env": env, "cwd": os.getcwd()}).encode()
+            msg = json.dumps({"id": rid, "module": module, "args": args, "env": env, "cwd": os.getcwd(),
+                              "path": import_path()}).encode()
             try:
                 socket.send_fds(self.sock, [msg], list(fds))
             except OSError:
@@ -387,6 +388,7 @@ def _become(req: dict[str, Any], fds: list[int]) -> None:
         os.dup2(f, target)
         os.close(f)
     os.chdir(req["cwd"])
+    sys.path[:] = req["path"]  # the parent's import path now, as a fresh interpreter gets it (never "")
     os.environ.clear()
     os.environ.update(req["env"])
     threads = os.environ.get("OMP_NUM_THREADS", "")

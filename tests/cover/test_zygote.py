@@ -42,6 +42,7 @@ def test_a_warm_child_sees_its_own_argv_directory_environment_and_streams(tmp_pa
     assert rc == 3 and seen["argv"] == ["0", "3"] and seen["cwd"] == str(tmp_path)
     assert seen["probe"] == "one" and seen["stdin"] == "hello" and b"probe stderr" in err
     assert "" not in seen["path"] and str(tmp_path) not in seen["path"]
+    assert seen["path"] == [p for p in sys.path if p and os.path.isabs(p)]
     assert seen["modules"], "torch was not preloaded in the warm child"
     _, again, _, _ = _probe(env={**os.environ, "GRADFUZZ_PROBE": "two"})
     assert again["probe"] == "two" and again["pid"] != seen["pid"]
