@@ -10,19 +10,22 @@ process that starts children: it is itself such a child (``python -I``,
 the parent's import path, nothing from the working directory), imports
 ``PRELOAD`` and then forks one child per request. The child is the fresh
 process it replaces in what it can see: its own stdin, stdout and stderr
-(passed over a Unix socket), environment, working directory and argv, and
-the module run as ``__main__``; it exits through the interpreter's normal
-shutdown. The zygote reports each child's pid and exit status (a signal as
-a negative number, as ``subprocess`` does), so a crash reads the same.
+(passed over a Unix socket), environment, working directory, import path
+and argv, and the module run as ``__main__``; it ends as a normal exit does
+(threads joined, ``atexit``, streams flushed) but skips the teardown of
+torch's modules (``finish``). The zygote reports each child's pid and exit
+status (a signal as a negative number, as ``subprocess`` does), so a crash
+reads the same.
 
 A child cannot differ from a fresh process through what the zygote
-imported: the zygote runs no torch op, starts no thread and no CUDA context
-(a probe child checks that CUDA is not poisoned for forks before the first
-real one, and the kernel must count one thread), and a request whose environment differs from the zygote's in a
-variable that torch or the interpreter read at import falls back to a
-fresh interpreter (``import_time_env``). ``GRADFUZZ_WARM_START=0`` turns it
-all off (the benchmark compares both). Linux only: it needs fork and
-``SCM_RIGHTS``; elsewhere every child is a fresh interpreter.
+imported: the zygote runs no torch op, starts no thread and no CUDA
+context (a probe child checks that CUDA is not poisoned for forks, and the
+kernel must count one thread, before the first real one), and a request
+whose environment differs from the zygote's in a variable that torch or the
+interpreter read at import falls back to a fresh interpreter
+(``import_time_env``). ``GRADFUZZ_WARM_START=0`` turns it all off (the
+benchmark compares both). Linux only: it needs fork and ``SCM_RIGHTS``;
+elsewhere every child is a fresh interpreter.
 
 Children die with the zygote (``PR_SET_PDEATHSIG``) and the zygote with
 the socket to its parent, so nothing outlives a killed gate.
@@ -30,7 +33,6 @@ the socket to its parent, so nothing outlives a killed gate.
 
 from __future__ import annotations
 
-import array
 import importlib
 import json
 import os
@@ -145,6 +147,8 @@ class Zygote:
             rid = self.next_id
             msg = json.dumps({"id": rid, "module": module, "args": args, "env": env, "cwd": os.getcwd(),
                               "path": import_path()}).encode()
+            if len(msg) > MAX_MESSAGE // 4:  # an environment of hundreds of KB: a fresh interpreter takes it
+                return None
             try:
                 socket.send_fds(self.sock, [msg], list(fds))
             except OSError:
