@@ -147,7 +147,7 @@ class Zygote:
             rid = self.next_id
             msg = json.dumps({"id": rid, "module": module, "args": args, "env": env, "cwd": os.getcwd(),
                               "path": import_path()}).encode()
-            if len(msg) > MAX_MESSAGE // 4:  # an environment of hundreds of KB: a fresh interpreter takes it
+            if len(msg) > MAX_MESSAGE // 16:  # past a socket buffer (a huge environment): a fresh interpreter
                 return None
             try:
                 socket.send_fds(self.sock, [msg], list(fds))
