@@ -520,17 +520,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The ``gradfuzz`` command: ``main``, then an exit that skips the
-    interpreter's teardown of torch's modules (``zygote.finish``: about a
-    second of every command, once the families have imported dynamo)."""
-    from harness.workers.zygote import exit_code, finish
+    """The ``gradfuzz`` command: ``main``, ended without the interpreter's
+    teardown of torch's modules (``zygote.end``: about a second of every
+    command, once the families have imported dynamo)."""
+    from harness.workers.zygote import end
 
-    try:
-        code = main()
-    except SystemExit as e:
-        code = exit_code(e.code)
-    finish()
-    os._exit(code)
+    end(lambda: sys.exit(main()))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ class Ended:
 
 def run_jobs(jobs: list[tuple[str, list[str]]], workers: int, folder: str, on_end: Callable[[Ended], None],
              on_tick: Callable[[list[str], list[str]], None] | None = None, tick: float = 10.0) -> None:
-    """Run ``(key, argv)`` jobs, ``workers`` at a time; ``on_end`` as each
+    """Run ``(key, [module, *args])`` jobs, ``workers`` at a time; ``on_end`` as each
     ends, ``on_tick(pending, running)`` every ``tick`` seconds and at the end."""
     pending = list(jobs)
     running: dict[str, tuple[Any, float, str, int]] = {}

@@ -13,7 +13,7 @@ process it replaces in what it can see: its own stdin, stdout and stderr
 (passed over a Unix socket), environment, working directory, import path
 and argv, and the module run as ``__main__``; it ends as a normal exit does
 (threads joined, ``atexit``, streams flushed) but skips the teardown of
-torch's modules (``finish``). The zygote reports each child's pid and exit
+torch's modules (``_finish``). The zygote reports each child's pid and exit
 status (a signal as a negative number, as ``subprocess`` does), so a crash
 reads the same.
 
@@ -43,7 +43,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, IO
+import traceback
+from typing import IO, Any, Callable, NoReturn
 
 from harness.workers import lifeline
 from harness.workers.interpreter import import_path, python
@@ -118,6 +119,7 @@ class Zygote:
 
     def __init__(self) -> None:
         self.env = dict(os.environ)
+        self.import_env = import_time_env(self.env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         self.proc = subprocess.Popen(python("harness.workers.zygote", str(theirs.fileno())), pass_fds=[theirs.fileno()],
@@ -127,7 +129,7 @@ class Zygote:
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
         self.started: dict[int, int] = {}
-        self.failed: dict[int, str] = {}
+        self.failed: set[int] = set()  # requests the zygote could not fork (the caller starts a fresh one)
         self.children: set[int] = set()
         self.owner = os.getpid()  # a process forked from ours (a pool's rank) starts its own
         self.alive = True
@@ -137,7 +139,7 @@ class Zygote:
     def usable(self, env: dict[str, str]) -> bool:
         if self.ready is None:
             self._pump_until(lambda: self.ready is not None, START_TIMEOUT)
-        return bool(self.alive and self.ready and import_time_env(env) == import_time_env(self.env))
+        return bool(self.alive and self.ready and import_time_env(env) == self.import_env)
 
     def spawn(self, module: str, args: list[str], fds: tuple[int, int, int], env: dict[str, str]) -> int | None:
         """Fork a child running ``module`` as ``__main__``; its pid, or None if
@@ -155,12 +157,13 @@ class Zygote:
                 self._dead()
                 return None
         self._pump_until(lambda: rid in self.started or rid in self.failed, START_TIMEOUT)
+        self.failed.discard(rid)
         return self.started.pop(rid, None)
 
     def status(self, pid: int, timeout: float | None) -> int | None:
         """``pid``'s exit status once it has ended, waiting up to ``timeout`` (None: for ever)."""
         self._pump_until(lambda: pid in self.exits, timeout)
-        return self.exits.get(pid)
+        return self.exits.pop(pid, None)  # read once: the Child keeps it
 
     def _pump_until(self, done, timeout: float | None) -> None:
         """Read the zygote's messages until ``done()`` or ``timeout`` (0: only what has come)."""
@@ -194,7 +197,7 @@ class Zygote:
             self.children.add(msg["pid"])
             self.exits.pop(msg["pid"], None)  # a reused pid's old status
         elif "failed" in msg:
-            self.failed[msg["failed"]] = msg["why"]
+            self.failed.add(msg["failed"])
         elif "ready" in msg:
             self.ready = bool(msg["ready"])
 
@@ -351,10 +354,10 @@ def serve(fd: int) -> dict[str, Any]:
         sys.stderr.flush()
         try:
             pid = os.fork()
-        except OSError as e:
+        except OSError:
             for f in fds:
                 os.close(f)
-            _send(sock, {"failed": req["id"], "why": str(e)})
+            _send(sock, {"failed": req["id"]})
             continue
         if pid == 0:
             signal.set_wakeup_fd(-1)
@@ -409,26 +412,33 @@ def main() -> None:
 
     req = serve(int(sys.argv[1]))
     sys.argv[:] = [req["module"], *req["args"]]
+    end(lambda: runpy.run_module(req["module"], run_name="__main__", alter_sys=True))
+
+
+def end(run: Callable[[], object]) -> NoReturn:
+    """Call ``run`` and end the process with the status, output and signal
+    an interpreter would give it (``SystemExit``'s code, a traceback and 1,
+    an uncaught Ctrl-C's SIGINT), without tearing down torch's modules
+    (``_finish``). The warm children and the ``gradfuzz`` command end here."""
     try:
-        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        run()
         code = 0
     except SystemExit as e:
-        code = exit_code(e.code)
+        code = _exit_code(e.code)
     except KeyboardInterrupt:
-        finish()
+        traceback.print_exc()
+        _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)  # as a fresh interpreter ends on an uncaught Ctrl-C
         code = 130
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         code = 1
-    finish()
+    _finish()
     os._exit(code)
 
 
-def exit_code(code: Any) -> int:
+def _exit_code(code: Any) -> int:
     """``SystemExit.code`` as the interpreter turns it into an exit status."""
     if code is None:
         return 0
@@ -438,12 +448,12 @@ def exit_code(code: Any) -> int:
     return 1
 
 
-def finish() -> None:
+def _finish() -> None:
     """A normal exit's work, without the interpreter tearing down every
     module of torch one by one (about 1.1 s on a 2-core host once dynamo is
     imported, paid by every process): non-daemon threads joined, ``atexit``
     callbacks (weakref finalizers, logging, multiprocessing) run, the
-    streams flushed. The caller then ends with ``os._exit``."""
+    streams flushed; ``end`` then calls ``os._exit``."""
     import atexit
 
     me = threading.current_thread()
