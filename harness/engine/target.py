@@ -35,7 +35,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, settings, strategies as st, target
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
@@ -47,7 +47,7 @@ from harness.observation import Divergence
 from harness.paths import Path
 from harness.engine.result import Result, Tally
 from harness.case.spec import Case
-from harness.generate import MOSTLY, cases
+from harness.generate import MOSTLY, cases, data_variants
 
 SHARD_STRIDE = 1_000_003
 MAX_REPLAY_PASSES = 64  # distinct signatures the database's replay pass reports per target and run
@@ -160,6 +160,7 @@ class Target:
         case no selected path can run is redrawn (Hypothesis filters it
         before the example counts), never spent on nothing."""
         flags: dict[str, Any] = dict(strategy_flags(self.paths[0]))
+        flags.pop("variants", None)
         paths = self.paths
         if all(p.contract.input_grad for p in paths):
             flags["input_grad"] = True  # drawn in contract, not drawn and thrown away (a third of split.stock's)
@@ -170,12 +171,36 @@ class Target:
         if not any(p.contract.retained_grads for p in paths):
             flags["retained_grads"] = False  # no retain_grad pair targets where no path compares them
 
-        def takes(c: Case) -> bool:
-            return any(p.supports(c) is None for p in paths)
-
         # ``takes`` twice: the generator repairs a case no path takes where it can (its grad
         # state: DeepSpeed and megatron own .grad), the filter redraws the rest.
-        return cases(exact=self.exact, takes=takes, **flags).filter(takes)
+        return cases(exact=self.exact, takes=self.takes, **flags).filter(self.takes)
+
+    def takes(self, case: Case) -> bool:
+        """Some path of the target runs the case."""
+        return any(p.supports(case) is None for p in self.paths)
+
+    @property
+    def variants(self) -> int:
+        """Cases checked per drawn structure (``Contract.data_variants``)."""
+        return int(dict(strategy_flags(self.paths[0])).get("variants", 1))
+
+    def examples(self) -> Any:
+        """One example of the target: the drawn case, and where its paths
+        compile per structure, that structure's data variants some path runs
+        (``harness.generate.data_variants``). A one-case target draws exactly
+        what ``strategy`` draws."""
+        k = self.variants
+        if k <= 1:
+            return self.strategy().map(lambda c: (c,))
+
+        drawn = self.strategy()
+
+        @st.composite
+        def group(draw: Any) -> tuple[Case, ...]:
+            first = draw(drawn)
+            return tuple(c for c in draw(data_variants(first, k)) if c is first or self.takes(c))
+
+        return group()
 
     def check(self, case: Case, only: Path | None = None, known: set[str] = frozenset(),  # type: ignore[assignment]
               profile: Profile | None = None, tally: Callable[[Path, str | None], None] | None = None,
@@ -215,32 +240,32 @@ class Target:
         kw: dict[str, Any] = {} if database is None else {"database": database}
 
         @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck), **kw)
-        @given(case=self.strategy())
-        def test_gradients_agree_with_eager(case: Case) -> None:
-            hit = self.check(case)
-            if hit is not None:
-                path, divs = hit
-                if on_divergence is not None:
-                    on_divergence(path, case, divs)
-                raise AssertionError(
-                    f"{path.name} diverges from eager autograd:\n"
-                    + "\n".join(f"  {d.kind} [{d.signature}] {d.detail}" for d in divs)
-                )
+        @given(group=self.examples())
+        def test_gradients_agree_with_eager(group: tuple[Case, ...]) -> None:
+            for case in group:
+                hit = self.check(case)
+                if hit is not None:
+                    path, divs = hit
+                    if on_divergence is not None:
+                        on_divergence(path, case, divs)
+                    raise AssertionError(
+                        f"{path.name} diverges from eager autograd:\n"
+                        + "\n".join(f"  {d.kind} [{d.signature}] {d.detail}" for d in divs)
+                    )
 
         test_gradients_agree_with_eager._hypothesis_internal_database_key = self.database_key  # type: ignore[attr-defined]
         return test_gradients_agree_with_eager
 
 
 def submit_ahead(paths: list[Path], case: Case) -> None:
-    """Start the case on every path that runs it in a child and says its
-    runs may overlap (``overlaps``: the compile flavours; not the graphed
-    paths, which share one GPU), so those children work side by side while
-    this process reads their results in order; with one such path there is
-    nothing to overlap."""
-    ahead = [p for p in paths if getattr(p, "overlaps", False)]
-    if len(ahead) > 1:
-        for p in ahead:
-            p.submit(case)
+    """Start the case in the children of the paths that run it in one before
+    this process computes the oracle, so the children work beside it: every
+    path that says its runs may overlap (``overlaps``: the compile flavours
+    on a host with cores to spare), else the first isolated one (one child
+    beside this process). Results are still read in path order."""
+    ahead = [p for p in paths if getattr(p, "overlaps", False)] or [p for p in paths if hasattr(p, "submit")][:1]
+    for p in ahead:
+        p.submit(case)
 
 
 @dataclass
@@ -328,7 +353,9 @@ class TargetRun:
         else:
             t.skipped[reason] = t.skipped.get(reason, 0) + 1
 
-    def _body(self, case: Case, rnd: _Round) -> None:
+    def _body(self, group: tuple[Case, ...], rnd: _Round) -> None:
+        """One drawn example: its cases in turn (one, or a structure's data
+        variants), each through every path; the first new divergence ends it."""
         now = time.monotonic()
         if self.stop():
             self.interrupted = True
@@ -341,26 +368,24 @@ class TargetRun:
             self.heartbeat()
         if self.database is not None:
             self.database.masked = False
-        if rnd.focus is None and not self.replaying:
+        drawing = rnd.focus is None and not self.replaying
+        if drawing:
             self.drawn += 1
-            if self.record is not None:
-                self.record.append(case)
-        if self.heap is not None:
-            self.heap.between_cases()
-        t0 = time.process_time()
         masked: list[bool] = []
-        try:
-            # Shrinking re-runs the focus path: those runs are not examples (a racy
-            # bug shrinks in more or fewer steps, and the counts would follow it).
-            tally = self._tally if rnd.focus is None else None
-            meter = self.meter if rnd.focus is None and not self.replaying else None
-            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked, meter)
-            if hit is None and masked and self.database is not None:
-                self.database.masked = True  # passing only because its signature is known: keep it saved
-        finally:
-            self.profile.body += time.process_time() - t0
-            self.profile.cases += 1
-            new = meter.example_done()[0] if meter is not None else 0
+        new = 0
+        # Shrinking re-runs the focus path: those runs are not examples (a racy
+        # bug shrinks in more or fewer steps, and the counts would follow it).
+        meter = self.meter if drawing else None
+        hit = None
+        for case in group:
+            if drawing and self.record is not None:
+                self.record.append(case)
+            hit, lines = self._check(case, rnd, masked, meter)
+            new += lines
+            if hit is not None:
+                break
+        if hit is None and masked and self.database is not None:
+            self.database.masked = True  # passing only because its signature is known: keep it saved
         if meter is not None and self.guide:
             # The count of machinery lines no earlier example of this process reached: Hypothesis
             # keeps the best-scoring example and its optimiser mutates it, so the draws climb
@@ -368,26 +393,47 @@ class TargetRun:
             # examples before it, so a run in one process stays deterministic).
             target(float(new), label=GUIDE_LABEL)
         if hit is not None:
-            path, divs = hit
-            # A hang costs the path's whole timeout and a restart of its workers
-            # on every try, so a hang is not shrunk (a shrink whose step hangs
-            # keeps what it had): each new hang costs two timeouts, where
-            # Hypothesis's 500 shrinks bounded it by hours. A timeout's
-            # signature does not depend on the case's shape.
-            hang = not self.replaying and any(d.kind == "timeout" for d in divs)
-            if hang and rnd.focus is not None:
-                raise _Stopped()
-            if rnd.focus is None:
-                t = self.tallies[path.name]
-                if t.first_hit_examples is None and not self.replaying:  # from this path's cold start
-                    t.first_hit_examples = self.drawn
-                    t.first_hit_seconds = time.monotonic() - self.started
-                rnd.focus = path
-                self._first = (self.drawn, time.monotonic() - self.started)
-            rnd.case, rnd.divs = case, divs
-            if self.detect_only or self.until_kinds is not None or hang:
-                raise _Stopped()
-            raise _Found(divs[0].detail)
+            self._hit(case, hit, rnd)
+
+    def _check(self, case: Case, rnd: _Round, masked: list[bool],
+               meter: Meter | None) -> tuple[tuple[Path, list[Divergence]] | None, int]:
+        """One case through the target's paths (the focus path only while
+        shrinking): its hit, and the machinery lines it was the first to reach."""
+        if self.heap is not None:
+            self.heap.between_cases()
+        t0 = time.process_time()
+        tally = self._tally if rnd.focus is None else None
+        try:
+            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked, meter)
+        finally:
+            self.profile.body += time.process_time() - t0
+            self.profile.cases += 1
+            new = meter.example_done()[0] if meter is not None else 0
+        return hit, new
+
+    def _hit(self, case: Case, hit: tuple[Path, list[Divergence]], rnd: _Round) -> None:
+        """A new divergence: remember it and end the example (to shrink it, or
+        to stop at once where shrinking decides nothing)."""
+        path, divs = hit
+        # A hang costs the path's whole timeout and a restart of its workers
+        # on every try, so a hang is not shrunk (a shrink whose step hangs
+        # keeps what it had): each new hang costs two timeouts, where
+        # Hypothesis's 500 shrinks bounded it by hours. A timeout's
+        # signature does not depend on the case's shape.
+        hang = not self.replaying and any(d.kind == "timeout" for d in divs)
+        if hang and rnd.focus is not None:
+            raise _Stopped()
+        if rnd.focus is None:
+            t = self.tallies[path.name]
+            if t.first_hit_examples is None and not self.replaying:  # from this path's cold start
+                t.first_hit_examples = self.drawn
+                t.first_hit_seconds = time.monotonic() - self.started
+            rnd.focus = path
+            self._first = (self.drawn, time.monotonic() - self.started)
+        rnd.case, rnd.divs = case, divs
+        if self.detect_only or self.until_kinds is not None or hang:
+            raise _Stopped()
+        raise _Found(divs[0].detail)
 
     def _update_seconds(self, now: float | None = None) -> None:
         s = (now or time.monotonic()) - self.started
@@ -423,9 +469,9 @@ class TargetRun:
                 # No shrink phase: what the database keeps is what earlier runs shrank to.
                 @self._settings(self.chunk, (Phase.reuse,))
                 @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE)
-                @given(target.strategy())
-                def replay_saved(case: Case) -> None:
-                    self._body(case, rnd)
+                @given(target.examples())
+                def replay_saved(group: tuple[Case, ...]) -> None:
+                    self._body(group, rnd)
 
                 replay_saved._hypothesis_internal_database_key = target.database_key  # type: ignore[attr-defined]
                 try:
@@ -472,9 +518,9 @@ class TargetRun:
                 # found failures are still saved to it for the next run.
                 @self._settings(budget, (Phase.generate, Phase.target, Phase.shrink))
                 @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE + round_no)
-                @given(target.strategy())
-                def fuzz_round(case: Case) -> None:
-                    self._body(case, rnd)
+                @given(target.examples())
+                def fuzz_round(group: tuple[Case, ...]) -> None:
+                    self._body(group, rnd)
 
                 fuzz_round._hypothesis_internal_database_key = target.database_key  # type: ignore[attr-defined]
                 before = self.drawn

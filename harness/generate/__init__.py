@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from harness.case.spec import Case, Schedule
 from harness.generate.blocks import BLOCKS, BUILDERS, MODEL_BLOCKS, OPTIONAL_BLOCKS, interpret
 from harness.generate.focus import MOSTLY, focus_blocks, focus_training, repair
-from harness.generate.draws import ONE_IN_EIGHT, PLACEMENTS, Draw, dtensor_placements, gap_cases, lifetime_schedules, tp_eligible, training_steps
+from harness.generate.draws import ONE_IN_EIGHT, PLACEMENTS, Draw, data_variants, dtensor_placements, gap_cases, lifetime_schedules, tp_eligible, training_steps
 
 __all__ = [
-    "BLOCKS", "BUILDERS", "MODEL_BLOCKS", "MODES", "MOSTLY", "ONE_IN_EIGHT", "OPTIONAL_BLOCKS", "PLACEMENTS", "Draw", "cases", "repair",
+    "BLOCKS", "BUILDERS", "MODEL_BLOCKS", "MODES", "MOSTLY", "ONE_IN_EIGHT", "OPTIONAL_BLOCKS", "PLACEMENTS", "Draw", "cases",
+    "data_variants", "repair",
     "dtensor_placements", "gap_cases", "interpret", "lifetime_schedules", "tp_eligible", "training_steps",
 ]
 

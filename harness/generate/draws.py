@@ -10,7 +10,9 @@ from typing import Any, Callable
 
 from hypothesis import strategies as st
 
+from harness.case.ops import draws_random
 from harness.case.spec import PARAM_HOOKS, Case, Event, Input, Node, Param, Schedule, Use
+from harness.case.vocab import GRAD_INITS, ZERO_GRADS
 
 # A switch on in one case of eight, shrinking to off. Not st.integers(0, 7) == 7:
 # Hypothesis favours the ends of a range, which made a "one in eight" switch
@@ -153,3 +155,30 @@ def lifetime_schedules(draw, schedule: Schedule) -> Schedule:
 
 # Parameter placements on a mesh, then maybe a training step: the DTensor and compile paths.
 PLACEMENTS = Draw("placements", (dtensor_placements, training_steps))
+
+
+_OFFSETS = st.integers(1, 2**16)
+
+
+def _own_first(own: str, choices: tuple[str, ...]) -> Any:
+    return st.sampled_from((own,) + tuple(c for c in choices if c != own))
+
+
+@st.composite
+def data_variants(draw: Any, case: Case, k: int) -> tuple[Case, ...]:
+    """``case`` and ``k - 1`` cases of its graph with other data: each its own
+    seed (other parameter and input values), grad state before the first
+    backward and ``zero_grad`` mode. The graph, the schedule's length and its
+    lifetime events stay, so a machinery that compiles per structure reuses
+    one compile for all of them. A case that draws random numbers keeps its
+    seed (its compiled forward seeds the RNG with the constant it was built
+    with). Each variant shrinks towards the next seed and the drawn case's
+    grad state."""
+    keep_seed = draws_random(case)
+    out = [case]
+    for _ in range(k - 1):
+        seed = case.seed if keep_seed else (case.seed + draw(_OFFSETS)) % (2**16 + 1)
+        schedule = replace(case.schedule, grad_init=draw(_own_first(case.schedule.grad_init, GRAD_INITS)),
+                           zero_grad=draw(_own_first(case.schedule.zero_grad, ZERO_GRADS)))
+        out.append(replace(case, seed=seed, schedule=schedule))
+    return tuple(out)

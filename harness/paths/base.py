@@ -127,6 +127,13 @@ class Contract:
     # says so): ``(name, why)`` pairs. Every other observation the path must
     # make; compare does not hold it to these.
     blind: tuple[tuple[str, str], ...] = ()
+    # Cases checked per drawn structure: the drawn case and ``data_variants - 1``
+    # cases of the same graph with other data (seed, grad state before the first
+    # backward, zero_grad mode). A machinery that compiles per structure
+    # (torch.compile: seconds to compile, milliseconds to run) checks many data
+    # for one compile; its reuse of a compiled artifact across them (guards,
+    # cached grads state) is then exercised too.
+    data_variants: int = 1
 
     def blind_spots(self) -> tuple[tuple[str, str], ...]:
         """The declared blind spots and those the switches imply, each once."""
@@ -147,6 +154,7 @@ class Contract:
         flags += (("gaps", True),) if self.gap_cases else ()
         flags += (("model", True),) if self.model_parts else ()
         flags += (("hooks", False),) if not self.tensor_hooks else ()
+        flags += (("variants", self.data_variants),) if self.data_variants > 1 else ()
         return flags + ((("draws", self.draws),) if self.draws else ())
 
     def observe(self) -> "Observe":

@@ -47,6 +47,7 @@ from harness.workers.placement import one_gpu_env
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
 STARTUP_TIMEOUT = 180.0
 _MARK = "gradfuzz-worker: backward "
+THAW_EVERY = 256  # cases between full collections of what the worker froze
 
 
 def progress(k: int) -> None:
@@ -364,7 +365,7 @@ def worker() -> int:
         out.flush()
 
     path = None
-    frozen = False
+    cases = 0
     while True:
         head = _read_exact(inp, 8)
         if head is None:
@@ -394,14 +395,19 @@ def worker() -> int:
             send(("obs", obs, healthy))
             if not healthy:
                 return 0
-            if not frozen:
-                # After the first case every lazy initialisation (CUDA context, cuBLAS,
-                # compiled kernels' modules) is done: freeze what survives, so the full
-                # collections of allocator-pressure events walk only what cases make
-                # (54 ms a collection before, 70% of graphed.fixed's time on an H100).
+            # Freeze what survives each case, so the full collections of allocator-pressure
+            # events walk only what the next case makes: after the first, every lazy
+            # initialisation (CUDA context, cuBLAS, compiled kernels' modules; 54 ms a
+            # collection, 70% of graphed.fixed's time on an H100), after each later one
+            # what it compiled (dynamo's graphs and guards of a new structure: two thirds
+            # of a compile flavour's time on cases of a compiled structure). Garbage
+            # frozen with them is collected at every THAW_EVERY-th case.
+            cases += 1
+            if cases % THAW_EVERY == 0:
+                gc.unfreeze()
+            if cases == 1 or cases % THAW_EVERY == 0:
                 gc.collect()
-                gc.freeze()
-                frozen = True
+            gc.freeze()
         elif msg[0] == "close":
             return 0
 
