@@ -26,6 +26,12 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+def wanted(view: View) -> int:
+    """The cases an examples budget comes to over the view's paths (0: no budget)."""
+    budget = view.get("examples_budget") or 0
+    return sum(budget * int(t.get("per_example", 1)) for t in view.get("paths", {}).values())
+
+
 def summarize(view: View) -> dict[str, Any]:
     """The numbers both displays show, from a view."""
     now = view.get("now") or time.time()
@@ -36,7 +42,7 @@ def summarize(view: View) -> dict[str, Any]:
     if view.get("deadline"):
         left = max(0.0, view["deadline"] - now)
     elif view.get("examples_budget") and paths:
-        want = view["examples_budget"] * len(paths)
+        want = wanted(view)
         rate = total / elapsed if elapsed > 0 else 0
         left = (want - total) / rate if rate > 0 and want > total else None
     by_path: dict[str, int] = {}
@@ -74,7 +80,7 @@ def plain_line(view: View, width: int | None = None) -> str:
     paths = view.get("paths", {})
     left = f", {_clock(s['left'])} left" if s["left"] is not None else ""
     workers = f", {view['workers']} workers" if view.get("workers", 1) > 1 else ""
-    want = view.get("examples_budget") and view["examples_budget"] * len(paths)
+    want = wanted(view)
     done = f"{s['total']}/{want}" if want else f"{s['total']}"
     head = (f"gradfuzz [fuzz {_clock(s['elapsed'])}{left}{workers}] {done} examples ({s['rate']:.0f}/s); "
             f"{s['finds']} finds, {s['signatures']} distinct")

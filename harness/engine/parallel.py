@@ -94,7 +94,8 @@ class Controller:
         result, extra = combine(snaps)
         deadline = next((s["deadline"] for s in snaps if s.get("deadline")), None)
         budget = next((s["examples_budget"] for s in snaps if s.get("examples_budget")), None)
-        paths = {n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": t.seconds}
+        paths = {n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": t.seconds,
+                     "per_example": t.per_example}
                  for n, t in result.paths.items()}
         return {"started": self.started, "deadline": deadline, "examples_budget": budget, "paths": paths,
                 "unavailable": {**self.unavailable, **result.unavailable}, "counts": extra["counts"], "details": extra["details"],

@@ -20,6 +20,9 @@ class Tally:
     # Cases replayed from the example database (earlier runs' failures): run
     # apart from the seeded stream, so not part of ``examples``.
     replayed: int = 0
+    # Cases per drawn example (``Contract.data_variants``): what a budget of N
+    # examples comes to in ``examples``.
+    per_example: int = 1
 
 
 @dataclass

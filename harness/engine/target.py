@@ -338,6 +338,8 @@ class TargetRun:
         self.started = time.monotonic()
         self._next_beat = 0.0
         self.tallies = {p.name: result.paths.setdefault(p.name, Tally()) for p in target.paths}
+        for t in self.tallies.values():
+            t.per_example = target.variants
         self.heap: FrozenHeap | None = None  # set while ``run`` runs
 
     # -- the per-example body ------------------------------------------------
