@@ -525,6 +525,10 @@ def entry() -> None:
     command, once the families have imported dynamo)."""
     from harness.workers.zygote import end
 
+    # Inductor compiles kernels in a pool of one process per core unless told
+    # otherwise; with a compile child per flavour and per fuzz worker, -n 16
+    # on 16 cores would start hundreds of them for graphs of a few kernels.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     end(lambda: sys.exit(main()))
 
 

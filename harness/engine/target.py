@@ -185,13 +185,15 @@ class Target:
         return int(dict(strategy_flags(self.paths[0])).get("variants", 1))
 
     def examples(self) -> Any:
-        """One example of the target: the drawn case, and where its paths
-        compile per structure, that structure's data variants some path runs
-        (``harness.generate.data_variants``). A one-case target draws exactly
-        what ``strategy`` draws."""
+        """One example of the target: the drawn case, or where its paths
+        compile per structure, a tuple of it and that structure's data
+        variants some path runs (``harness.generate.data_variants``). A
+        one-case target is ``strategy`` itself (not mapped to a tuple: a
+        wrapper's label changes what Hypothesis's mutator draws, so the
+        cases drawn would change with it)."""
         k = self.variants
         if k <= 1:
-            return self.strategy().map(lambda c: (c,))
+            return self.strategy()
 
         drawn = self.strategy()
 
@@ -240,9 +242,9 @@ class Target:
         kw: dict[str, Any] = {} if database is None else {"database": database}
 
         @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck), **kw)
-        @given(group=self.examples())
-        def test_gradients_agree_with_eager(group: tuple[Case, ...]) -> None:
-            for case in group:
+        @given(example=self.examples())
+        def test_gradients_agree_with_eager(example: Case | tuple[Case, ...]) -> None:
+            for case in example if isinstance(example, tuple) else (example,):
                 hit = self.check(case)
                 if hit is not None:
                     path, divs = hit
@@ -285,6 +287,10 @@ class _Round:
     focus: Path | None = None
     case: Case | None = None
     divs: list[Divergence] | None = None
+    # Where in its example the first divergent case was: shrinking runs that
+    # case of each example only (the others' data then shrink for nothing),
+    # not up to ``data_variants`` cases per step.
+    index: int = 0
 
 
 class TargetRun:
@@ -355,9 +361,10 @@ class TargetRun:
         else:
             t.skipped[reason] = t.skipped.get(reason, 0) + 1
 
-    def _body(self, group: tuple[Case, ...], rnd: _Round) -> None:
+    def _body(self, example: Case | tuple[Case, ...], rnd: _Round) -> None:
         """One drawn example: its cases in turn (one, or a structure's data
         variants), each through every path; the first new divergence ends it."""
+        group = example if isinstance(example, tuple) else (example,)
         now = time.monotonic()
         if self.stop():
             self.interrupted = True
@@ -379,7 +386,11 @@ class TargetRun:
         # bug shrinks in more or fewer steps, and the counts would follow it).
         meter = self.meter if drawing else None
         hit = None
-        for case in group:
+        if rnd.focus is not None:
+            group = group[rnd.index:rnd.index + 1]
+        for i, case in enumerate(group):
+            if rnd.focus is None:
+                rnd.index = i
             if drawing and self.record is not None:
                 self.record.append(case)
             hit, lines = self._check(case, rnd, masked, meter)
@@ -472,8 +483,8 @@ class TargetRun:
                 @self._settings(self.chunk, (Phase.reuse,))
                 @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE)
                 @given(target.examples())
-                def replay_saved(group: tuple[Case, ...]) -> None:
-                    self._body(group, rnd)
+                def replay_saved(example: Case | tuple[Case, ...]) -> None:
+                    self._body(example, rnd)
 
                 replay_saved._hypothesis_internal_database_key = target.database_key  # type: ignore[attr-defined]
                 try:
@@ -521,8 +532,8 @@ class TargetRun:
                 @self._settings(budget, (Phase.generate, Phase.target, Phase.shrink))
                 @hseed(target.seed * 100_003 + target.shard * SHARD_STRIDE + round_no)
                 @given(target.examples())
-                def fuzz_round(group: tuple[Case, ...]) -> None:
-                    self._body(group, rnd)
+                def fuzz_round(example: Case | tuple[Case, ...]) -> None:
+                    self._body(example, rnd)
 
                 fuzz_round._hypothesis_internal_database_key = target.database_key  # type: ignore[attr-defined]
                 before = self.drawn

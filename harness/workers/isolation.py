@@ -64,13 +64,18 @@ OVERLAP_ENV = "GRADFUZZ_OVERLAP_PROCS"
 
 
 def overlap_procs(most: int) -> int:
-    """``most`` at most; by default half the cores (the rest are for the
-    other fuzz targets), so a 2-core host keeps one child."""
+    """``most`` at most; by default half the cores this process's share of the
+    host has (the rest are for the other fuzz targets): the cores over the
+    run's fuzz workers (``-n``), so a 2-core host keeps one child, and so
+    does each of 16 workers on 16 cores (with 7 each, 112 compile children
+    shared 16 cores)."""
     raw = os.environ.get(OVERLAP_ENV, "")
     if raw.isdigit() and int(raw) > 0:
         return min(int(raw), most)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(most, cores // 2))
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    share = cores // max(int(workers) if workers.isdigit() else 1, 1)
+    return max(1, min(most, share // 2))
 
 
 def build(recipe: tuple[str, dict[str, Any]]) -> Any:
