@@ -60,7 +60,7 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.pipelining", "torch.dist
 PRELOAD_WITHOUT_CUDA = ("torch._inductor.compile_fx",)
 # Read at run time, not at import: a child may differ from the zygote in these.
 RUN_TIME_PREFIXES = ("GRADFUZZ_", "PYTEST_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_", "RANK", "WORLD_SIZE",
-                     "LOCAL_RANK", "NCCL_", "PYTHONFAULTHANDLER")
+                     "LOCAL_RANK", "NCCL_", "GLOO_", "PYTHONFAULTHANDLER")
 MAX_MESSAGE = 1 << 20
 START_TIMEOUT = 120.0
 
