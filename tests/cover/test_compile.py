@@ -295,3 +295,18 @@ def test_a_submitted_case_that_hangs_times_out_from_when_it_was_sent():
         assert [v.kind for v in obs.violations] == ["timeout"] and worker._proc is None
     finally:
         path.close()
+
+
+def test_flavour_children_overlap_by_the_cores_each_fuzz_worker_has(monkeypatch):
+    from harness.workers import isolation
+
+    monkeypatch.delenv(isolation.OVERLAP_ENV, raising=False)
+    monkeypatch.setattr(isolation.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    assert isolation.overlap_procs(7) == 7  # one process on 16 cores: 8 spare, 7 flavours
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    assert isolation.overlap_procs(7) == 2
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
+    assert isolation.overlap_procs(7) == 1  # was 7 per worker: 112 children on 16 cores
+    monkeypatch.setenv(isolation.OVERLAP_ENV, "3")
+    assert isolation.overlap_procs(7) == 3
