@@ -42,6 +42,7 @@ from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
 from harness.workers import zygote
+from harness.workers.wire import dumps
 from harness.workers.placement import one_gpu_env
 
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
@@ -365,7 +366,7 @@ def worker() -> int:
     sys.stdout = sys.stderr
 
     def send(msg: Any) -> None:
-        data = pickle.dumps(msg)
+        data = dumps(msg)
         out.write(struct.pack(">Q", len(data)) + data)
         out.flush()
 

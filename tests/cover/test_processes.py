@@ -297,3 +297,34 @@ def test_one_process_workers_see_only_their_blocks_gpu(monkeypatch, visible, slo
     assert one_gpu_env() == {"CUDA_VISIBLE_DEVICES": want}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert one_gpu_env() == {}
+
+
+def test_the_worker_pipe_sends_tensors_as_torch_pickles_them():
+    """``isolation.dumps`` sends a storage as its bytes: every tensor comes back
+    with the same dtype, shape, strides, offset, class, requires_grad and bits."""
+    import pickle
+
+    import torch
+
+    from harness.observation import Observation, Step
+    from harness.workers.wire import dumps
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    tensors = [base, base.t(), base[1:, 2:5], torch.tensor([float("nan"), -0.0, float("inf")]),
+               torch.zeros(0, 3), torch.tensor([True, False]), torch.arange(5, dtype=torch.int64)[::2],
+               torch.randn(3, 2, dtype=torch.bfloat16), torch.randn(2, dtype=torch.complex64),
+               torch.randn(2, 3, dtype=torch.float64).requires_grad_(), torch.nn.Parameter(torch.randn(3)),
+               torch.tensor(2.5)]
+    obs = Observation(path="p", steps=[Step(0, {f"t{i}": t for i, t in enumerate(tensors)}, {}, tensors[:3])])
+    assert b"_load_from_bytes" in pickle.dumps(obs) and b"_load_from_bytes" not in dumps(obs)  # torch.save per storage: not here
+
+    def bits(t):
+        return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+    ours, theirs = pickle.loads(dumps(("obs", obs, True))), pickle.loads(pickle.dumps(("obs", obs, True)))
+    for got, want in ((ours[1].steps[0].grads, obs.steps[0].grads), (ours[1].steps[0].grads, theirs[1].steps[0].grads)):
+        for name, t in want.items():
+            g = got[name]
+            assert (type(g), g.dtype, g.shape, g.stride(), g.storage_offset(), g.requires_grad) == \
+                   (type(t), t.dtype, t.shape, t.stride(), t.storage_offset(), t.requires_grad), name
+            assert torch.equal(bits(g), bits(t)), name
