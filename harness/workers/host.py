@@ -35,6 +35,7 @@ from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
 from harness.objects import load_object
 from harness.workers import gpu, lifeline
+from harness.workers.wire import dumps
 
 
 def preload() -> None:
@@ -165,7 +166,7 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
         if lost:
             reply["device_lost"] = lost
         reply["id"] = msg.get("id")
-        conn.send_bytes(pickle.dumps(reply))
+        conn.send_bytes(dumps(reply))  # observations: tensors as their bytes (harness.workers.wire)
     os._exit(0)  # no process-group teardown handshake: the pool may already be going
 
 
