@@ -181,8 +181,9 @@ class Target:
 
     @property
     def variants(self) -> int:
-        """Cases checked per drawn structure (``Contract.data_variants``)."""
-        return int(dict(strategy_flags(self.paths[0])).get("variants", 1))
+        """Cases checked per drawn structure (``Contract.data_variants``, equal
+        for every path of a target: it is one of the strategy flags)."""
+        return self.paths[0].contract.data_variants
 
     def examples(self) -> Any:
         """One example of the target: the drawn case, or where its paths
@@ -244,7 +245,7 @@ class Target:
         @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck), **kw)
         @given(example=self.examples())
         def test_gradients_agree_with_eager(example: Case | tuple[Case, ...]) -> None:
-            for case in example if isinstance(example, tuple) else (example,):
+            for case in cases_of(example):
                 hit = self.check(case)
                 if hit is not None:
                     path, divs = hit
@@ -257,6 +258,11 @@ class Target:
 
         test_gradients_agree_with_eager._hypothesis_internal_database_key = self.database_key  # type: ignore[attr-defined]
         return test_gradients_agree_with_eager
+
+
+def cases_of(example: Case | tuple[Case, ...]) -> tuple[Case, ...]:
+    """The cases of one drawn example (``Target.examples``)."""
+    return example if isinstance(example, tuple) else (example,)
 
 
 def submit_ahead(paths: list[Path], case: Case) -> None:
@@ -364,7 +370,7 @@ class TargetRun:
     def _body(self, example: Case | tuple[Case, ...], rnd: _Round) -> None:
         """One drawn example: its cases in turn (one, or a structure's data
         variants), each through every path; the first new divergence ends it."""
-        group = example if isinstance(example, tuple) else (example,)
+        group = cases_of(example)
         now = time.monotonic()
         if self.stop():
             self.interrupted = True

@@ -5,6 +5,7 @@ need it is reported without it."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -160,6 +161,7 @@ PLACEMENTS = Draw("placements", (dtensor_placements, training_steps))
 _OFFSETS = st.integers(1, 2**16)
 
 
+@functools.lru_cache(maxsize=None)
 def _own_first(own: str, choices: tuple[str, ...]) -> Any:
     return st.sampled_from((own,) + tuple(c for c in choices if c != own))
 

@@ -24,7 +24,6 @@ the child for that case) or ``("close",)``; the child answers ``("ready",)`` onc
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import pickle
 import select
@@ -38,6 +37,7 @@ from typing import Any
 
 from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
+from harness.materialize.lifetime import FrozenHeap
 from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
@@ -48,7 +48,6 @@ from harness.workers.placement import one_gpu_env
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
 STARTUP_TIMEOUT = 180.0
 _MARK = "gradfuzz-worker: backward "
-THAW_EVERY = 256  # cases between full collections of what the worker froze
 
 
 def progress(k: int) -> None:
@@ -371,7 +370,7 @@ def worker() -> int:
         out.flush()
 
     path = None
-    cases = 0
+    heap: FrozenHeap | None = None  # from the end of the first case on
     while True:
         head = _read_exact(inp, 8)
         if head is None:
@@ -401,19 +400,16 @@ def worker() -> int:
             send(("obs", obs, healthy))
             if not healthy:
                 return 0
-            # Freeze what survives each case, so the full collections of allocator-pressure
-            # events walk only what the next case makes: after the first, every lazy
-            # initialisation (CUDA context, cuBLAS, compiled kernels' modules; 54 ms a
-            # collection, 70% of graphed.fixed's time on an H100), after each later one
-            # what it compiled (dynamo's graphs and guards of a new structure: two thirds
-            # of a compile flavour's time on cases of a compiled structure). Garbage
-            # frozen with them is collected at every THAW_EVERY-th case.
-            cases += 1
-            if cases % THAW_EVERY == 0:
-                gc.unfreeze()
-            if cases == 1 or cases % THAW_EVERY == 0:
-                gc.collect()
-            gc.freeze()
+            # Freeze what survives each case (``FrozenHeap``), so the full collections of
+            # allocator-pressure events walk only what the next case makes: after the first,
+            # every lazy initialisation (CUDA context, cuBLAS, compiled kernels' modules; 54 ms
+            # a collection, 70% of graphed.fixed's time on an H100), after each later one what
+            # it compiled (dynamo's graphs and guards of a new structure: two thirds of a
+            # compile flavour's time on cases of a compiled structure).
+            if heap is None:
+                heap = FrozenHeap().__enter__()
+            else:
+                heap.between_cases()
         elif msg[0] == "close":
             return 0
 
