@@ -38,7 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gradfuzz-minutes", type=float, metavar="M", help="wall-clock budget instead of --gradfuzz-examples")
     g.addoption("--gradfuzz-seed", type=int, default=0)
     g.addoption("--gradfuzz-shards", type=int, metavar="S",
-                help="shards per fuzz target (default: the number of xdist workers, else 1)")
+                help="shards per fuzz target (default: the number of xdist workers, fewer for a target "
+                     "of child paths on a small examples budget; else 1)")
     g.addoption("--gradfuzz-mode", choices=("both", "exact", "tolerance"), default="both")
     g.addoption("--gradfuzz-db", metavar="DIR|redis://HOST:PORT/N|none", default=None,
                 help="Hypothesis example database (default .gradfuzz/examples)")
@@ -140,17 +141,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from harness.generate import MODES
 
     exact = MODES[config.getoption("gradfuzz_mode")]
-    shards = config.getoption("gradfuzz_shards") or _workers()
+    # --gradfuzz-shards is taken as given; the default (one per worker) is cut
+    # for targets whose shards each start children (``shards_for``).
+    shards = config.getoption("gradfuzz_shards")
+    examples = None if shards else config.getoption("gradfuzz_examples")
     parent = GradfuzzCollector.from_parent(session, name="gradfuzz", nodeid="gradfuzz")
     live, dead = [], []
     for p in paths:
         a = p.availability()
         (live if a.ok else dead).append((p, a.reason))
     new: list[pytest.Item] = []
-    targets = plan([p for p, _ in live], exact=exact, seed=config.getoption("gradfuzz_seed"), shards=shards)
+    targets = plan([p for p, _ in live], exact=exact, seed=config.getoption("gradfuzz_seed"),
+                   shards=shards or _workers(), examples=examples)
     for t in targets:
         new.append(FuzzItem.from_parent(parent, name=f"fuzz[{t.name}-shard{t.shard}]", callobj=t.plain_test(),
-                                        target=t, shards=shards, n_items=len(targets)))
+                                        target=t, n_items=len(targets)))
     for p, why in dead:
         new.append(SkippedItem.from_parent(parent, name=f"fuzz[{p.name}]", reason=f"{p.name} unavailable here: {why}"))
     spec = config.getoption("gradfuzz_corpus")
@@ -207,10 +212,9 @@ def _write_status(config: pytest.Config) -> None:
 
 
 class FuzzItem(pytest.Function):
-    def __init__(self, *, target: Any, shards: int, n_items: int, **kw: Any) -> None:
+    def __init__(self, *, target: Any, n_items: int, **kw: Any) -> None:
         super().__init__(**kw)
         self.target = target
-        self.shards = shards
         self.n_items = n_items
         self.add_marker(pytest.mark.hypothesis)
 
@@ -223,7 +227,8 @@ class FuzzItem(pytest.Function):
         deadline = session.slice(minutes * 60 * max(1, _workers()) / max(1, self.n_items)) if minutes is not None else None
         # The budget over all shards, as --gradfuzz-examples says: 20 over 16 shards is 2 for
         # four and 1 for twelve (rounding each up ran 32, the compile target's cases with it).
-        per_shard = examples // self.shards + (self.target.shard < examples % self.shards) if examples is not None else None
+        n = self.target.shards
+        per_shard = examples // n + (self.target.shard < examples % n) if examples is not None else None
         run = session.run_target(self.target, examples=per_shard, deadline=deadline,
                                  heartbeat=lambda: _write_status(config))
         _write_status(config)

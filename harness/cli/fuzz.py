@@ -25,7 +25,8 @@ def add_arguments(f: argparse.ArgumentParser) -> None:
     f.add_argument("--db", metavar="DIR|redis://HOST:PORT/N|none",
                    help="Hypothesis example database: saved failures are replayed first "
                         "(default .gradfuzz/examples; redis:// shares one campaign between machines)")
-    f.add_argument("--shards", type=int, help="shards per fuzz target with -n (default: one per process)")
+    f.add_argument("--shards", type=int, help="shards per fuzz target with -n (default: one per process; fewer for "
+                   "a target of child paths on a small examples budget)")
     f.add_argument("--progress", choices=("auto", "live", "plain", "none"), default="auto",
                    help="live display on a terminal, plain periodic lines otherwise (default auto)")
     f.add_argument("--progress-every", type=float, default=10.0, metavar="S",

@@ -24,23 +24,33 @@ from harness.observation import Divergence
 from harness.paths import Path
 from harness.engine.result import Result, Tally
 from harness.artifacts.findings import finding_entry
-from harness.paths import close_paths, heaviness, split_available
+from harness.paths import close_paths, heaviness, in_child, shards_for, split_available
 from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
 from harness.engine.coverage import MODES, combine as combine_coverage, new_meter, request_in_children
 
 
 def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
-         slack: float | None = None) -> list[Target]:
-    """Group paths that share a case distribution; one target per group and shard."""
+         slack: float | None = None, examples: int | None = None) -> list[Target]:
+    """Group paths that share a case distribution; one target per group and
+    shard (``shards``, or fewer for a group ``shards_for`` says so of, given
+    the ``examples`` budget over all shards).
+
+    A path that runs in a child is a group of its own: the oracle a group
+    would share costs milliseconds beside its compile of each structure, and
+    alone it runs on a worker beside its siblings. The gate fuzzes one shard
+    per target (its verdict must not depend on ``-n``), so the six compile
+    flavours in one target were one serial chain on any number of cores."""
     groups: dict[tuple, list[Path]] = {}
     for p in paths:
-        groups.setdefault(strategy_flags(p), []).append(p)
+        groups.setdefault(strategy_flags(p) + ((p.name,) if in_child(p) else ()), []).append(p)
     # Heaviest first (a target's seed is its own, so the order changes only who waits at the end),
     # and shard by shard: with S shards per target on S workers, target-major order gave every
     # worker a shard of the heaviest target, and the light targets waited for all of them (an
     # H100 host, -n 16: split.fixed ran no example in the first 140 s while compile shards ran).
     ordered = sorted(groups.values(), key=lambda ps: -max(heaviness(p) for p in ps))
-    return [Target(ps, exact=exact, seed=seed, shard=s, slack=slack) for s in range(shards) for ps in ordered]
+    counts = [shards_for(ps, shards, examples) for ps in ordered]
+    return [Target(ps, exact=exact, seed=seed, shard=s, shards=n, slack=slack)
+            for s in range(shards) for ps, n in zip(ordered, counts) if s < n]
 
 
 class Session:

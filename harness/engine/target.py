@@ -138,6 +138,7 @@ class Target:
     exact: bool | None = None
     seed: int = 0
     shard: int = 0
+    shards: int = 1  # of this target: the examples budget is split over them
     relative_to: dict[str, Path] = field(default_factory=dict)
     slack: float | None = None  # --tolerance-slack: loosen every comparison (selfcheck's proof)
 
@@ -352,6 +353,8 @@ class TargetRun:
         self.tallies = {p.name: result.paths.setdefault(p.name, Tally()) for p in target.paths}
         for t in self.tallies.values():
             t.per_example = target.variants
+        # A worker may run several shards of one target: its seconds add up.
+        self._seconds0 = {name: t.seconds for name, t in self.tallies.items()}
         self.heap: FrozenHeap | None = None  # set while ``run`` runs
 
     # -- the per-example body ------------------------------------------------
@@ -456,8 +459,8 @@ class TargetRun:
 
     def _update_seconds(self, now: float | None = None) -> None:
         s = (now or time.monotonic()) - self.started
-        for t in self.tallies.values():
-            t.seconds = s
+        for name, t in self.tallies.items():
+            t.seconds = self._seconds0[name] + s
 
     # -- rounds ---------------------------------------------------------------
 

@@ -20,11 +20,11 @@ from typing import Any, Callable, Iterable
 
 from harness.objects import LoadError, load_object
 from harness.materialize.schedule import run_schedule
-from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError, heaviness
+from harness.paths.base import Availability, Contract, Options, Path, Repro, UsageError, heaviness, in_child, shards_for, CHILD_SHARD_EXAMPLES
 from harness.paths.family import Canary, Family, UserImpl
 
-__all__ = ["Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl",
-           "all_paths", "check_options", "close_paths", "families", "heaviness", "register_path", "resolve",
+__all__ = ["CHILD_SHARD_EXAMPLES", "Availability", "Canary", "Contract", "Family", "Options", "Path", "Repro", "UsageError", "UserImpl",
+           "all_paths", "check_options", "close_paths", "families", "heaviness", "in_child", "register_path", "resolve", "shards_for",
            "run_schedule", "split_available"]
 
 from harness.registry import BUILTIN, GROUP, add_namespace, listed  # noqa: F401  (GROUP: for third parties' docs)

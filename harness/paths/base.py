@@ -236,6 +236,13 @@ class Path(Protocol):
         ...
 
 
+def in_child(path: Path) -> bool:
+    """The path runs its cases in a child process of its own (``worker``,
+    ``recipe``: compile flavours, graphed paths), where each new structure
+    costs a compile or a capture: seconds, against milliseconds for the oracle."""
+    return hasattr(path, "worker") or hasattr(path, "recipe")
+
+
 def heaviness(path: Path) -> int:
     """A rough cost class of a case on ``path``, for handing work out heaviest
     first (gate replay groups, fuzz targets) so that the slowest group does
@@ -243,10 +250,27 @@ def heaviness(path: Path) -> int:
     (``worker``, ``recipe``: compile, graphed) compiles or captures there,
     about a second per new structure, and ranks first; then the paths with
     ranks, by their number; in-process paths are 0."""
-    if hasattr(path, "worker") or hasattr(path, "recipe"):
+    if in_child(path):
         return 100
     ranks = getattr(path, "world_size", 0)
     return ranks if isinstance(ranks, int) and ranks > 0 else 0
+
+
+# Drawn examples a shard of a target whose paths run in children gets at least.
+# Each such shard starts one child per path, and each compiles cold; on torch 2.11
+# each Inductor child also probes the vector ISAs, a fresh ``import torch`` per
+# probe under a lock every process of the cache directory shares: at -n 16 (16
+# shards, 48 Inductor children) the compile target waited minutes for it.
+CHILD_SHARD_EXAMPLES = 4
+
+
+def shards_for(paths: list[Path], shards: int, examples: int | None) -> int:
+    """Shards for one fuzz target: ``shards``, fewer where its paths run in
+    children and the budget would leave each shard less than
+    ``CHILD_SHARD_EXAMPLES`` (a time budget keeps them all)."""
+    if examples is None or not any(in_child(p) for p in paths):
+        return shards
+    return max(1, min(shards, examples // CHILD_SHARD_EXAMPLES))
 
 
 def format_exception(e: BaseException) -> str:

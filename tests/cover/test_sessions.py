@@ -178,3 +178,39 @@ def test_shards_are_planned_shard_by_shard_heaviest_target_first():
     names = [n for _, n in order[:3]]
     assert names == sorted(names, key=lambda n: -heaviness(next(p for p in paths if p.name == n))), names
     assert names[0] == "compile.aot_eager"
+
+
+def test_targets_whose_paths_run_in_children_get_fewer_shards_of_a_small_budget():
+    """-n 16 with 20 examples: a compile shard of one example started six
+    children that compiled cold (and, on torch 2.11, queued for Inductor's
+    ISA probe behind every other); in-process targets keep one per worker,
+    and the shards of a target still split exactly its budget."""
+    from harness.engine.session import plan
+    from harness.paths import CHILD_SHARD_EXAMPLES, resolve
+
+    paths = resolve("split.fixed,compile.aot_eager")
+    targets = plan(paths, exact=None, seed=0, shards=16, examples=20)
+    by_name: dict[str, list] = {}
+    for t in targets:
+        by_name.setdefault(t.name, []).append(t)
+    assert len(by_name["split.fixed"]) == 16
+    assert len(by_name["compile.aot_eager"]) == 20 // CHILD_SHARD_EXAMPLES
+    for ts in by_name.values():
+        assert {t.shards for t in ts} == {len(ts)}
+        assert sorted(t.shard for t in ts) == list(range(len(ts)))
+    assert len(plan(paths, exact=None, seed=0, shards=16, examples=2)) == 17  # one compile shard, never none
+    assert len(plan(paths, exact=None, seed=0, shards=16)) == 32  # a time budget keeps every shard
+
+
+def test_a_worker_running_two_shards_of_a_target_adds_their_seconds():
+    from harness.engine.result import Result
+    from harness.engine.target import Target, TargetRun
+    from harness.paths import resolve
+
+    result = Result()
+    for shard in (0, 1):
+        TargetRun(Target(resolve("split.fixed"), exact=True, shard=shard, shards=2), result, examples=3).run()
+        if shard == 0:
+            first = result.paths["split.fixed"].seconds
+    assert first > 0
+    assert result.paths["split.fixed"].seconds > first
