@@ -4,7 +4,8 @@
 #   probe  the compile family alone at -n 16 (cold Inductor cache), with snapshots
 #          of the load and py-spy stacks of the busiest processes at 40 and 90 s
 #          (.whl/ carried: py-spy); once plain, once with OMP_NUM_THREADS=1
-#   c16    README's gate at -n 16 (GATE_LIMIT seconds, default 420)
+#   c16    README's gate at -n 16 (GATE_LIMIT seconds, default 420); SNAPS="30 30 ...":
+#          snapshots as in probe, each that many seconds after the one before
 #   c2     README's gate at -n 2 pinned to two cores (taskset -c 0,1)
 #   bash benchmarks/gpu_s21.sh probe|c16|c2     # on the device machine, repository root
 set -u
@@ -36,7 +37,9 @@ N=$(date +%H%M%S)
 case $CALL in
 probe) pip install -q --no-index .whl/py_spy-*.whl >>"$S" 2>&1
        compile16 plain; compile16 omp1 OMP_NUM_THREADS=1 ;;
-c16) step gate16-$N ${GATE_LIMIT:-420} python -m harness gate --examples 20 -n 16 --json "$W/gate16-$N.json" --save "$W/found-$N" ;;
+c16) pip install -q --no-index .whl/py_spy-*.whl >>"$S" 2>&1
+     ( for t in ${SNAPS:-}; do sleep "$t"; snap "gate-$t"; done ) &
+     step gate16-$N ${GATE_LIMIT:-420} python -m harness gate --examples 20 -n 16 --json "$W/gate16-$N.json" --save "$W/found-$N" ;;
 c2) step gate2-$N ${GATE_LIMIT:-570} taskset -c 0,1 python -m harness gate --examples 20 -n 2 --json "$W/gate2-$N.json" --save "$W/found-$N" ;;
 esac
 python - "$W" >>"$S" 2>&1 <<'PY'

@@ -305,13 +305,28 @@ class SkippedItem(pytest.Item):
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's load scheduling hands each worker two consecutive items at
-    first, which would put two shards of one target on one worker while
-    another waits. Ours hands out the first round strided (worker i gets
-    items i and i + workers), then schedules like ``load``."""
+    """xdist's load scheduling starts a worker only once it holds two items
+    (the running one needs its successor), and hands out consecutive or
+    round-robin items: the second item of the worker that got the heaviest
+    target waited behind it (an H100 host, -n 16: split.fixed started 3
+    minutes into the gate's fuzzing, queued behind a compile flavour). Ours
+    starts each worker on one of the first items (heaviest first) with one of
+    the last queued behind it (``first_round``), then schedules like ``load``."""
     if config.getoption("gradfuzz_paths") is None or config.getvalue("dist") != "load":
         return None
     return _shard_scheduling()(config, log)
+
+
+def first_round(n: int, workers: int) -> tuple[list[list[int]], list[int]]:
+    """The items each worker starts with, and those left pending, in order.
+    Worker i gets item i of the first ``workers`` (heaviest first) and,
+    where there are more items, one of the last ones: the heaviest of them
+    behind the lightest of the first."""
+    heads = list(range(min(n, workers)))
+    k = min(len(heads), n - len(heads))
+    tails = list(range(n - k, n))
+    rounds = [[h] + ([tails[len(heads) - 1 - i]] if len(heads) - 1 - i < k else []) for i, h in enumerate(heads)]
+    return rounds, list(range(len(heads), n - k))
 
 
 def _shard_scheduling() -> Any:
@@ -320,21 +335,18 @@ def _shard_scheduling() -> Any:
     class ShardScheduling(LoadScheduling):
         def schedule(self) -> None:
             if self.collection is None and self.collection_is_completed and self._check_nodes_have_same_collection():
-                collection = next(iter(self.node2collection.values()))
-                n, w = len(collection), len(self.nodes)
-                if n >= 2 * w:
-                    first = [j for i in range(w) for j in (i, i + w)]
-                    rest = [j for j in range(n) if j not in set(first)]
-                    self.collection = collection
-                    self.pending[:] = first + rest
-                    if self.maxschedchunk is None:
-                        self.maxschedchunk = n
+                self.collection = next(iter(self.node2collection.values()))
+                n = len(self.collection)
+                if self.maxschedchunk is None:
+                    self.maxschedchunk = max(1, n)
+                rounds, self.pending[:] = first_round(n, len(self.nodes))
+                for node, items in zip(self.nodes, rounds):
+                    self.pending[:0] = items
+                    self._send_tests(node, len(items))
+                if not self.pending:
                     for node in self.nodes:
-                        self._send_tests(node, 2)
-                    if not self.pending:
-                        for node in self.nodes:
-                            node.shutdown()
-                    return
+                        node.shutdown()
+                return
             super().schedule()
 
     return ShardScheduling

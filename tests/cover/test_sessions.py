@@ -214,3 +214,22 @@ def test_a_worker_running_two_shards_of_a_target_adds_their_seconds():
             first = result.paths["split.fixed"].seconds
     assert first > 0
     assert result.paths["split.fixed"].seconds > first
+
+
+def test_first_round_queues_light_items_behind_light_ones():
+    """A worker runs an item only once its successor is queued: xdist's
+    round-robin put the 17th of 19 targets (a light one) behind the
+    heaviest, where it waited minutes while other workers idled."""
+    from harness.pytest_plugin import first_round
+
+    for n, w in [(19, 16), (55, 16), (16, 16), (3, 16), (5, 2), (0, 2)]:
+        rounds, pending = first_round(n, w)
+        assert sorted([i for r in rounds for i in r] + pending) == list(range(n))
+        assert [r[0] for r in rounds] == list(range(min(n, w)))  # heaviest first, one per worker
+        if n >= 2 * w:
+            assert all(len(r) == 2 for r in rounds)  # every worker can start
+        else:
+            assert pending == []  # all sent: the scheduler shuts the workers down, so each starts
+    rounds, _ = first_round(19, 16)
+    assert [r[1:] for r in rounds[:13]] == [[]] * 13
+    assert [r[1] for r in rounds[13:]] == [18, 17, 16]
