@@ -16,7 +16,8 @@ if __name__ == "__main__":
     print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "slot": os.environ.get("GRADFUZZ_SLOT"),
                       "probe": os.environ.get("GRADFUZZ_PROBE"), "path": sys.path, "pid": os.getpid(),
                       "ppid": os.getppid(), "stdin": "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read(),
-                      "modules": "torch" in sys.modules}), flush=True)
+                      "modules": "torch" in sys.modules,
+                      "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None}), flush=True)
     sys.stderr.write("probe stderr\n")
     if status == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)

@@ -32,3 +32,12 @@ def import_path() -> list[str]:
 def python(module: str, *args: str) -> list[str]:
     """argv that runs ``module`` as ``__main__`` in a child with this process's import path."""
     return [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path()), module, *args]
+
+
+def one_thread_env() -> dict[str, str]:
+    """One intra-op thread for a child, as the fuzz workers and ranks have
+    (``GRADFUZZ_KEEP_THREADS`` keeps torch's default). Cases are tiny: with a
+    thread per core, each compile child of a 16-worker gate on 16 cores ran
+    16 OpenMP threads around its ops (load 26 on 16 cores), and the numbers
+    of a reduction would follow the host's core count."""
+    return {} if os.environ.get("GRADFUZZ_KEEP_THREADS") else {"OMP_NUM_THREADS": "1"}

@@ -43,6 +43,7 @@ from harness.observation import Observation, Violation
 from harness.case.spec import Case
 from harness.workers import zygote
 from harness.workers.wire import dumps
+from harness.workers.interpreter import one_thread_env
 from harness.workers.placement import one_gpu_env
 
 PROGRESS_ENV = "GRADFUZZ_WORKER_PROGRESS"
@@ -126,7 +127,7 @@ class IsolatedPath:
     def _spawn(self) -> None:
         self.starts += 1
         self._log = tempfile.TemporaryFile(prefix="gradfuzz-worker-")
-        env = {**os.environ, PROGRESS_ENV: "1", **one_gpu_env()}
+        env = {**os.environ, PROGRESS_ENV: "1", **one_gpu_env(), **one_thread_env()}
         self._proc = zygote.start("harness.workers.isolation", [],  # forked warm, or a fresh interpreter
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
         self._send(("init", self.recipe))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from harness.workers import zygote
+from harness.workers.interpreter import one_thread_env
 
 SLOT_ENV = "GRADFUZZ_SLOT"
 
@@ -41,7 +42,7 @@ def run_jobs(jobs: list[tuple[str, list[str]]], workers: int, folder: str, on_en
     ends, ``on_tick(pending, running)`` every ``tick`` seconds and at the end."""
     pending = list(jobs)
     running: dict[str, tuple[Any, float, str, int]] = {}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **one_thread_env()}
     shown = 0.0
     while pending or running:
         while pending and len(running) < max(1, workers):

@@ -112,3 +112,29 @@ def test_a_zygote_that_refused_is_not_started_again(monkeypatch) -> None:
     assert zygote.shared() is z
     p, _, _, rc = _probe()
     assert isinstance(p, subprocess.Popen) and rc == 0
+
+
+def test_a_compile_child_runs_one_intra_op_thread(monkeypatch) -> None:
+    """An isolated path's child gets one intra-op thread, as the fuzz workers
+    have: with torch's default (one per core) 48 compile children of a
+    16-worker gate each spun 16 OpenMP threads on a 16-core host."""
+    from harness.workers import isolation
+    from harness.workers.interpreter import one_thread_env
+
+    monkeypatch.delenv("GRADFUZZ_KEEP_THREADS", raising=False)
+    _, seen, _, _ = _probe(env={**os.environ, **one_thread_env()})
+    assert seen["threads"] == 1
+    if (os.cpu_count() or 1) > 1 and "OMP_NUM_THREADS" not in os.environ:
+        _, default, _, _ = _probe(env=dict(os.environ))
+        assert default["threads"] > 1  # the probe sees what the child was given, not a constant
+    envs = []
+    start = isolation.zygote.start
+    monkeypatch.setattr(isolation.zygote, "start", lambda *a, **kw: envs.append(kw["env"]) or start(*a, **kw))
+    from tests.standins import isolated
+
+    worker = isolated("standin.fixed", "tests.standins:fixed")
+    try:
+        worker.start_soon()
+    finally:
+        worker.close()
+    assert envs and envs[0].get("OMP_NUM_THREADS") == "1"
