@@ -27,6 +27,7 @@ from harness.artifacts.findings import finding_entry
 from harness.paths import close_paths, heaviness, in_child, shards_for, split_available
 from harness.engine.target import Finding, Stop, Target, TargetRun, strategy_flags
 from harness.engine.coverage import MODES, combine as combine_coverage, new_meter, request_in_children
+from harness.workers.interpreter import one_thread
 
 
 def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
@@ -309,7 +310,7 @@ def _single_thread() -> None:
     try:
         import torch
 
-        if torch.get_num_threads() != 1 and not os.environ.get("GRADFUZZ_KEEP_THREADS"):
+        if torch.get_num_threads() != 1 and one_thread():
             torch.set_num_threads(1)
     except Exception:  # pragma: no cover - torch is a dependency
         print("gradfuzz: could not limit torch threads", file=sys.stderr)

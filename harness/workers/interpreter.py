@@ -34,10 +34,15 @@ def python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path()), module, *args]
 
 
-def one_thread_env() -> dict[str, str]:
-    """One intra-op thread for a child, as the fuzz workers and ranks have
-    (``GRADFUZZ_KEEP_THREADS`` keeps torch's default). Cases are tiny: with a
+def one_thread() -> bool:
+    """Whether gradfuzz's processes run one intra-op thread: yes unless
+    ``GRADFUZZ_KEEP_THREADS`` keeps torch's default. Cases are tiny: with a
     thread per core, each compile child of a 16-worker gate on 16 cores ran
     16 OpenMP threads around its ops (load 26 on 16 cores), and the numbers
     of a reduction would follow the host's core count."""
-    return {} if os.environ.get("GRADFUZZ_KEEP_THREADS") else {"OMP_NUM_THREADS": "1"}
+    return not os.environ.get("GRADFUZZ_KEEP_THREADS")
+
+
+def one_thread_env() -> dict[str, str]:
+    """A child's environment for ``one_thread``."""
+    return {"OMP_NUM_THREADS": "1"} if one_thread() else {}
