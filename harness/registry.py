@@ -27,6 +27,7 @@ BUILTIN = (
     "megatron = harness.paths.megatron:FAMILY",
     "torchtitan = harness.paths.torchtitan:FAMILY",
     "mesh = harness.paths.mesh:FAMILY",
+    "func = harness.paths.func:FAMILY",
 )
 GROUP = "gradfuzz.paths"
 

@@ -6,6 +6,10 @@ larger buffer is legal, and machinery downstream (AccumulateGrad's layout
 fix-up, DTensor placements, static graph buffers) must cope with it. This
 module imports only torch: ``harness.artifacts.repro`` pastes its source into
 standalone scripts.
+
+They are written with ``setup_context`` (forward without ``ctx``) and
+``generate_vmap_rule``, the form torch.func's transforms (grad, vjp, vmap)
+accept; for plain autograd it means exactly what ``forward(ctx, ...)`` did.
 """
 
 import torch
@@ -14,11 +18,17 @@ import torch
 class LayoutMatmul(torch.autograd.Function):
     """``a @ b`` whose backward returns grads in a chosen memory layout."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, a, b, layout):
+    def forward(a, b, layout):
+        return a @ b
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, b, layout = inputs
         ctx.save_for_backward(a, b)
         ctx.layout = layout
-        return a @ b
 
     @staticmethod
     def backward(ctx, g):
@@ -27,11 +37,11 @@ class LayoutMatmul(torch.autograd.Function):
             # Same values as the contiguous form, strides swapped.
             ga, gb = (b @ g.mT).mT, (g.mT @ a).mT
         elif ctx.layout == "buffer_view":
-            # Each grad is a slice of a larger buffer, at a storage offset.
-            ga = torch.zeros((2,) + a.shape, dtype=g.dtype, device=g.device)[1]
-            gb = torch.zeros((2,) + b.shape, dtype=g.dtype, device=g.device)[1]
-            ga.copy_(g @ b.mT)
-            gb.copy_(a.mT @ g)
+            # Each grad is a slice of a larger buffer, at a storage offset:
+            # the second of a plain zero buffer stacked with it (out of
+            # place, so vmap can batch it; a copy_ into the buffer it cannot).
+            ga = torch.stack([torch.zeros(a.shape, dtype=g.dtype, device=g.device), g @ b.mT])[1]
+            gb = torch.stack([torch.zeros(b.shape, dtype=g.dtype, device=g.device), a.mT @ g])[1]
         else:
             ga, gb = g @ b.mT, a.mT @ g
         return ga, gb, None
@@ -40,10 +50,15 @@ class LayoutMatmul(torch.autograd.Function):
 class Pair(torch.autograd.Function):
     """Two outputs from two inputs: ``(a * b, a + b)``."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
+    def forward(a, b):
         return a * b, a + b
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, g_mul, g_add):
@@ -65,9 +80,15 @@ class PassThrough(torch.autograd.Function):
     caller's grad output is what an implementation adopting autograd's
     tensor as ``.grad`` aliases (the founding graphed bug's class)."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, a):
+    def forward(a):
         return a.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, g):
