@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.case import opinfo
 from harness.case.functions import LayoutMatmul, Pair, PassThrough
 
 Shape = tuple[int, ...]
@@ -310,6 +311,15 @@ def _sdpa_bound(t: list[torch.Tensor], a: dict) -> torch.Tensor:
     return _softmax_bound(q @ k.mT / math.sqrt(q.shape[-1])) @ v
 
 
+def _opinfo_shape(shapes: list[Shape], attrs: dict) -> Shape:
+    if "fn" not in attrs or "call" not in attrs:
+        raise ShapeError("an opinfo node needs both attributes fn and call")
+    if attrs["fn"] not in opinfo.table():
+        raise ShapeError(f"op {attrs['fn']!r} is not in the op table of torch {opinfo.version_key()} "
+                         f"({opinfo.table_path().name}: {len(opinfo.table())} ops)")
+    return shapes[0]
+
+
 def _dim_src(attrs: dict) -> str:
     return f"dim={attrs.get('dim', 0)}"
 
@@ -417,6 +427,10 @@ OPS: dict[str, Op] = {
         Op("index_add", 2, 2, True, _index_add_shape,
            lambda t, a: t[0].index_add(0, _ix(t[0], a["idx"]), t[1]),
            lambda s, a: f"{s[0]}.index_add(0, torch.tensor({tuple(a['idx'])}, device={s[0]}.device), {s[1]})", plain_tensors=True),
+        # An op of torch's OpInfo database on h (harness.case.opinfo): tolerance mode only;
+        # its constants are plain tensors, which DTensor operands refuse.
+        Op("opinfo", 1, 1, False, _opinfo_shape, lambda t, a: opinfo.run(t, a, _cached), opinfo.source,
+           bound=opinfo.bound, plain_tensors=True),
     ]
 }
 

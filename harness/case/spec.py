@@ -19,6 +19,7 @@ from harness.case.vocab import (  # noqa: F401  (re-exported: the spec's vocabul
 )
 from harness.case.validate import infer_shapes
 from harness import registry
+from harness.case import opinfo
 from harness.case import schema as sc
 from harness.case.namespace import DataNamespace
 
@@ -265,13 +266,18 @@ def _attr_value(v: Any, where: str) -> Any:
     return sc.integer(v, where, -MAX_DIM, MAX_DIM)
 
 
+# An OpInfo node's attributes have their own decoders (an op key, a nested call value).
+_OPINFO_ATTRS = {"fn": opinfo.check_fn, "call": opinfo.decode_call}
+
+
 def _attrs(v: Any, where: str) -> tuple[tuple[str, Any], ...]:
     out = []
     for i, kv in enumerate(sc.array(v, where, 8)):
         if not isinstance(kv, list) or len(kv) != 2:
             raise SpecError(f"{where}[{i}]", f"expected a [key, value] pair, got {sc._show(kv)}")
         key = sc.string(kv[0], f"{where}[{i}][0]", max_len=32)
-        out.append((key, _attr_value(kv[1], f"{where}[{i}][1]")))
+        out.append((key, _OPINFO_ATTRS[key](kv[1], f"{where}[{i}][1]") if key in _OPINFO_ATTRS
+                    else _attr_value(kv[1], f"{where}[{i}][1]")))
     return tuple(out)
 
 

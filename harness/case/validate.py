@@ -53,6 +53,7 @@ OP_ATTRS: dict[str, dict[str, str]] = {
     "sdpa": {"causal": "int"}, "expand": {"shape": "shape"}, "index_select": {"dim": "int", "idx": "index"},
     "gather": {"dim": "int", "seed": "int"}, "scatter_add": {"dim": "int", "seed": "int"},
     "index_add": {"idx": "index"},
+    "opinfo": {"fn": "fn", "call": "call"},  # both decoded and checked by harness.case.opinfo
 }
 
 
@@ -74,12 +75,13 @@ def _check_attrs(op: str, attrs: tuple, where: str) -> None:
               "shape": isinstance(value, tuple) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value),
               "index": isinstance(value, tuple) and len(value) > 0
               and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value),
-              "layout": value in LAYOUTS}[want]
+              "layout": value in LAYOUTS, "fn": isinstance(value, str), "call": isinstance(value, tuple)}[want]
         if not ok:
             raise SpecError(w, f"{op} attribute {key!r} must be "
                                + {"int": "an integer", "int?": "an integer or null", "shape": "a list of positive integers",
                                   "index": "a non-empty list of non-negative integers",
-                                  "layout": f"one of {LAYOUTS}"}[want] + f", got {value!r}")
+                                  "layout": f"one of {LAYOUTS}", "fn": "an op table key",
+                                  "call": "a call value"}[want] + f", got {value!r}")
 
 
 def _numel(shape: Result) -> int:

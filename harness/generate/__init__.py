@@ -17,7 +17,8 @@ from typing import Callable
 from hypothesis import strategies as st
 
 from harness.case.spec import Case, Schedule
-from harness.generate.blocks import BLOCKS, BUILDERS, MODEL_BLOCKS, OPTIONAL_BLOCKS, interpret
+from harness.case import opinfo
+from harness.generate.blocks import BLOCKS, BUILDERS, MODEL_BLOCKS, OPINFO_BLOCK, OPTIONAL_BLOCKS, interpret
 from harness.generate.focus import MOSTLY, focus_blocks, focus_training, repair
 from harness.generate.draws import ONE_IN_EIGHT, PLACEMENTS, Draw, data_variants, dtensor_placements, gap_cases, lifetime_schedules, tp_eligible, training_steps
 
@@ -56,8 +57,11 @@ class _Drawn:
             blocks = tuple(b for b in blocks if b != "dropout")
         if not hooks:  # paths that trace with fullgraph=True: no tensor hook, no retain_grad
             blocks = tuple(b for b in blocks if b not in ("hook", "retain"))
-        self.blocks = st.lists(st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3)),
-                               min_size=1, max_size=max_blocks)
+        element = st.tuples(st.sampled_from(blocks), st.integers(0, 2), st.integers(0, 3))
+        if opinfo.draws():  # one block in four an op of torch's OpInfo database, shrinking away first
+            element = st.one_of(element, element, element,
+                                st.tuples(st.just(OPINFO_BLOCK), st.integers(0, 2), st.integers(0, len(opinfo.draws()) - 1)))
+        self.blocks = st.lists(element, min_size=1, max_size=max_blocks)
         self.out_kind = st.integers(0, 4)
         # Model cases draw each microbatch count about equally often (st.integers
         # favours the ends of its range: 2 came in 91 of 500 eager+split cases,

@@ -13,6 +13,7 @@ inputs without grad, view outputs, hooks and ``retain_grad``.
 
 from __future__ import annotations
 
+from harness.case import opinfo
 from harness.case.ops import LAYOUTS
 from harness.case.spec import Case, Hook, Input, Schedule, Use
 from harness.generate.builder import _Builder
@@ -41,6 +42,9 @@ OPTIONAL_BLOCKS = (
     "dropout",  # dropout from the global RNG: recomputation must restore it
     "inplace",  # relu_ or mul_ by a gain, in place on a fresh copy
 )
+# An op of torch's OpInfo database on h (``harness.case.opinfo``): drawn by
+# every target, with its own variant range (one number per op and sample).
+OPINFO_BLOCK = "opinfo"
 # Model parts (``cases(model=True)``, paths whose contract asks): the pieces
 # transformers are made of, each a block that keeps h's shape, so they mix
 # with every founding block and shrink the same way.
@@ -224,11 +228,20 @@ def _inplace(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
     return b.node("mul_", Use(h), Use(g))
 
 
+def _opinfo(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
+    # An op of torch's OpInfo database (tolerance mode: its values are not integers).
+    pool = opinfo.draws()
+    if b.exact or not pool:
+        return h
+    key, i = pool[variant % len(pool)]
+    return b.node("opinfo", Use(h), fn=key, call=opinfo.table()[key]["samples"][i])
+
+
 BUILDERS = {
     "linear": _linear, "linear_t": _linear, "gain": _gain, "bias": _bias, "branch": _branch, "layout": _layout,
     "pair": _pair, "chunk": _chunk, "combined": _combined, "reshape": _reshape, "nonlin": _nonlin,
     "mix_input": _mix_input, "project": _project, "hook": _hook, "retain": _retain, "passthrough": _passthrough,
-    "dropout": _dropout, "inplace": _inplace, **MODEL_BUILDERS,
+    "dropout": _dropout, "inplace": _inplace, "opinfo": _opinfo, **MODEL_BUILDERS,
 }
 
 

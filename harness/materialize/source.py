@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from harness.case import functions
+from harness.case import functions, opcall
 from harness.case.ops import OPS, draws_random
 from harness.case.spec import Case, SpecError, Use
 from harness.materialize.names import attribute, variable
@@ -113,7 +113,10 @@ def literal(t: Any) -> str:
 def function_helpers(case: Case) -> list[str]:
     """Source of the custom autograd Functions the case uses."""
     used = {n.op for n in case.nodes}
-    return [inspect.getsource(fn) for op, fn in _FUNCTIONS.items() if op in used]
+    out = [inspect.getsource(fn) for op, fn in _FUNCTIONS.items() if op in used]
+    if "opinfo" in used:  # the very function the harness runs, with the constant it reads
+        out.append(f"MOVE = {opcall.MOVE!r}\n\n\n" + inspect.getsource(opcall.opinfo_node))
+    return out
 
 
 _FUNCTIONS = {"layout_matmul": functions.LayoutMatmul, "pair": functions.Pair, "passthrough": functions.PassThrough}

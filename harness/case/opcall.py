@@ -1,0 +1,80 @@
+"""An op from torch's OpInfo database applied to a case tensor.
+
+This module imports only torch: ``harness.materialize.source`` pastes
+``opinfo_node`` into standalone scripts, so the harness and a repro run the
+very same code.
+
+A node reads the op's sample input as a recipe (shape, seed, range: the
+values OpInfo chose for the op's domain) and moves it by a bounded amount
+that depends on the case tensor ``h``::
+
+    x = s + C * tanh(gather(h))       # h's elements tiled over s's shape
+    y = fold(op(x, *args, **kwargs))  # every output element summed into h's shape
+    return h + y
+
+The bounded move keeps every value inside the region OpInfo drew from, so
+the op stays well-conditioned whatever ``h`` holds, and ``h + y`` keeps the
+rest of the case's grads flowing when the op's own grad is small. Tensor
+arguments other than the input are constants: float ones by recipe, integer
+and boolean ones (indices, masks) by value.
+
+``call`` is plain data, nested tuples with a tag first:
+``("C", input, args, kwargs, bound)``; a float tensor recipe
+``("T", shape, seed, low, high)``; an integer or boolean tensor
+``("I", dtype, shape, values)``; a tuple ``("U", items)``; a dtype
+``("D", name)``; scalars as themselves. ``bound`` is
+``(vmax, jrow, jcol, n_out)``: the op's largest output magnitude, its
+Jacobian's largest row and column sums over the region, and its number of
+output elements, which the magnitude-bound network uses.
+"""
+
+import torch
+
+MOVE = 0.0625  # C above: how far the case moves the sample's values
+
+
+def opinfo_node(h, fn, call, const=None, x=None):
+    """``h + fold(fn(s + C * tanh(gather(h)), *args, **kwargs))``; ``const(key, make)``
+    may cache the constant tensors per device (None: made on every call).
+    Given ``x``, the op's float outputs on ``x`` itself, flattened into one
+    tensor (the table builder measures the op's Jacobian with it)."""
+    _, inp, args, kwargs, _bound = call
+    keep = const if const is not None else (lambda key, make: make())
+    device = (h if x is None else x).device
+
+    def value(v, dtype):
+        if not isinstance(v, tuple):
+            return v
+        tag = v[0]
+        if tag == "T":
+            _, shape, seed, low, high = v
+            key = ("opinfo-T", v, str(device), str(dtype))
+            gen = torch.Generator().manual_seed(seed)
+            return keep(key, lambda: (low + (high - low) * torch.rand(shape, generator=gen, dtype=torch.float64))
+                        .to(device=device, dtype=dtype))
+        if tag == "I":
+            _, name, shape, values = v
+            key = ("opinfo-I", v, str(device))
+            return keep(key, lambda: torch.tensor(values, dtype=getattr(torch, name), device=device).reshape(shape))
+        if tag == "D":
+            return getattr(torch, v[1])
+        return tuple(value(x, dtype) for x in v[1])
+
+    if x is None:
+        s = value(inp, h.dtype)
+        ix = keep(("opinfo-ix", s.numel(), h.numel(), str(h.device)),
+                  lambda: torch.arange(s.numel(), device=h.device) % h.numel())
+        x = s + MOVE * torch.tanh(h.reshape(-1)[ix].reshape(s.shape))
+    else:
+        x = x.clone()  # an in-place variant must not write to the caller's tensor
+    out = fn(x, *[value(a, x.dtype) for a in args], **{k: value(a, x.dtype) for k, a in kwargs})
+    # In the case's dtype: a conversion (``double``) or a dtype argument must not promote the rest.
+    floats = [o.reshape(-1).to(x.dtype) for o in (out if isinstance(out, (tuple, list)) else (out,))
+              if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    if h is None:
+        return torch.cat(floats) if floats else x.new_zeros(0)
+    y = None
+    for f in floats:
+        f = torch.nn.functional.pad(f, (0, (-f.numel()) % h.numel())).reshape(-1, h.numel()).sum(0)
+        y = f if y is None else y + f
+    return h if y is None else h + y.reshape(h.shape)

@@ -1,0 +1,297 @@
+"""Build the op table of the installed torch from its OpInfo database.
+
+``python -m harness.case.optable_build`` writes ``optables/torch-X.Y.json``.
+It needs ``expecttest`` (``pip install 'gradfuzz[opinfo]'``) and takes a few
+minutes; a run never needs it, since the table is shipped.
+
+Every (op, variant, sample) is screened before it is kept, because a false
+finding is the worst thing the harness can report. A sample is kept only if
+the node it makes (``harness.case.opcall``) is deterministic, finite, has a
+grad that is not zero, agrees with central finite differences in float64
+(no kink or jump near the sample), and computes in float32 within a
+sixteenth of the tolerance the harness allows (``compare.values``: 128
+float32 steps per unit of term size), measured against the node's own
+magnitude bound. The Jacobian's row and column sums and the largest output,
+times four, are stored with the sample: the bound network reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import zlib
+from typing import Any, Iterator
+
+import torch
+
+from harness.case import opinfo
+from harness.case.opcall import MOVE, opinfo_node
+
+MAX_SAMPLES = 2  # kept per op variant
+TRIED = 10  # samples tried per op variant
+SAFETY = 4.0  # on the measured Jacobian sums and output size
+SCREEN_SLACK = 8  # float32 steps per unit of bound allowed in the screen (the harness allows 128)
+LARGEST = 1e6  # on an output or a Jacobian sum: past it a tolerance would judge little
+SHAPES = ((3, 4), (2, 3), (1, 2))  # the h shapes the screen runs (cases draw B in 1..3, D in 2..4)
+
+
+# Ops not drawn, by why. A grad that follows an order (the largest, the
+# median, a pool's pick) goes elsewhere when float32 rounding reorders a
+# near-tie; a value that jumps (frac, remainder) jumps at another input
+# when float32 rounds across the jump. Either would be a false finding on
+# a path that is right.
+ORDER = ("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "max", "min", "amax",
+         "amin", "aminmax", "cummax", "cummin", "quantile", "nanquantile", "masked.amax", "masked.amin",
+         "masked.argmax", "masked.argmin", "index_reduce.amax", "index_reduce.amin", "scatter_reduce.amax",
+         "scatter_reduce.amin", "nn.functional.max_pool", "nn.functional.adaptive_max_pool",
+         "nn.functional.fractional_max_pool", "nn.functional.max_unpool", "max_pool", "nn.functional.multi_margin_loss")
+JUMPS = ("frac", "remainder", "fmod", "floor_divide", "round", "nn.functional.threshold", "nn.functional.hardshrink",
+         "heaviside", "nn.functional.rrelu")
+
+
+def excluded(op: Any) -> str:
+    """Why an op is never drawn ("" if it may be)."""
+    full = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    for why, names in (("its grad follows an order float32 can flip", ORDER),
+                       ("its value jumps where float32 can round across", JUMPS)):
+        if any(full == n or full.startswith(n + ".") or (n.endswith("pool") and full.startswith(n)) for n in names):
+            return why
+    return ""
+
+
+def op_db() -> list:
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    except ImportError as e:
+        raise SystemExit(f"building the op table imports torch's OpInfo database, which needs expecttest: {e}; "
+                         "pip install 'gradfuzz[opinfo]'") from None
+    return db
+
+
+def variants(op: Any) -> Iterator[tuple[str, str]]:
+    """(table key, dotted callable) for each variant whose callable resolves by name."""
+    base = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    dotted = f"torch.{op.name}"
+    if _resolves(dotted, op.op):
+        yield base, dotted
+    for kind, fn in (("method", op.method_variant), ("inplace", op.inplace_variant)):
+        name = getattr(fn, "__name__", None)
+        if name and _resolves(f"Tensor.{name}", fn):
+            yield f"{base}:{kind}", f"Tensor.{name}"
+
+
+def _resolves(dotted: str, fn: Any) -> bool:
+    try:
+        return fn is not None and opinfo._resolve(dotted) is fn
+    except AttributeError:
+        return False
+
+
+def encode(v: Any, seed: int) -> Any:
+    """A sample argument as call data, or raise ValueError when it has no plain form."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("a non-finite number")
+        return v
+    if isinstance(v, torch.Tensor):
+        if v.layout != torch.strided or v.is_complex():
+            raise ValueError(f"a {v.layout} or complex tensor")
+        if v.is_floating_point():
+            if v.numel() == 0 or v.numel() > opinfo.MAX_RECIPE_NUMEL or not bool(v.isfinite().all()):
+                raise ValueError("an empty, large or non-finite float tensor")
+            low, high = float(v.min()), float(v.max())
+            if high - low > 4 * MOVE:  # the case moves values by up to MOVE: stay inside what OpInfo drew
+                low, high = low + MOVE, high - MOVE
+            return ["T", list(v.shape), seed, low, high]
+        name = str(v.dtype).removeprefix("torch.")
+        if name not in opinfo.VALUE_DTYPES or v.numel() > opinfo.MAX_VALUE_NUMEL:
+            raise ValueError(f"a {name} tensor of {v.numel()} elements")
+        return ["I", name, list(v.shape), [int(x) for x in v.reshape(-1).tolist()]]
+    if isinstance(v, (list, tuple, torch.Size)):
+        return ["U", [encode(x, seed + 1 + i) for i, x in enumerate(v)]]
+    raise ValueError(f"a {type(v).__name__}")
+
+
+def call_of(sample: Any, seed: int) -> list | None:
+    """The sample as a call (bound left at zero), or None where it has no plain form."""
+    if not isinstance(sample.input, torch.Tensor) or not sample.input.is_floating_point() \
+            or sample.input.layout != torch.strided:
+        return None
+    try:
+        inp = encode(sample.input, seed)
+        args = [encode(a, seed + 100 + i) for i, a in enumerate(sample.args)]
+        kwargs = [[k, encode(a, seed + 200 + i)] for i, (k, a) in enumerate(sorted(sample.kwargs.items()))]
+    except (ValueError, RuntimeError):
+        return None
+    return ["C", inp, args, kwargs, [0.0, 0.0, 0.0, 0]]
+
+
+def screen(fn: Any, call: tuple) -> tuple[float, float, float, int] | str:
+    """The sample's bound (vmax, jrow, jcol, n_out), or why it is not kept."""
+    vmax = jrow = jcol = 0.0
+    n_out = 0
+    for i, shape in enumerate(SHAPES):
+        h = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) * 3
+        got = _measure(fn, call, h)
+        if isinstance(got, str):
+            return got
+        vmax, jrow, jcol = max(vmax, got[0]), max(jrow, got[1]), max(jcol, got[2])
+        n_out = got[3]
+    if jrow == 0.0:
+        return "its grad is zero"
+    if max(vmax, jrow, jcol) > LARGEST:
+        return f"its values or grads exceed {LARGEST:g}"
+    bound = (SAFETY * vmax, SAFETY * jrow, SAFETY * jcol, n_out)
+    full = ("C",) + tuple(call[1:4]) + (bound,)
+    for i, shape in enumerate(SHAPES):
+        why = _float32_agrees(fn, full, torch.randn(shape, dtype=torch.float64,
+                                                     generator=torch.Generator().manual_seed(10 + i)) * 3)
+        if why:
+            return why
+    return bound
+
+
+def _measure(fn: Any, call: tuple, h: torch.Tensor) -> tuple[float, float, float, int] | str:
+    torch.manual_seed(1)
+    a = opinfo_node(h, fn, call).detach()
+    if not bool(a.isfinite().all()):
+        return "its output is not finite"
+    torch.manual_seed(2)
+    if not torch.equal(a, opinfo_node(h, fn, call).detach()):
+        return "it is random"
+    if _resizes(fn, call, h):
+        return "it resizes its input in place (eager's legacy resize, which vmap and others do not follow)"
+    kept: dict = {}  # constants cached as a run caches them: an op that writes to one carries state
+    keep = lambda key, make: kept.setdefault(key, make())  # noqa: E731
+    first = opinfo_node(h, fn, call, keep).detach()
+    before = {k: v.clone() for k, v in kept.items()}
+    if not torch.equal(first, opinfo_node(h, fn, call, keep).detach()) \
+            or any(not torch.equal(before[k], kept[k]) for k in before):
+        return "it writes to its arguments (state carried from one call to the next)"
+    s = _recipe(call[1])
+    ix = torch.arange(s.numel()) % h.numel()
+    x = (s + MOVE * torch.tanh(h.reshape(-1)[ix].reshape(s.shape))).detach()
+    f = lambda xx: opinfo_node(None, fn, call, x=xx)  # noqa: E731
+    try:
+        jac = torch.autograd.functional.jacobian(f, x.requires_grad_())
+    except Exception as e:  # an op whose backward raises is not kept
+        return f"its backward raises {type(e).__name__}"
+    out = f(x.detach())
+    jac = jac.reshape(out.numel(), -1)
+    if out.numel() == 0 or not bool(jac.isfinite().all()):
+        return "no float output or a non-finite Jacobian"
+    v = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    eps = 1e-6
+    fd = (f((x + eps * v).detach()) - f((x - eps * v).detach())) / (2 * eps)
+    if not torch.allclose(fd, jac @ v.reshape(-1), rtol=1e-5, atol=1e-7 * (1 + float(jac.abs().max()))):
+        return "its grad disagrees with finite differences (a kink or jump near the sample)"
+    return (float(out.abs().max()), float(jac.abs().sum(1).max()), float(jac.abs().sum(0).max()), out.numel())
+
+
+def _resizes(fn: Any, call: tuple, h: torch.Tensor) -> bool:
+    resized = []
+
+    def spy(x: torch.Tensor, *a: Any, **k: Any) -> Any:
+        before = tuple(x.shape)
+        out = fn(x, *a, **k)
+        resized.append(tuple(x.shape) != before)
+        return out
+
+    opinfo_node(h, spy, call)
+    return any(resized)
+
+
+def _recipe(r: tuple) -> torch.Tensor:
+    _, shape, seed, low, high = r
+    return low + (high - low) * torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _float32_agrees(fn: Any, call: tuple, h: torch.Tensor) -> str:
+    """"" when the node's float32 value and grad are within SCREEN_SLACK steps
+    per unit of its magnitude bound of the float64 ones, else why not."""
+    g = torch.randn(h.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    res = {}
+    for dt in (torch.float64, torch.float32):
+        hh = h.to(dt).requires_grad_()
+        y = opinfo_node(hh, fn, call)
+        (gh,) = torch.autograd.grad(y, hh, g.to(dt))
+        res[dt] = (y.detach().double(), gh.double())
+    hb = h.abs().requires_grad_()
+    yb = opinfo.bound([hb], {"call": call})
+    (gb,) = torch.autograd.grad(yb, hb, g.abs())
+    step = SCREEN_SLACK * 2.0**-23
+    if not bool(((res[torch.float32][0] - res[torch.float64][0]).abs() <= step * yb.detach() + 1e-30).all()):
+        return "its float32 value is off by more than the screen allows"
+    if not bool(((res[torch.float32][1] - res[torch.float64][1]).abs() <= step * gb + 1e-30).all()):
+        return "its float32 grad is off by more than the screen allows"
+    return ""
+
+
+def build(limit: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
+    ops: dict[str, Any] = {}
+    refused: dict[str, int] = {}
+    for op in op_db()[:limit]:
+        if not op.supports_autograd or torch.float64 not in op.supported_dtypes("cpu"):
+            continue
+        if excluded(op):
+            refused[excluded(op)] = refused.get(excluded(op), 0) + 1
+            continue
+        for key, dotted in variants(op):
+            kept = _samples(op, key, dotted, refused)
+            if kept:
+                ops[key] = {"fn": dotted, "samples": kept}
+        print(f"{op.name}: {len(ops)} ops kept so far", file=log, flush=True)
+    return {"torch": torch.__version__, "ops": ops, "refused": dict(sorted(refused.items()))}
+
+
+def _samples(op: Any, key: str, dotted: str, refused: dict[str, int]) -> list:
+    fn = opinfo._resolve(dotted)
+    torch.manual_seed(0)
+    kept = []
+    try:
+        samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:TRIED]
+    except Exception:
+        refused["its samples raise"] = refused.get("its samples raise", 0) + 1
+        return []
+    for j, sample in enumerate(samples):
+        call = call_of(sample, zlib.crc32(f"{key}/{j}".encode()) & 0x7FFFFFFF)
+        if call is None:
+            refused["an argument with no plain form"] = refused.get("an argument with no plain form", 0) + 1
+            continue
+        try:
+            got = screen(fn, opinfo.decode_call(call, key))
+        except Exception as e:
+            got = f"it raises {type(e).__name__}"
+        if isinstance(got, str):
+            refused[got] = refused.get(got, 0) + 1
+            continue
+        call[4] = list(got)
+        kept.append(call)
+        if len(kept) == MAX_SAMPLES:
+            break
+    return kept
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--limit", type=int, default=None, help="read only the first N OpInfos (a quick try)")
+    p.add_argument("--out", default=str(opinfo.table_path()))
+    a = p.parse_args(argv)
+    t0 = time.monotonic()
+    table = build(a.limit)
+    with open(a.out, "w") as f:
+        json.dump(table, f, indent=None, separators=(",", ":"))
+        f.write("\n")
+    print(f"{len(table['ops'])} ops in {a.out} ({time.monotonic() - t0:.0f} s); refused: {table['refused']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
