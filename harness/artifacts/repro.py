@@ -54,7 +54,8 @@ Schedule: {sched.steps} step(s) x {sched.microbatches} microbatch(es), grads sta
 {sched.grad_init!r}, zero_grad between steps: {sched.zero_grad!r}.
 Run with plain python; exit status 1 when they differ. The loop keeps every
 earlier .grad and input grad and checks they never change (as gradfuzz
-does); --no-hold runs it keeping none.
+does: a .grad is checked against its value where its step ended, once
+zero_grad has run); --no-hold runs it keeping none.
 """
 import sys
 
@@ -152,6 +153,10 @@ def actual():
                     p.grad = None
                 elif ZERO_GRAD == "zeros" and p.grad is not None:
                     p.grad.zero_()
+            # The step's .grad tensors were written by design (accumulated in place, clipped, zeroed, or let go
+            # by set_to_none): what the user holds of them now is the new baseline, as gradfuzz refreshes its own.
+            held = [(what, t, before if what in changed or not owner else t.detach().clone(), *owner)
+                    for what, t, before, *owner in held]
         inputs, cots = leaves(DTYPE, k, DEVICE)
         # The caller's tensors: nothing may write into them behind its back.
         held += [(f"grad output {i} of backward {k}", c, c.clone()) for i, c in enumerate(cots)]
