@@ -33,6 +33,22 @@ import torch
 MOVE = 0.0625  # C above: how far the case moves the sample's values
 
 
+def opinfo_recipe(shape, seed, low, high, device, dtype):
+    """``shape`` values in [low, high] from ``seed``, by integer arithmetic
+    that is exact in int64 (every product stays under 2**53): the same
+    numbers eager, a compiled graph and every backend make, and no
+    ``torch.Generator``, which stops torch.compile's trace."""
+    n = 1
+    for d in shape:
+        n *= d
+    p = 2147483647  # 2**31 - 1, with the multiplier 48271 of the minimal standard generator
+    r = (torch.arange(1, n + 1, dtype=torch.int64, device=device) * 48271 + seed) % p
+    r = (r * 48271) % p
+    r = (r * 48271) % p
+    u = r.to(torch.float64) / p
+    return (low + (high - low) * u).reshape(shape).to(dtype)
+
+
 def opinfo_node(h, fn, call, const=None, x=None):
     """``h + fold(fn(s + C * tanh(gather(h)), *args, **kwargs))``; ``const(key, make)``
     may cache the constant tensors per device (None: made on every call).
@@ -49,9 +65,7 @@ def opinfo_node(h, fn, call, const=None, x=None):
         if tag == "T":
             _, shape, seed, low, high = v
             key = ("opinfo-T", v, str(device), str(dtype))
-            gen = torch.Generator().manual_seed(seed)
-            return keep(key, lambda: (low + (high - low) * torch.rand(shape, generator=gen, dtype=torch.float64))
-                        .to(device=device, dtype=dtype))
+            return keep(key, lambda: opinfo_recipe(shape, seed, low, high, device, dtype))
         if tag == "I":
             _, name, shape, values = v
             key = ("opinfo-I", v, str(device))

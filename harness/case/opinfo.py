@@ -86,8 +86,21 @@ def draws() -> tuple[tuple[str, int], ...]:
     return tuple((k, i) for k, e in table().items() for i in range(len(e["samples"])))
 
 
+# Callables already resolved, by key: a plain dict, because torch.compile traces
+# the node's run, and tracing into the table's loader (a file stat, an
+# lru_cache) broke the graph and sent the whole forward back to eager.
+_CALLABLES: dict[str, Any] = {}
+
+
 def callable_of(key: str) -> Any:
     """The torch callable the table names for ``key`` (checked: only table entries resolve)."""
+    fn = _CALLABLES.get(key)
+    if fn is None:
+        fn = _CALLABLES[key] = _lookup(key)
+    return fn
+
+
+def _lookup(key: str) -> Any:
     entry = table().get(key)
     if entry is None:
         raise SpecError("attrs.fn", f"op {key!r} is not in the op table of torch {version_key()} "

@@ -317,6 +317,7 @@ def _opinfo_shape(shapes: list[Shape], attrs: dict) -> Shape:
     if attrs["fn"] not in opinfo.table():
         raise ShapeError(f"op {attrs['fn']!r} is not in the op table of torch {opinfo.version_key()} "
                          f"({opinfo.table_path().name}: {len(opinfo.table())} ops)")
+    opinfo.callable_of(attrs["fn"])  # resolved here, outside any traced forward
     return shapes[0]
 
 

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.case import opinfo
-from harness.case.opcall import MOVE, opinfo_node
+from harness.case.opcall import MOVE, opinfo_node, opinfo_recipe
 
 MAX_SAMPLES = 2  # kept per op variant
 TRIED = 10  # samples tried per op variant
@@ -210,7 +210,7 @@ def _resizes(fn: Any, call: tuple, h: torch.Tensor) -> bool:
 
 def _recipe(r: tuple) -> torch.Tensor:
     _, shape, seed, low, high = r
-    return low + (high - low) * torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return opinfo_recipe(shape, seed, low, high, "cpu", torch.float64)
 
 
 def _float32_agrees(fn: Any, call: tuple, h: torch.Tensor) -> str:

@@ -115,7 +115,8 @@ def function_helpers(case: Case) -> list[str]:
     used = {n.op for n in case.nodes}
     out = [inspect.getsource(fn) for op, fn in _FUNCTIONS.items() if op in used]
     if "opinfo" in used:  # the very function the harness runs, with the constant it reads
-        out.append(f"MOVE = {opcall.MOVE!r}\n\n\n" + inspect.getsource(opcall.opinfo_node))
+        out.append(f"MOVE = {opcall.MOVE!r}\n\n\n" + inspect.getsource(opcall.opinfo_recipe) + "\n\n"
+                   + inspect.getsource(opcall.opinfo_node))
     return out
 
 
