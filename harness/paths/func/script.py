@@ -5,7 +5,10 @@ cots, inputs, params)`` once per microbatch)."""
 
 from __future__ import annotations
 
+import inspect
+
 from harness.case.spec import Case
+from harness.paths.func.transforms import func_reach
 from harness.paths.base import Repro
 
 # Module-level helpers: harness.paths.func.transforms, spelled out.
@@ -20,22 +23,7 @@ def func_leaves(params, inputs):
             {n: x.detach() for n, x in inputs.items() if not x.requires_grad})
 
 
-def func_reach(outs, leaves, reached):
-    """The leaves the outputs' graph reaches: eager leaves the others' .grad None."""
-    ids = {id(t): n for n, t in leaves.items()}
-    nodes = [o.grad_fn for o in outs if id(o) not in ids and o.grad_fn is not None]
-    reached.update(ids[id(o)] for o in outs if id(o) in ids)
-    seen = set()
-    while nodes:
-        node = nodes.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        var = getattr(node, "variable", None)
-        if var is not None and id(var) in ids:
-            reached.add(ids[id(var)])
-        nodes.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
-
+''' + inspect.getsource(func_reach) + '''
 
 def func_loss(frozen, reached):
     """One microbatch's loss, sum((o * c).sum()) over the outputs that need grad; the outputs as aux."""

@@ -60,23 +60,25 @@ class Reach:
     names: set[str] = field(default_factory=set)
 
     def record(self, outs: list[torch.Tensor], leaves: Tensors) -> None:
-        ids = {id(t): n for n, t in leaves.items()}
-        nodes = []
-        for o in outs:
-            if id(o) in ids:  # an output that is a leaf itself
-                self.names.add(ids[id(o)])
-            elif o.grad_fn is not None:
-                nodes.append(o.grad_fn)
-        seen: set[Any] = set()
-        while nodes:
-            node = nodes.pop()
-            if node in seen:
-                continue
-            seen.add(node)
-            var = getattr(node, "variable", None)
-            if var is not None and id(var) in ids:
-                self.names.add(ids[id(var)])
-            nodes.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        func_reach(outs, leaves, self.names)
+
+
+def func_reach(outs, leaves, reached):
+    """The leaves the outputs' graph reaches: eager leaves the others' .grad None.
+    Plain torch: the standalone script pastes this very function."""
+    ids = {id(t): n for n, t in leaves.items()}
+    nodes = [o.grad_fn for o in outs if id(o) not in ids and o.grad_fn is not None]
+    reached.update(ids[id(o)] for o in outs if id(o) in ids)
+    seen = set()
+    while nodes:
+        node = nodes.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)
+        if var is not None and id(var) in ids:
+            reached.add(ids[id(var)])
+        nodes.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
 
 
 LossFn = Callable[[Tensors, Tensors, Tensors, list[torch.Tensor]], tuple[torch.Tensor, list[torch.Tensor]]]
