@@ -267,6 +267,12 @@ def _cached(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     # the CUDA-graph pool, and the next run overwrites it ("accessing tensor
     # output of CUDAGraphs that has been overwritten", raised in the next
     # case's trace: the 2.11 H100 gate's graphed.compile-error-f1a75e4745).
+    # Nor inside a torch.func transform, read or written: a tensor made there is
+    # the transform's wrapper (kept, it leaks a dead level), and one made outside
+    # would hide what the transform does to a tensor the forward builds, so a
+    # verdict would depend on what ran before in the process.
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return make()
     ix = _IX.get(key)
     if ix is None:
         ix = make()

@@ -36,6 +36,15 @@ SAFETY = 4.0  # on the measured Jacobian sums and output size
 SCREEN_SLACK = 8  # float32 steps per unit of bound allowed in the screen (the harness allows 128)
 LARGEST = 1e6  # on an output or a Jacobian sum: past it a tolerance would judge little
 SHAPES = ((3, 4), (2, 3), (1, 2))  # the h shapes the screen runs (cases draw B in 1..3, D in 2..4)
+VARIES = 4.0  # the Jacobian's largest row sum may change this much between the screen's points
+
+
+def _points() -> list[torch.Tensor]:
+    """Where the screen measures: random h of each shape, and h saturating the
+    move at both ends (x = s - MOVE and s + MOVE), where a steep op is steepest."""
+    random = [torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) * 3
+              for i, shape in enumerate(SHAPES)]
+    return random + [torch.full(SHAPES[0], 10.0, dtype=torch.float64), torch.full(SHAPES[0], -10.0, dtype=torch.float64)]
 
 
 # Ops not drawn, by why. A grad that follows an order (the largest, the
@@ -135,24 +144,24 @@ def call_of(sample: Any, seed: int) -> list | None:
 
 def screen(fn: Any, call: tuple) -> tuple[float, float, float, int] | str:
     """The sample's bound (vmax, jrow, jcol, n_out), or why it is not kept."""
-    vmax = jrow = jcol = 0.0
-    n_out = 0
-    for i, shape in enumerate(SHAPES):
-        h = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) * 3
+    measured = []
+    for h in _points():
         got = _measure(fn, call, h)
         if isinstance(got, str):
             return got
-        vmax, jrow, jcol = max(vmax, got[0]), max(jrow, got[1]), max(jcol, got[2])
-        n_out = got[3]
+        measured.append(got)
+    vmax, jrow, jcol = (max(m[i] for m in measured) for i in range(3))
+    n_out = measured[-1][3]
+    if jrow > VARIES * min(m[1] for m in measured):
+        return f"its grad changes by more than {VARIES:g}x over the move (a bound from a few points would not hold)"
     if jrow == 0.0:
         return "its grad is zero"
     if max(vmax, jrow, jcol) > LARGEST:
         return f"its values or grads exceed {LARGEST:g}"
     bound = (SAFETY * vmax, SAFETY * jrow, SAFETY * jcol, n_out)
     full = ("C",) + tuple(call[1:4]) + (bound,)
-    for i, shape in enumerate(SHAPES):
-        why = _float32_agrees(fn, full, torch.randn(shape, dtype=torch.float64,
-                                                     generator=torch.Generator().manual_seed(10 + i)) * 3)
+    for h in [p.flip(-1) for p in _points()]:  # other points than the measured ones, the ends included
+        why = _float32_agrees(fn, full, h)
         if why:
             return why
     return bound
