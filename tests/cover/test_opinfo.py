@@ -128,3 +128,35 @@ def test_fixed_paths_agree_on_drawn_opinfo_cases(tmp_path):
                         "--save", str(tmp_path / "found"), "--json", str(report)],
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_the_screen_refuses_a_grad_that_changes_steeply_over_the_move():
+    """polygamma(4, x) near its pole: a bound measured at a few points did not
+    hold between them (a false finding on eager.accumulate)."""
+    from harness.case.optable_build import screen
+
+    steep = ("C", ("T", (6,), 3, 0.5, 0.8), (), (), (0.0, 0.0, 0.0, 0))
+    why = screen(lambda x: torch.special.polygamma(4, x), opinfo.decode_call(steep, "steep"))
+    assert isinstance(why, str) and "changes by more than" in why, why
+    gentle = ("C", ("T", (6,), 3, 0.2, 0.4), (), (), (0.0, 0.0, 0.0, 0))
+    assert not isinstance(screen(torch.sin, opinfo.decode_call(gentle, "gentle")), str)
+
+
+def test_constants_are_not_cached_inside_a_torch_func_transform():
+    """Inside a transform the forward builds its constants as user code would,
+    whatever an earlier run in the process cached outside."""
+    from harness.case.ops import _IX, _cached
+
+    key = ("test-transform-cache",)
+    made = []
+
+    def make():
+        made.append(1)
+        return torch.tensor([1, 2])
+
+    torch.func.grad(lambda x: (_cached(key, make), x.sum())[1])(torch.ones(2))
+    assert key not in _IX and len(made) == 1
+    _cached(key, make)
+    torch.func.grad(lambda x: (_cached(key, make), x.sum())[1])(torch.ones(2))
+    assert len(made) == 3  # outside: made and kept; inside: made again, the kept one not read
+    _IX.pop(key, None)
