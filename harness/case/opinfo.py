@@ -103,12 +103,15 @@ def callable_of(key: str) -> Any:
 def _lookup(key: str) -> Any:
     entry = table().get(key)
     if entry is None:
-        raise SpecError("attrs.fn", f"op {key!r} is not in the op table of torch {version_key()} "
-                                    f"({table_path().name}: {len(table())} ops)")
+        raise SpecError("attrs.fn", missing(key))
     return _resolve(entry["fn"])
 
 
-@lru_cache(maxsize=None)
+def missing(key: str) -> str:
+    """Why ``key`` names no op here."""
+    return f"op {key!r} is not in the op table of torch {version_key()} ({table_path().name}: {len(table())} ops)"
+
+
 def _resolve(dotted: str) -> Any:
     head, *rest = dotted.split(".")
     obj: Any = torch if head == "torch" else torch.Tensor

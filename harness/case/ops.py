@@ -321,8 +321,7 @@ def _opinfo_shape(shapes: list[Shape], attrs: dict) -> Shape:
     if "fn" not in attrs or "call" not in attrs:
         raise ShapeError("an opinfo node needs both attributes fn and call")
     if attrs["fn"] not in opinfo.table():
-        raise ShapeError(f"op {attrs['fn']!r} is not in the op table of torch {opinfo.version_key()} "
-                         f"({opinfo.table_path().name}: {len(opinfo.table())} ops)")
+        raise ShapeError(opinfo.missing(attrs["fn"]))
     opinfo.callable_of(attrs["fn"])  # resolved here, outside any traced forward
     return shapes[0]
 

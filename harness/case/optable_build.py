@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.case import opinfo
-from harness.case.opcall import MOVE, opinfo_node, opinfo_recipe
+from harness.case.opcall import MOVE, opinfo_node
 
 MAX_SAMPLES = 2  # kept per op variant
 TRIED = 10  # samples tried per op variant
@@ -175,7 +175,8 @@ def _measure(fn: Any, call: tuple, h: torch.Tensor) -> tuple[float, float, float
     torch.manual_seed(2)
     if not torch.equal(a, opinfo_node(h, fn, call).detach()):
         return "it is random"
-    if _resizes(fn, call, h):
+    x, resized = _moved_input(fn, call, h)
+    if resized:
         return "it resizes its input in place (eager's legacy resize, which vmap and others do not follow)"
     kept: dict = {}  # constants cached as a run caches them: an op that writes to one carries state
     keep = lambda key, make: kept.setdefault(key, make())  # noqa: E731
@@ -184,9 +185,6 @@ def _measure(fn: Any, call: tuple, h: torch.Tensor) -> tuple[float, float, float
     if not torch.equal(first, opinfo_node(h, fn, call, keep).detach()) \
             or any(not torch.equal(before[k], kept[k]) for k in before):
         return "it writes to its arguments (state carried from one call to the next)"
-    s = _recipe(call[1])
-    ix = torch.arange(s.numel()) % h.numel()
-    x = (s + MOVE * torch.tanh(h.reshape(-1)[ix].reshape(s.shape))).detach()
     f = lambda xx: opinfo_node(None, fn, call, x=xx)  # noqa: E731
     try:
         jac = torch.autograd.functional.jacobian(f, x.requires_grad_())
@@ -204,22 +202,20 @@ def _measure(fn: Any, call: tuple, h: torch.Tensor) -> tuple[float, float, float
     return (float(out.abs().max()), float(jac.abs().sum(1).max()), float(jac.abs().sum(0).max()), out.numel())
 
 
-def _resizes(fn: Any, call: tuple, h: torch.Tensor) -> bool:
-    resized = []
+def _moved_input(fn: Any, call: tuple, h: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The input the node hands the op for ``h`` (taken from the node itself,
+    so the screen measures where a run evaluates), and whether the op
+    resized it in place."""
+    seen: list[tuple[torch.Tensor, bool]] = []
 
     def spy(x: torch.Tensor, *a: Any, **k: Any) -> Any:
-        before = tuple(x.shape)
+        before = x.detach().clone()
         out = fn(x, *a, **k)
-        resized.append(tuple(x.shape) != before)
+        seen.append((before, tuple(x.shape) != tuple(before.shape)))
         return out
 
     opinfo_node(h, spy, call)
-    return any(resized)
-
-
-def _recipe(r: tuple) -> torch.Tensor:
-    _, shape, seed, low, high = r
-    return opinfo_recipe(shape, seed, low, high, "cpu", torch.float64)
+    return seen[0]
 
 
 def _float32_agrees(fn: Any, call: tuple, h: torch.Tensor) -> str:
