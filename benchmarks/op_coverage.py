@@ -21,10 +21,6 @@ from harness.engine.session import plan
 from harness.paths import resolve
 
 
-def ops_of(case) -> set[str]:
-    return {n.attr("fn") for n in case.nodes if n.op == "opinfo"}
-
-
 def survey(target, examples: int, seed: int) -> tuple[set[str], dict[str, set[str]], dict[str, Counter]]:
     drawn: set[str] = set()
     taken: dict[str, set[str]] = {p.name: set() for p in target.paths}
@@ -34,7 +30,7 @@ def survey(target, examples: int, seed: int) -> tuple[set[str], dict[str, set[st
     @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(target.strategy())
     def draw(case):
-        ops = ops_of(case)
+        ops = opinfo.ops_in(case)
         drawn.update(ops)
         for p in target.paths:
             why = p.supports(case)

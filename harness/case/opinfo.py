@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,15 @@ def draws() -> tuple[tuple[str, int], ...]:
     """Every (op key, sample number) the generator may draw."""
     return tuple((k, i) for k, e in table().items() for i in range(len(e["samples"])))
 
+
+def ops_in(case: Any) -> set[str]:
+    """The OpInfo ops a case applies, by table key: what a run reached."""
+    return {n.attr("fn") for n in case.nodes if n.op == "opinfo"}
+
+
+# An op's own notes (deprecated aliases, beta APIs) are torch speaking about
+# the op the table chose, not about the run: they would fill every log.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"harness\.case\.opcall")
 
 # Callables already resolved, by key: a plain dict, because torch.compile traces
 # the node's run, and tracing into the table's loader (a file stat, an

@@ -14,7 +14,8 @@ def to_json(result: Result) -> dict[str, Any]:
     return {
         "examples": result.examples,
         "paths": {
-            n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": round(t.seconds, 3)}
+            n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": round(t.seconds, 3),
+                "ops": sorted(t.ops)}
             for n, t in result.paths.items()
         },
         "unavailable": result.unavailable,
@@ -44,7 +45,7 @@ def summary(result: Result, verb: str = "fuzzed") -> str:
         known = [d for d in result.expected if d.path == name]
         status = ("MISUSE" if all(d.finding_class == MISUSE_CLASS for d in found) else "DIVERGES") if found else (
             "known bug" if known else "clean")
-        extra = f", {skipped} outside its contract" if skipped else ""
+        extra = (f", {len(t.ops)} OpInfo ops" if t.ops else "") + (f", {skipped} outside its contract" if skipped else "")
         lines.append(f"  {name:<22} {status:<9} {t.run} run{extra}" + (f", {t.seconds:.1f}s" if t.seconds else ""))
         for reason, n in sorted(t.skipped.items(), key=lambda kv: -kv[1]):
             lines.append(f"      not in contract ({n}): {reason}")

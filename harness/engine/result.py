@@ -23,6 +23,9 @@ class Tally:
     # Cases per drawn example (``Contract.data_variants``): what a budget of N
     # examples comes to in ``examples``.
     per_example: int = 1
+    # OpInfo ops (table keys) in the cases this path ran: the reach of a run,
+    # read beside its examples (refused cases add none).
+    ops: set[str] = field(default_factory=set)
 
 
 @dataclass

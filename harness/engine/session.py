@@ -208,7 +208,7 @@ class Session:
 def _tally_json(t: Tally) -> dict[str, Any]:
     return {"examples": t.examples, "run": t.run, "skipped": dict(t.skipped), "seconds": t.seconds,
             "first_hit_examples": t.first_hit_examples, "first_hit_seconds": t.first_hit_seconds,
-            "replayed": t.replayed, "per_example": t.per_example}
+            "replayed": t.replayed, "per_example": t.per_example, "ops": sorted(t.ops)}
 
 
 def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
@@ -229,6 +229,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
             tally.replayed += t.get("replayed", 0)
             tally.per_example = max(tally.per_example, int(t.get("per_example", 1)))
             tally.run += t["run"]
+            tally.ops.update(t.get("ops", ()))
             for reason, n in t["skipped"].items():
                 tally.skipped[reason] = tally.skipped.get(reason, 0) + n
             tally.seconds = max(tally.seconds, t["seconds"])

@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hseed, sett
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
+from harness.case import opinfo
 from harness.engine.check import CaseCheck, Profile
 from harness.engine.coverage import GUIDE_LABEL, Meter
 from harness.engine.database import MaskingDatabase
@@ -356,6 +357,7 @@ class TargetRun:
         # A worker may run several shards of one target: its seconds add up.
         self._seconds0 = {name: t.seconds for name, t in self.tallies.items()}
         self.heap: FrozenHeap | None = None  # set while ``run`` runs
+        self._ops: set[str] = set()  # the OpInfo ops of the case being checked
 
     # -- the per-example body ------------------------------------------------
 
@@ -367,6 +369,7 @@ class TargetRun:
         t.examples += 1
         if reason is None:
             t.run += 1
+            t.ops.update(self._ops)
         else:
             t.skipped[reason] = t.skipped.get(reason, 0) + 1
 
@@ -424,6 +427,7 @@ class TargetRun:
         if self.heap is not None:
             self.heap.between_cases()
         t0 = time.process_time()
+        self._ops = opinfo.ops_in(case)
         tally = self._tally if rnd.focus is None else None
         try:
             hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked, meter)
