@@ -272,7 +272,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     import os
 
     from harness.gate import run as gate
-    from harness.cli.progress import PhaseLines
+    from harness.cli.progress import PhaseLines, line_width
     from harness.gate import report as gate_report
     from harness.artifacts.corpus import atomic_write
 
@@ -299,7 +299,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if base is not None:
         print("\n".join(gate.compare_baseline(rep, base)))
     where = {"save_dir": args.save, "full": args.json}  # repro links and "see FILE" in the reports
-    print(gate_report.terminal(rep, **where))  # the verdict first and last
+    print(gate_report.terminal(rep, width=line_width(sys.stdout), **where))  # the verdict first and last
     if args.json:
         atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
     if args.junit:

@@ -8,13 +8,14 @@ fuzzing loop never waits for the terminal.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
 import time
 from typing import IO, Any, Callable
 
-from harness.artifacts.text import scrub, shorten, terminal_width, unescaped
+from harness.artifacts.text import one_line, scrub, shorten, unescaped
 
 View = dict[str, Any]
 
@@ -54,11 +55,28 @@ def summarize(view: View) -> dict[str, Any]:
             "finds": sum(view.get("counts", {}).values())}
 
 
+def line_width(stream: IO[str] | None = None) -> int | None:
+    """Columns a line may take on ``stream`` (default stdout): a terminal's
+    width, since a 2,000-character line wraps into a screenful nobody reads;
+    ``$COLUMNS`` where set; else None, every line whole. A CI log has no
+    width, and a line cut there loses its end (a bug id, a phase's time)
+    for good: nobody can widen a log."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdigit() and int(cols) > 0:
+        return max(40, int(cols))
+    stream = stream or sys.stdout
+    try:
+        if stream.isatty():
+            return max(40, os.get_terminal_size(stream.fileno()).columns)
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
 def fit(line: str, width: int | None = None) -> str:
-    """A progress line as a terminal shows it: one line, no path of this
-    machine, cut at a word to the terminal's width (a 2,000-character line
-    wraps into a screenful nobody reads)."""
-    return shorten(scrub(line), width or terminal_width())
+    """A progress line as shown: one line, no path of this machine, cut at a
+    word to ``width`` (None: whole, as in a log; ``line_width`` says which)."""
+    return shorten(scrub(line), width) if width else one_line(scrub(line))
 
 
 def _listing(items: list[str], room: int) -> str:
@@ -74,8 +92,8 @@ def _listing(items: list[str], room: int) -> str:
 
 def plain_line(view: View, width: int | None = None) -> str:
     """The fuzz phase in one line within ``width``: time, done/total, ETA,
-    finds; then the slowest paths first, as many as fit, the rest counted."""
-    width = width or terminal_width()
+    finds; then the slowest paths first, as many as fit, the rest counted
+    (no ``width``, a log line: the slowest within ``LOG_LISTING`` characters)."""
     s = summarize(view)
     paths = view.get("paths", {})
     left = f", {_clock(s['left'])} left" if s["left"] is not None else ""
@@ -87,11 +105,13 @@ def plain_line(view: View, width: int | None = None) -> str:
     rate = lambda t: t["examples"] / max(s["elapsed"], 1e-9)  # noqa: E731
     slowest = sorted(paths.items(), key=lambda kv: (rate(kv[1]), kv[0]))
     items = [f"{name} {t['examples']} ({rate(t):.0f}/s)" for name, t in slowest]
-    room = width - len(head) - len("; slowest: ")
+    room = (width - len(head) - len("; slowest: ")) if width else LOG_LISTING
     if not items or room < 20:
         return fit(head, width)
     return fit(f"{head}; slowest: {_listing(items, room)}", width)
 
+
+LOG_LISTING = 200  # characters of a log line's list of the slowest paths: the few that matter, the rest counted
 
 _COUNT = re.compile(r"^\[(?P<announce>phase\] )?(?P<phase>[a-z][\w-]*)[^\]\d]*?\b(?P<done>\d+)/(?P<total>\d+)")
 
@@ -119,7 +139,7 @@ class PhaseLines:
         m = _COUNT.match(text)
         if m is None:
             return fit(f"[{self.phase}] {text}" if self.phase and not text.startswith(f"[{self.phase}") else text,
-                       self.width)
+                       self._width())
         now = self.clock()
         if m["phase"] != self.phase:
             self.phase, self.since = m["phase"], now if m["announce"] else self.since
@@ -128,7 +148,10 @@ class PhaseLines:
             eta = (now - self.since) / done * (total - done)
             text = f"{text[:m.end()]}, ~{_clock(eta)} left{text[m.end():]}"
         self.since = self.since if done < total else now  # the next phase starts where this one ends
-        return fit(text, self.width)
+        return fit(text, self._width())
+
+    def _width(self) -> int | None:
+        return self.width if self.width is not None else line_width(self.stream or sys.stderr)
 
     def __call__(self, text: str) -> None:
         if text.startswith("[case]") and not self.verbose:
@@ -214,7 +237,7 @@ class Display:
     def event(self, line: str) -> None:
         """A one-off line (a new divergence, an unavailable path)."""
         if self.mode == "plain":
-            print(fit(f"gradfuzz: {line}"), file=self.stream, flush=True)
+            print(fit(f"gradfuzz: {line}", line_width(self.stream)), file=self.stream, flush=True)
         elif self.mode == "live":
             with self._lock:
                 self._events.append(line)
@@ -253,10 +276,10 @@ class Display:
             except Exception:
                 continue
             for line in self._new_signatures(v):
-                print(fit(f"gradfuzz: {line}"), file=self.stream, flush=True)
+                print(fit(f"gradfuzz: {line}", line_width(self.stream)), file=self.stream, flush=True)
             if time.monotonic() >= next_line:
                 next_line += self.every
-                print(plain_line(v), file=self.stream, flush=True)
+                print(plain_line(v, line_width(self.stream)), file=self.stream, flush=True)
 
     def _live(self) -> None:
         from rich.console import Console
@@ -293,6 +316,6 @@ class Display:
             self._thread.join(timeout=5)
         if self.mode == "plain":
             try:
-                print(plain_line(self._view()), file=self.stream, flush=True)
+                print(plain_line(self._view(), line_width(self.stream)), file=self.stream, flush=True)
             except Exception:
                 pass

@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.gate.status import FAILING, ORDER, STATUSES
 from harness.observation import BUG_CLASS, MISUSE_CLASS
-from harness.artifacts.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten, terminal_width
+from harness.artifacts.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten
 
 STATUS_WORDS = {k: s.words for k, s in STATUSES.items()}
 MAX_ROWS = 40  # table rows a reviewer reads; the JSON record keeps every row
@@ -294,14 +294,15 @@ def _shows_detail(g: dict[str, Any]) -> bool:
 
 def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None,
              width: int | None = None) -> str:
-    """The verdict first, the worst rows last next to the closing verdict line."""
-    width = width or terminal_width()
+    """The verdict first, the worst rows last next to the closing verdict
+    line; each line cut at a word to ``width``, or whole without one (a CI
+    log, where a cut line cannot be widened)."""
     repros = Repros(save_dir)
-    lines = [shorten(headline(rep), width), shorten(_facts(rep), width)]
+    lines = [_fit(headline(rep), width), _fit(_facts(rep), width)]
     skipped = [f"{c['name']} skipped ({c['skipped']})" for c in rep["selfcheck"] if c["skipped"]]
     broken = [f"{c['name']} BROKEN" for c in rep["selfcheck"] if c.get("broken")]
     if skipped or broken:
-        lines.append(shorten("self-check: " + "; ".join(broken + skipped), width))
+        lines.append(_fit("self-check: " + "; ".join(broken + skipped), width))
     shown = groups(rep)
     if len(shown) > MAX_ROWS:
         lines.append(_overflow(len(shown) - MAX_ROWS, full))
@@ -309,18 +310,18 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
     for g in reversed([g for g in shown if not misuse(g)]):  # the worst last, next to the verdict
         lines += _terminal_group(g, repros, width)
     if any(misuse(g) for g in shown):
-        lines.append(shorten(MISUSE_HEADING + ":", width))
+        lines.append(_fit(MISUSE_HEADING + ":", width))
         for g in reversed([g for g in shown if misuse(g)]):
             lines += _terminal_group(g, repros, width)
     lines.append(verdict(rep))
     return "\n".join(lines)
 
 
-def _terminal_group(g: dict[str, Any], repros: Repros, width: int) -> list[str]:
+def _terminal_group(g: dict[str, Any], repros: Repros, width: int | None) -> list[str]:
     r = g["first"]
     times = f" x{g['count']}" if g["count"] > 1 else ""
     ident = f" [{g['what']}]" if g["what"] else ""
-    out = [shorten(f"{label(g)}{times}:{ident} on {_paths_text(g)}", width)]
+    out = [_fit(f"{label(g)}{times}:{ident} on {_paths_text(g)}", width)]
     if _needs_repro(g):
         out.append(_indented(title(r) or "", width))
         link = repros(r)
@@ -333,8 +334,13 @@ def _terminal_group(g: dict[str, Any], repros: Repros, width: int) -> list[str]:
     return out
 
 
-def _indented(text: str, width: int) -> str:
-    return "    " + shorten(text, width - 4)
+def _indented(text: str, width: int | None) -> str:
+    return "    " + _fit(text, width - 4 if width else None)
+
+
+def _fit(text: str, width: int | None) -> str:
+    """``text`` on one line, cut at a word to ``width`` where there is one."""
+    return shorten(text, width) if width else one_line(text)
 
 
 def _cell(text: str, width: int = CELL) -> str:

@@ -1,0 +1,71 @@
+"""What a CI log shows: the gate's output read where it runs, in a file, not
+on a terminal. A log cannot be widened, so a line cut there loses its end
+(a bug id, a phase's time) for good."""
+
+import json
+import os
+import subprocess
+import sys
+
+from harness.artifacts.text import ELLIPSIS
+from harness.cli.progress import PhaseLines, line_width, plain_line
+from harness.gate import report as gate_report
+from harness.gate.run import GateReport, Row
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def gradfuzz(*args, cwd, timeout=300):
+    """The CLI with stdout and stderr to pipes, as in CI, and no ``$COLUMNS``."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = ROOT
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_gate_piped_to_a_file_cuts_no_line_and_shows_every_bug_id_whole(tmp_path):
+    r = gradfuzz("gate", "--paths", "split", "--minutes", "0", "--no-selfcheck", "--json", "r.json", cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    lines = (r.stdout + r.stderr).splitlines()
+    cut = [ln for ln in lines if ln.rstrip().endswith(ELLIPSIS)]
+    assert not cut, cut
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    bugs = {row["bug"] for row in rows if row.get("bug")}
+    assert bugs, "the split replay shows ledger bugs on every torch the ledger covers"
+    for bug in bugs:
+        assert f"[{bug}]" in r.stdout, bug
+    # Lines longer than a terminal's 100 columns exist and are whole: the test can fail.
+    assert max(len(ln) for ln in r.stdout.splitlines()) > 100
+
+
+def test_a_report_row_with_a_long_bug_id_is_whole_without_a_width_and_cut_with_one():
+    bug = "split-" + "-".join(["weights-never-meet-an-input"] * 5)
+    rep = GateReport("2.13.0", [Row("known_signature_only", f"split.stock{i}", "detail " * 40, bug=bug)
+                                for i in range(3)], seconds=1414.0,
+                     phases={"self-check": 37.0, "replay": 600.0, "fuzz": 770.0, "workarounds": 7.0}).to_json()
+    whole = gate_report.terminal(rep, width=None)
+    assert f"[{bug}] on split.stock0, split.stock1, split.stock2" in whole
+    assert "workarounds 7s 0%" in whole
+    assert not [ln for ln in whole.splitlines() if ln.endswith(ELLIPSIS)]
+    narrow = gate_report.terminal(rep, width=100).splitlines()
+    assert max(map(len, narrow)) <= 100 and any(ln.endswith(ELLIPSIS) for ln in narrow)
+
+
+class _Pipe:
+    def isatty(self) -> bool:
+        return False
+
+
+def test_progress_lines_to_a_log_are_whole(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert line_width(_Pipe()) is None
+    monkeypatch.setenv("COLUMNS", "120")
+    assert line_width(_Pipe()) == 120  # asked for: a width
+    monkeypatch.delenv("COLUMNS")
+    long = "[selfcheck 5/21] graphed_static_grad_views: skipped (unavailable here: needs CUDA: " + "x " * 80 + "end)"
+    shown = PhaseLines(stream=_Pipe()).line(long)
+    assert shown.endswith("end)") and not shown.endswith(ELLIPSIS)
+    paths = {f"pipeline.Schedule{i}.stock": {"examples": 10 + i} for i in range(80)}
+    view = {"now": 100.0, "started": 70.0, "examples_budget": 20, "paths": paths, "counts": {}, "details": {}}
+    line = plain_line(view, None)
+    assert "slowest: pipeline.Schedule0.stock 10" in line and "more)" in line  # summarised, not 80 paths
