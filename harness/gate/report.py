@@ -71,6 +71,8 @@ def _key(r: dict[str, Any]) -> tuple[str, ...]:
         return (r["status"], "signature", r["signature"], cls)
     if r["status"] in FAILING:
         return (r["status"], "row", r["path"], r["detail"], cls)
+    if r["status"] == "unavailable":  # one line per reason: 19 deepspeed paths, one missing package
+        return (r["status"], "reason", one_line(r["detail"]), cls)
     return (r["status"], "family", family(r["path"]), cls)
 
 
@@ -261,7 +263,9 @@ def on(rep: dict[str, Any]) -> str:
 def _facts(rep: dict[str, Any]) -> str:
     sc = rep.get("selfcheck") or []
     ex = rep.get("examples") or {}
-    parts = [f"self-check {sum(1 for s in sc if s['caught'])}/{len(sc)} canaries caught" if sc else "no self-check",
+    skipped = sum(1 for s in sc if s.get("skipped"))
+    parts = [f"self-check {sum(1 for s in sc if s['caught'])}/{len(sc)} canaries caught"
+             + (f", {skipped} skipped" if skipped else "") if sc else "no self-check",
              f"{sum(ex.values()):,} examples over {len(ex)} paths", f"{rep['seconds']:.0f}s" + _phases(rep)]
     return "; ".join(parts)
 
@@ -299,10 +303,10 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
     log, where a cut line cannot be widened)."""
     repros = Repros(save_dir)
     lines = [_fit(headline(rep), width), _fit(_facts(rep), width)]
-    skipped = [f"{c['name']} skipped ({c['skipped']})" for c in rep["selfcheck"] if c["skipped"]]
     broken = [f"{c['name']} BROKEN" for c in rep["selfcheck"] if c.get("broken")]
-    if skipped or broken:
-        lines.append(_fit("self-check: " + "; ".join(broken + skipped), width))
+    if broken:
+        lines.append(_fit("self-check: " + "; ".join(broken), width))
+    lines += [_fit(line, width) for line in skipped_canaries(rep)]
     shown = groups(rep)
     if len(shown) > MAX_ROWS:
         lines.append(_overflow(len(shown) - MAX_ROWS, full))
@@ -317,8 +321,23 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
     return "\n".join(lines)
 
 
+def skipped_canaries(rep: dict[str, Any]) -> list[str]:
+    """One line per reason the self-check skipped canaries for, naming
+    them: why "13/21 caught" is not a loss of detection here (no CUDA, a
+    stack not installed) and what would run the rest."""
+    by_reason: dict[str, list[str]] = {}
+    for c in rep.get("selfcheck") or []:
+        if c.get("skipped"):
+            by_reason.setdefault(one_line(c["skipped"]), []).append(c["name"])
+    return [f"self-check skipped {len(names)} canar{'y' if len(names) == 1 else 'ies'} ({why}): {', '.join(names)}"
+            for why, names in by_reason.items()]
+
+
 def _terminal_group(g: dict[str, Any], repros: Repros, width: int | None) -> list[str]:
     r = g["first"]
+    if g["status"] == "unavailable":  # the reason and every path it keeps out, on one line
+        times = f" x{g['count']}" if g["count"] > 1 else ""
+        return [_fit(f"{label(g)}{times} ({scrub(r['detail'])}): {', '.join(g['paths'])}", width)]
     times = f" x{g['count']}" if g["count"] > 1 else ""
     ident = f" [{g['what']}]" if g["what"] else ""
     out = [_fit(f"{label(g)}{times}:{ident} on {_paths_text(g)}", width)]
@@ -370,6 +389,8 @@ def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
         "",
         f"**{headline(rep).split(': ', 1)[1]}.** {_facts(rep)}.",
         "",
+        *[f"- {_cell(line, 2 * CELL)}" for line in skipped_canaries(rep)],
+        *([""] if skipped_canaries(rep) else []),
         "| status | bug / finding | paths | detail |",
         "| --- | --- | --- | --- |",
     ]
