@@ -275,6 +275,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.cli.progress import PhaseLines, line_width
     from harness.gate import report as gate_report
     from harness.artifacts.corpus import atomic_write
+    from harness.artifacts.text import relative
 
     from harness.gate import ledger
 
@@ -299,19 +300,19 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if base is not None:
         print("\n".join(gate.compare_baseline(rep, base)))
     where = {"save_dir": args.save, "full": args.json}  # repro links and "see FILE" in the reports
-    print(gate_report.terminal(rep, width=line_width(sys.stdout), **where))  # the verdict first and last
-    if args.json:
-        atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
+    # Written before the terminal report, which says where: its "see FILE" names a file that exists.
+    atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
+    atomic_write(args.markdown, gate_report.markdown(rep, **where, at=args.markdown))
     if args.junit:
         atomic_write(args.junit, gate_report.junit(rep, save_dir=args.save))
-    md = gate_report.markdown(rep, **where)
-    if args.markdown:
-        atomic_write(args.markdown, md)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
-            f.write(md)
+            f.write(gate_report.markdown(rep, **where))
     if args.html:
         atomic_write(args.html, gate_report.html_page(rep, **where))
+    written = [f"{relative(args.json)} (every row)"] + [relative(f) for f in (args.markdown, args.junit, args.html) if f]
+    notes = [f"reports: {', '.join(written)}"]
+    print(gate_report.terminal(rep, width=line_width(sys.stdout), notes=notes, **where))  # the verdict first and last
     return 1 if report.failed else 0
 
 
@@ -407,11 +408,16 @@ def _add_fuzz_parsers(sub: Any, found_dir: str) -> None:
     fuzz_command.add_merge_parser(sub)
 
 
+GATE_DIR = os.path.join(".gradfuzz", "gate")  # the gate's reports when no --json/--markdown names them
+
+
 def _add_gate_parser(sub: Any, found_dir: str) -> None:
     g = sub.add_parser("gate", help="CI gate for framework upgrades: selfcheck, replay, fuzz, classify against the ledger",
                        epilog=EXIT_GATE)
     _add_path_args(g)
-    g.add_argument("--json", metavar="FILE", help="the full gate record as JSON (every other report renders from it)")
+    g.add_argument("--json", metavar="FILE", default=os.path.join(GATE_DIR, "gate.json"),
+                   help="the full gate record as JSON, every row (every other report renders from it; default "
+                        f"{os.path.join(GATE_DIR, 'gate.json')}, under the directory the gate runs in)")
     budget = g.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, help="examples per group of paths after the replay: the same verdict on any "
                         "machine, whatever its load (the form for CI)")
@@ -425,7 +431,9 @@ def _add_gate_parser(sub: Any, found_dir: str) -> None:
                    help=f"where new findings go, outside the replayed corpus (default {found_dir})")
     g.add_argument("--baseline", metavar="REPORT.json", help="a gate report from the previous torch: print what changed")
     g.add_argument("--junit", metavar="FILE", help="JUnit XML, one test case per path and source")
-    g.add_argument("--markdown", metavar="FILE", help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)")
+    g.add_argument("--markdown", metavar="FILE", default=os.path.join(GATE_DIR, "gate.md"),
+                   help=f"Markdown summary (default {os.path.join(GATE_DIR, 'gate.md')}; also appended to "
+                        "$GITHUB_STEP_SUMMARY)")
     g.add_argument("--html", metavar="FILE", help="self-contained HTML report with heatmaps and repro scripts")
     g.add_argument("-n", "--numprocesses", metavar="N|auto",
                    help="fuzz on N processes ('auto': one per core); each group of paths still draws the same cases, "

@@ -223,6 +223,22 @@ class Repros:
         return relative(script if os.path.exists(script) else found)
 
 
+class _LinkedFrom(Repros):
+    """Repro links as a file in ``base`` reaches them (None: the working
+    directory): a Markdown report under ``.gradfuzz/gate/`` links
+    ``../../cases/split/x.py``, not a path that works only from where the gate ran."""
+
+    def __init__(self, save_dir: str | None, base: str | None) -> None:
+        super().__init__(save_dir)
+        self.base = base
+
+    def __call__(self, row: dict[str, Any]) -> str | None:
+        link = super().__call__(row)
+        if link is None or self.base is None or os.path.isabs(link) or not os.path.exists(link):
+            return link
+        return os.path.relpath(os.path.abspath(link), self.base)
+
+
 def _needs_repro(g: dict[str, Any]) -> bool:
     return g["status"] in FAILING and bool(g["first"].get("divergence"))
 
@@ -283,8 +299,13 @@ def verdict(rep: dict[str, Any]) -> str:
     return text.center(max(len(text) + 8, 79), "=")
 
 
-def _overflow(n: int, full: str | None) -> str:
-    return f"{ELLIPSIS} and {n} more rows: see {relative(full) if full else 'the JSON report (--json)'}"
+def _overflow(n: int, full: str | None, at: str | None = None) -> str:
+    """The rows not shown, counted, and the report that has them: named as
+    a reader at ``at`` (a report file's folder; None: the working directory) finds it."""
+    if not full:
+        return f"{ELLIPSIS} and {n} more rows: see the JSON report (gate --json FILE)"
+    where = os.path.relpath(os.path.abspath(full), os.path.abspath(at)) if at is not None else relative(full)
+    return f"{ELLIPSIS} and {n} more rows: see {where}"
 
 
 def _shows_detail(g: dict[str, Any]) -> bool:
@@ -297,9 +318,10 @@ def _shows_detail(g: dict[str, Any]) -> bool:
 
 
 def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None,
-             width: int | None = None) -> str:
+             width: int | None = None, notes: list[str] | tuple[str, ...] = ()) -> str:
     """The verdict first, the worst rows last next to the closing verdict
-    line; each line cut at a word to ``width``, or whole without one (a CI
+    line, then rows not shown and ``notes`` (where the reports and findings
+    went); each line cut at a word to ``width``, or whole without one (a CI
     log, where a cut line cannot be widened)."""
     repros = Repros(save_dir)
     lines = [_fit(headline(rep), width), _fit(_facts(rep), width)]
@@ -307,16 +329,17 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
     if broken:
         lines.append(_fit("self-check: " + "; ".join(broken), width))
     lines += [_fit(line, width) for line in skipped_canaries(rep)]
-    shown = groups(rep)
-    if len(shown) > MAX_ROWS:
-        lines.append(_overflow(len(shown) - MAX_ROWS, full))
-        shown = shown[:MAX_ROWS]
+    every = groups(rep)
+    shown = every[:MAX_ROWS]
     for g in reversed([g for g in shown if not misuse(g)]):  # the worst last, next to the verdict
         lines += _terminal_group(g, repros, width)
     if any(misuse(g) for g in shown):
         lines.append(_fit(MISUSE_HEADING + ":", width))
         for g in reversed([g for g in shown if misuse(g)]):
             lines += _terminal_group(g, repros, width)
+    if len(every) > MAX_ROWS:  # after the rows it counts the rest of
+        lines.append(_overflow(len(every) - MAX_ROWS, full))
+    lines += [_fit(n, width) for n in notes]
     lines.append(verdict(rep))
     return "\n".join(lines)
 
@@ -380,10 +403,13 @@ def _md_ident(g: dict[str, Any], repros: Repros) -> str:
     return ident
 
 
-def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None) -> str:
+def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | None = None,
+             at: str | None = None) -> str:
     """The CI summary: the verdict first, then one table row per bug (at most
-    ``MAX_ROWS``, the rest counted), each new finding titled and linked to its repro."""
-    repros = Repros(save_dir)
+    ``MAX_ROWS``, the rest counted), each new finding titled and linked to its
+    repro. ``at``: the file it is written to, so its links work from there
+    (None: from the working directory, as in a CI step summary)."""
+    repros = _LinkedFrom(save_dir, os.path.dirname(os.path.abspath(at)) if at else None)
     out = [
         f"## {'✅' if rep['passed'] else '❌'} gradfuzz gate {'PASSED' if rep['passed'] else 'FAILED'} on torch `{rep['torch']}`",
         "",
@@ -406,7 +432,7 @@ def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
                 "| status | bug / finding | paths | detail |", "| --- | --- | --- | --- |"]
         out += [table_row(g) for g in shown[:MAX_ROWS] if misuse(g)]
     if len(shown) > MAX_ROWS:
-        out += ["", _overflow(len(shown) - MAX_ROWS, full)]
+        out += ["", _overflow(len(shown) - MAX_ROWS, full, repros.base)]
     if any(_needs_repro(g) for g in shown):
         out += ["", "Each linked repro runs alone: `python FILE.py`, or `gradfuzz repro FILE.json` on this harness."]
     return "\n".join(out) + "\n"

@@ -24,12 +24,14 @@ def gradfuzz(*args, cwd, timeout=300):
 
 
 def test_the_gate_piped_to_a_file_cuts_no_line_and_shows_every_bug_id_whole(tmp_path):
-    r = gradfuzz("gate", "--paths", "split", "--minutes", "0", "--no-selfcheck", "--json", "r.json", cwd=tmp_path)
-    assert r.returncode in (0, 1) and (tmp_path / "r.json").exists(), r.stderr[-3000:]
+    r = gradfuzz("gate", "--paths", "split", "--minutes", "0", "--no-selfcheck", cwd=tmp_path)
+    full = tmp_path / ".gradfuzz" / "gate" / "gate.json"  # written by default, and named
+    assert r.returncode in (0, 1) and full.exists(), r.stderr[-3000:]
+    assert "reports: .gradfuzz/gate/gate.json (every row), .gradfuzz/gate/gate.md" in r.stdout.splitlines()[-2]
     lines = (r.stdout + r.stderr).splitlines()
     cut = [ln for ln in lines if ln.rstrip().endswith(ELLIPSIS)]
     assert not cut, cut
-    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    rows = json.loads(full.read_text())["rows"]
     bugs = {row["bug"] for row in rows if row.get("bug")}
     assert bugs, "the split replay shows ledger bugs on every torch the ledger covers"
     for bug in bugs:
@@ -90,3 +92,17 @@ def test_skipped_canaries_and_unavailable_paths_show_one_line_per_reason_naming_
     md = gate_report.markdown(rep)
     assert f"- self-check skipped 2 canaries (unavailable here: {cuda}): g1, g2" in md
     assert len([ln for ln in md.splitlines() if ln.startswith("| path unavailable")]) == 2  # one row per reason
+
+
+def test_rows_past_the_limit_are_counted_after_the_rows_shown_and_pointed_at_a_report_that_opens(tmp_path):
+    rows = [Row("known", "split.stock", "d", bug=f"bug-{i:03d}") for i in range(gate_report.MAX_ROWS + 5)]
+    rep = GateReport("2.13.0", rows).to_json()
+    full = tmp_path / "out" / "gate.json"
+    lines = gate_report.terminal(rep, full=str(full), notes=["reports: here"]).splitlines()
+    over = next(i for i, ln in enumerate(lines) if "5 more rows" in ln)
+    assert over > max(i for i, ln in enumerate(lines) if ln.startswith("known bug"))  # after the rows it counts
+    assert lines[over + 1:] == ["reports: here", gate_report.verdict(rep)]
+    md_file = tmp_path / "out" / "md" / "gate.md"
+    md = gate_report.markdown(rep, full=str(full), at=str(md_file))
+    assert f"{ELLIPSIS} and 5 more rows: see ../gate.json" in md  # from the Markdown's folder
+    assert (md_file.parent / "../gate.json").resolve() == full.resolve()
