@@ -46,7 +46,7 @@ def _option_overrides(options: Options) -> dict[str, Any]:
 def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: list | None = None) -> int:
     from harness.cli import report
     from harness.engine.database import DatabaseError
-    from harness.paths import resolve
+    from harness.cli.pathnames import resolve_paths as resolve
     from harness.cli.progress import Display
 
     if paths is None:
@@ -69,21 +69,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     if interrupted:
         text = text.replace("gradfuzz: fuzzed", "gradfuzz: INTERRUPTED; so far fuzzed", 1)
     counts = extra.get("counts", {})
-    if counts:
-        text += "\nfinds by signature (this session):"
-        for sig, c in sorted(counts.items(), key=lambda kv: -kv[1]):
-            d = extra.get("details", {}).get(sig, {})
-            first = f", first after {d['examples']} example(s) ({d['seconds']:.2f}s)" if d.get("examples") is not None else ""
-            known = f" ({d['ledger']})" if d.get("ledger") else ""
-            text += f"\n  {sig}{known}: {c}x{first}"
     coverage = extra.get("coverage") or {}
-    if coverage:
-        from harness.engine.coverage import summary_lines
-
-        text += "".join(f"\n{line}" for line in summary_lines(coverage))
-    for e in result.errors:
-        text += f"\nerror: {e}"
-    print(text, flush=True)
+    print(text + _tail(result, extra, args.save), flush=True)
     if args.json:
         data = report.to_json(result)
         data.update(interrupted=interrupted, signal=signal.Signals(extra.get("signal", signal.SIGINT)).name if interrupted else None,
@@ -101,6 +88,31 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     if result.divergences:
         return 1
     return 2 if result.errors else 0
+
+
+def _tail(result: Any, extra: dict, save: str | None) -> str:
+    """The summary's end: finds by signature, coverage, errors, and where the findings went."""
+    text = ""
+    counts = extra.get("counts", {})
+    if counts:
+        text += "\nfinds by signature (this session):"
+        for sig, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+            d = extra.get("details", {}).get(sig, {})
+            first = f", first after {d['examples']} example(s) ({d['seconds']:.2f}s)" if d.get("examples") is not None else ""
+            known = f" ({d['ledger']})" if d.get("ledger") else ""
+            text += f"\n  {sig}{known}: {c}x{first}"
+    coverage = extra.get("coverage") or {}
+    if coverage:
+        from harness.engine.coverage import summary_lines
+
+        text += "".join(f"\n{line}" for line in summary_lines(coverage))
+    for e in result.errors:
+        text += f"\nerror: {e}"
+    if save:
+        from harness.cli.main import findings_note
+
+        text += f"\n{findings_note(save, result.saved)}"
+    return text
 
 
 def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Display: Any) -> tuple[Any, dict]:

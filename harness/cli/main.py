@@ -12,6 +12,7 @@ import faulthandler
 import io
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -22,7 +23,8 @@ from harness.artifacts import corpus
 from harness.artifacts import repro
 from harness.artifacts.corpus import CorpusError
 from harness.artifacts.text import escaped_output
-from harness.paths import Options, UsageError, resolve
+from harness.cli.pathnames import resolve_paths as resolve
+from harness.paths import Options, UsageError
 from harness.case.spec import SCHEMA_VERSION, SpecError
 
 
@@ -292,6 +294,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from harness.cli import fuzz as fuzz_command
 
         fuzzer = fuzz_command.on_workers(options, args.numprocesses, ledger=args.ledger)
+    started = time.time()
     report = gate.run_gate(paths, corpus_dirs=args.corpus, ledger_file=args.ledger, minutes=minutes, examples=args.examples,
                            seed=args.seed, save_dir=args.save, run_selfcheck=not args.no_selfcheck, fuzzer=fuzzer,
                            workers=_workers(args.numprocesses), options=options,
@@ -311,9 +314,30 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if args.html:
         atomic_write(args.html, gate_report.html_page(rep, **where))
     written = [f"{relative(args.json)} (every row)"] + [relative(f) for f in (args.markdown, args.junit, args.html) if f]
-    notes = [f"reports: {', '.join(written)}"]
+    notes = [f"reports: {', '.join(written)}", findings_note(args.save, _findings_since(args.save, started))]
     print(gate_report.terminal(rep, width=line_width(sys.stdout), notes=notes, **where))  # the verdict first and last
     return 1 if report.failed else 0
+
+
+def _findings_since(folder: str, since: float) -> list[str]:
+    """The finding files written in ``folder`` since ``since`` (new ones, and old ones found again)."""
+    try:
+        names = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
+        return [f for f in names if os.path.getmtime(f) >= since - 1]
+    except OSError:
+        return []
+
+
+def findings_note(folder: str, new: list[str]) -> str:
+    """Where this run's findings went, said: run from any directory, they
+    land under it (``.gradfuzz/found/``), and a reader must not have to guess."""
+    from harness.artifacts.text import relative
+
+    where = relative(folder).rstrip("/") + "/"
+    if not new:
+        return f"findings: none written this run (they go to {where})"
+    return (f"findings: {len(new)} written this run in {where} (each with its .py script; "
+            f"replay them all: gradfuzz replay {where})")
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:

@@ -27,7 +27,8 @@ def test_the_gate_piped_to_a_file_cuts_no_line_and_shows_every_bug_id_whole(tmp_
     r = gradfuzz("gate", "--paths", "split", "--minutes", "0", "--no-selfcheck", cwd=tmp_path)
     full = tmp_path / ".gradfuzz" / "gate" / "gate.json"  # written by default, and named
     assert r.returncode in (0, 1) and full.exists(), r.stderr[-3000:]
-    assert "reports: .gradfuzz/gate/gate.json (every row), .gradfuzz/gate/gate.md" in r.stdout.splitlines()[-2]
+    assert r.stdout.splitlines()[-3:-1] == ["reports: .gradfuzz/gate/gate.json (every row), .gradfuzz/gate/gate.md",
+                                            "findings: none written this run (they go to .gradfuzz/found/)"]
     lines = (r.stdout + r.stderr).splitlines()
     cut = [ln for ln in lines if ln.rstrip().endswith(ELLIPSIS)]
     assert not cut, cut
@@ -106,3 +107,24 @@ def test_rows_past_the_limit_are_counted_after_the_rows_shown_and_pointed_at_a_r
     md = gate_report.markdown(rep, full=str(full), at=str(md_file))
     assert f"{ELLIPSIS} and 5 more rows: see ../gate.json" in md  # from the Markdown's folder
     assert (md_file.parent / "../gate.json").resolve() == full.resolve()
+
+
+def test_findings_say_where_they_went_and_an_unknown_path_gets_the_names_it_is_close_to(tmp_path, monkeypatch):
+    import pytest
+
+    from harness.cli.main import findings_note
+    from harness.cli.pathnames import resolve_paths
+    from harness.paths import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    found = tmp_path / ".gradfuzz" / "found"
+    files = [str(found / f"split.stock-value-{i}.json") for i in range(3)]
+    assert findings_note(str(found), files) == ("findings: 3 written this run in .gradfuzz/found/ (each with its .py "
+                                                "script; replay them all: gradfuzz replay .gradfuzz/found/)")
+    with pytest.raises(UsageError) as e:
+        resolve_paths("split.fixed,split.stok")
+    assert "unknown path 'split.stok': did you mean 'split.stock'" in str(e.value)
+    assert "split.fixed," not in str(e.value)  # no list of every path
+    with pytest.raises(UsageError, match=r"unknown path 'zzz': families: .*split"):
+        resolve_paths(["zzz"])
+    assert [p.name for p in resolve_paths("split.fixed")] == ["split.fixed"]
