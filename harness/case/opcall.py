@@ -49,41 +49,75 @@ def opinfo_recipe(shape, seed, low, high, device, dtype):
     return (low + (high - low) * u).reshape(shape).to(dtype)
 
 
-def opinfo_node(h, fn, call, const=None, x=None):
+def opinfo_on_mesh(mesh, place):
+    """For an ``h`` that is a DTensor: (wrap, placed). ``wrap`` makes a
+    local tensor a Replicate DTensor on ``mesh``; ``placed`` does that and
+    shards it on dimension ``place`` of the first mesh dimension (where the
+    tensor has it), so the op runs through its sharding strategy."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    rep = [Replicate()] * mesh.ndim
+
+    def wrap(t):
+        return DTensor.from_local(t, mesh, rep, run_check=False)
+
+    def placed(t):
+        t = wrap(t)
+        if place is None or place < 0 or place >= t.ndim:
+            return t
+        return t.redistribute(mesh, [Shard(place)] + rep[1:])
+
+    return wrap, placed
+
+
+def opinfo_node(h, fn, call, const=None, x=None, place=None):
     """``h + fold(fn(s + C * tanh(gather(h)), *args, **kwargs))``; ``const(key, make)``
     may cache the constant tensors per device (None: made on every call).
     Given ``x``, the op's float outputs on ``x`` itself, flattened into one
-    tensor (the table builder measures the op's Jacobian with it)."""
+    tensor (the table builder measures the op's Jacobian with it).
+    A DTensor ``h`` (a case whose parameters live on a mesh): the op's
+    operands are DTensors too, its input sharded on ``place`` (-1 or None:
+    Replicate), and its outputs gathered before the fold."""
     _, inp, args, kwargs, _bound = call
     keep = const if const is not None else (lambda key, make: make())
+    wrap = placed = None
+    h_in = h
+    if x is None and hasattr(h, "device_mesh"):
+        wrap, placed = opinfo_on_mesh(h.device_mesh, place)
+        h = h.full_tensor()
     device = (h if x is None else x).device
 
-    def value(v, dtype):
+    def value(v, dtype, operand=True):
         if not isinstance(v, tuple):
             return v
         tag = v[0]
         if tag == "T":
             _, shape, seed, low, high = v
             key = ("opinfo-T", v, str(device), str(dtype))
-            return keep(key, lambda: opinfo_recipe(shape, seed, low, high, device, dtype))
-        if tag == "I":
+            t = keep(key, lambda: opinfo_recipe(shape, seed, low, high, device, dtype))
+        elif tag == "I":
             _, name, shape, values = v
             key = ("opinfo-I", v, str(device))
-            return keep(key, lambda: torch.tensor(values, dtype=getattr(torch, name), device=device).reshape(shape))
-        if tag == "D":
+            t = keep(key, lambda: torch.tensor(values, dtype=getattr(torch, name), device=device).reshape(shape))
+        elif tag == "D":
             return getattr(torch, v[1])
-        return tuple(value(x, dtype) for x in v[1])
+        else:
+            return tuple(value(x, dtype) for x in v[1])
+        return wrap(t) if wrap is not None and operand else t
 
     if x is None:
-        s = value(inp, h.dtype)
+        s = value(inp, h.dtype, operand=False)
         ix = keep(("opinfo-ix", s.numel(), h.numel(), str(h.device)),
                   lambda: torch.arange(s.numel(), device=h.device) % h.numel())
         x = s + MOVE * torch.tanh(h.reshape(-1)[ix].reshape(s.shape))
+        if placed is not None:
+            x = placed(x)
     else:
         x = x.clone()  # an in-place variant must not write to the caller's tensor
     out = fn(x, *[value(a, x.dtype) for a in args], **{k: value(a, x.dtype) for k, a in kwargs})
     # In the case's dtype: a conversion (``double``) or a dtype argument must not promote the rest.
-    floats = [o.reshape(-1).to(x.dtype) for o in (out if isinstance(out, (tuple, list)) else (out,))
+    floats = [(o.full_tensor() if hasattr(o, "device_mesh") else o).reshape(-1).to(x.dtype)
+              for o in (out if isinstance(out, (tuple, list)) else (out,))
               if isinstance(o, torch.Tensor) and o.is_floating_point()]
     if h is None:
         return torch.cat(floats) if floats else x.new_zeros(0)
@@ -91,4 +125,7 @@ def opinfo_node(h, fn, call, const=None, x=None):
     for f in floats:
         f = torch.nn.functional.pad(f, (0, (-f.numel()) % h.numel())).reshape(-1, h.numel()).sum(0)
         y = f if y is None else y + f
-    return h if y is None else h + y.reshape(h.shape)
+    if y is None:
+        return h_in
+    y = y.reshape(h.shape)
+    return h_in + (y if wrap is None else wrap(y))

@@ -34,6 +34,7 @@ MAX_TABLE_BYTES = 8 << 20
 MAX_CALL_ITEMS = 256  # scalars and tags in one node's call value
 MAX_RECIPE_NUMEL = 1024
 MAX_VALUE_NUMEL = 64
+MAX_PLACES = 4  # input dimensions a DTensor node may shard (placements -1 and 0..3)
 # The tensor dtypes a call may name (integer and boolean constants, dtype arguments).
 VALUE_DTYPES = ("int64", "int32", "bool", "uint8")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -74,7 +75,14 @@ def _entry(key: str, e: Any, where: str) -> dict[str, Any]:
     samples = e.get("samples")
     if not isinstance(samples, list) or not samples:
         raise SpecError(f"{where}.samples", "expected a non-empty list")
-    return {"fn": fn, "samples": tuple(decode_call(s, f"{where}.samples[{i}]") for i, s in enumerate(samples))}
+    places = e.get("places", [[]] * len(samples))
+    if not isinstance(places, list) or len(places) != len(samples) or not all(
+            isinstance(p, list) and len(p) <= MAX_PLACES + 1 and all(type(d) is int and -1 <= d < MAX_PLACES for d in p)
+            for p in places):
+        raise SpecError(f"{where}.places", f"expected one list per sample of at most {MAX_PLACES} placements "
+                                           f"(-1 Replicate, d Shard(d))")
+    return {"fn": fn, "samples": tuple(decode_call(s, f"{where}.samples[{i}]") for i, s in enumerate(samples)),
+            "places": tuple(tuple(p) for p in places)}
 
 
 def keys() -> tuple[str, ...]:
@@ -87,6 +95,32 @@ def draws() -> tuple[tuple[str, int], ...]:
     return tuple((k, i) for k, e in table().items() for i in range(len(e["samples"])))
 
 
+def places(key: str, call: tuple) -> tuple[int, ...]:
+    """The placements of the op's input (-1 Replicate, d Shard(d)) that ran
+    under DTensor in the table's screen; () where none did or the call is
+    not the table's."""
+    e = table().get(key)
+    for c, p in zip(e["samples"], e["places"]) if e is not None else ():
+        if c == call:
+            return p
+    return ()
+
+
+def mesh_refusal(case: Any) -> str | None:
+    """Why a case whose parameters are DTensors cannot run one of its OpInfo
+    nodes on the mesh (None: every node's placement ran in the screen)."""
+    for n in case.nodes:
+        if n.op != "opinfo":
+            continue
+        place = n.attr("place")
+        place = -1 if place is None else place
+        if place not in places(n.attr("fn"), n.attr("call")):
+            where = "Replicate" if place < 0 else f"Shard({place})"
+            return (f"OpInfo op {n.attr('fn')} with its input {where}: it did not run under DTensor in the op "
+                    f"table's screen (no sharding strategy, or it raised); the to_local pattern takes it")
+    return None
+
+
 def ops_in(case: Any) -> set[str]:
     """The OpInfo ops a case applies, by table key: what a run reached."""
     return {n.attr("fn") for n in case.nodes if n.op == "opinfo"}
@@ -95,6 +129,7 @@ def ops_in(case: Any) -> set[str]:
 # An op's own notes (deprecated aliases, beta APIs) are torch speaking about
 # the op the table chose, not about the run: they would fill every log.
 warnings.filterwarnings("ignore", category=UserWarning, module=r"harness\.case\.opcall")
+warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.functional")  # torch.lu and kin
 
 # Callables already resolved, by key: a plain dict, because torch.compile traces
 # the node's run, and tracing into the table's loader (a file stat, an
@@ -238,7 +273,7 @@ def check_fn(key: Any, where: str) -> str:
 
 
 def run(t: list[torch.Tensor], a: dict, const: Any = None) -> torch.Tensor:
-    return opinfo_node(t[0], callable_of(a["fn"]), a["call"], const)
+    return opinfo_node(t[0], callable_of(a["fn"]), a["call"], const, place=a.get("place"))
 
 
 def bound(t: list[torch.Tensor], a: dict) -> torch.Tensor:
@@ -255,4 +290,5 @@ def bound(t: list[torch.Tensor], a: dict) -> torch.Tensor:
 
 
 def source(s: list[str], a: dict) -> str:
-    return f"opinfo_node({s[0]}, {source_name(a['fn'])}, {a['call']!r})"
+    place = f", place={a['place']}" if a.get("place") is not None else ""
+    return f"opinfo_node({s[0]}, {source_name(a['fn'])}, {a['call']!r}{place})"

@@ -434,9 +434,9 @@ OPS: dict[str, Op] = {
            lambda t, a: t[0].index_add(0, _ix(t[0], a["idx"]), t[1]),
            lambda s, a: f"{s[0]}.index_add(0, torch.tensor({tuple(a['idx'])}, device={s[0]}.device), {s[1]})", plain_tensors=True),
         # An op of torch's OpInfo database on h (harness.case.opinfo): tolerance mode only;
-        # its constants are plain tensors, which DTensor operands refuse.
+        # on a DTensor h its operands are DTensors too (opinfo.mesh_refusal says which run).
         Op("opinfo", 1, 1, False, _opinfo_shape, lambda t, a: opinfo.run(t, a, _cached), opinfo.source,
-           bound=opinfo.bound, plain_tensors=True),
+           bound=opinfo.bound),
     ]
 }
 

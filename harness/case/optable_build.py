@@ -239,6 +239,52 @@ def _float32_agrees(fn: Any, call: tuple, h: torch.Tensor) -> str:
     return ""
 
 
+def mesh_places(fn: Any, call: tuple) -> list[int]:
+    """The placements of the op's input (-1 Replicate, d Shard(d)) under which
+    the node runs on DTensors on a one-rank mesh with the plain node's value
+    and grad (float64): the ones a DTensor case may draw. A missing sharding
+    strategy or a refusal shows on one rank already; a placement that runs
+    here and fails on more ranks is a finding of the DTensor family."""
+    h = _points()[0]
+    g = torch.randn(h.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    hp = h.clone().requires_grad_()
+    want = opinfo_node(hp, fn, call)
+    (want_g,) = torch.autograd.grad(want, hp, g)
+    ndim = len(call[1][1])
+    ok = []
+    for place in [-1] + list(range(min(ndim, opinfo.MAX_PLACES))):
+        try:
+            got, got_g = _on_one_rank(fn, call, h, g, place)
+        except Exception:  # no strategy, a mixed-operand refusal, a redistribution DTensor refuses
+            continue
+        if torch.allclose(got, want.detach(), rtol=1e-9, atol=1e-12) and torch.allclose(got_g, want_g, rtol=1e-9, atol=1e-12):
+            ok.append(place)
+    return ok
+
+
+def _on_one_rank(fn: Any, call: tuple, h: torch.Tensor, g: torch.Tensor, place: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate, init_device_mesh
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    hp = h.clone().requires_grad_()
+    hd = DTensor.from_local(hp, mesh, [Replicate()], run_check=False)
+    out = opinfo_node(hd, fn, call, place=place).to_local()
+    (gh,) = torch.autograd.grad(out, hp, g)
+    return out.detach(), gh
+
+
+def add_places(table: dict[str, Any], log: Any = sys.stderr) -> None:
+    """Each kept sample's DTensor placements (``mesh_places``), in place."""
+    for key, e in table["ops"].items():
+        fn = opinfo._resolve(e["fn"])
+        e["places"] = [mesh_places(fn, opinfo.decode_call(c, key)) for c in e["samples"]]
+    runs = sum(bool(p) for e in table["ops"].values() for p in e["places"])
+    print(f"{runs} of {sum(len(e['places']) for e in table['ops'].values())} samples run under DTensor", file=log)
+
+
 def build(limit: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
     ops: dict[str, Any] = {}
     refused: dict[str, int] = {}
@@ -253,7 +299,9 @@ def build(limit: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
             if kept:
                 ops[key] = {"fn": dotted, "samples": kept}
         print(f"{op.name}: {len(ops)} ops kept so far", file=log, flush=True)
-    return {"torch": torch.__version__, "ops": ops, "refused": dict(sorted(refused.items()))}
+    table = {"torch": torch.__version__, "ops": ops, "refused": dict(sorted(refused.items()))}
+    add_places(table, log)
+    return table
 
 
 def _samples(op: Any, key: str, dotted: str, refused: dict[str, int]) -> list:
@@ -288,9 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--limit", type=int, default=None, help="read only the first N OpInfos (a quick try)")
     p.add_argument("--out", default=str(opinfo.table_path()))
+    p.add_argument("--places-only", action="store_true",
+                   help="keep the table at --out as it is and screen its samples' DTensor placements again")
     a = p.parse_args(argv)
     t0 = time.monotonic()
-    table = build(a.limit)
+    if a.places_only:
+        with open(a.out) as f:
+            table = json.load(f)
+        add_places(table)
+    else:
+        table = build(a.limit)
     with open(a.out, "w") as f:
         json.dump(table, f, indent=None, separators=(",", ":"))
         f.write("\n")

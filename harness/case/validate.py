@@ -53,7 +53,8 @@ OP_ATTRS: dict[str, dict[str, str]] = {
     "sdpa": {"causal": "int"}, "expand": {"shape": "shape"}, "index_select": {"dim": "int", "idx": "index"},
     "gather": {"dim": "int", "seed": "int"}, "scatter_add": {"dim": "int", "seed": "int"},
     "index_add": {"idx": "index"},
-    "opinfo": {"fn": "fn", "call": "call"},  # both decoded and checked by harness.case.opinfo
+    # fn and call decoded and checked by harness.case.opinfo; place: the input's Shard dim under DTensor
+    "opinfo": {"fn": "fn", "call": "call", "place": "int?"},
 }
 
 

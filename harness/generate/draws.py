@@ -109,10 +109,14 @@ def dtensor_placements(draw, case: Case) -> Case:
     to_local pattern: DTensor-placed parameters refuse those (the dtensor
     contract), and with the pair targets' rare ops such placements were a
     third of what the dtensor target drew and threw away."""
+    from harness.case import opinfo
     from harness.case.ops import OPS
 
     if any(OPS[n.op].plain_tensors or n.op == "sdpa" for n in case.nodes):
         return case
+    ops = [n for n in case.nodes if n.op == "opinfo"]
+    if any(not opinfo.places(n.attr("fn"), n.attr("call")) for n in ops):
+        return case  # an OpInfo op that did not run under DTensor in the table's screen
     if not draw(st.booleans()):
         return case
     params = tuple(
@@ -121,7 +125,11 @@ def dtensor_placements(draw, case: Case) -> Case:
             + (("colwise", "rowwise") if tp_eligible(case, p.name) else ()))))
         for p in case.params
     )
-    return replace(case, params=params)
+    # Each OpInfo op's input on the mesh: Replicate or Shard(d), as the screen ran it.
+    places = {n.name: draw(st.sampled_from(opinfo.places(n.attr("fn"), n.attr("call")))) for n in ops}
+    nodes = tuple(replace(n, attrs=n.attrs + (("place", places[n.name]),)) if n.name in places else n
+                  for n in case.nodes)
+    return replace(case, params=params, nodes=nodes)
 
 
 def tp_eligible(case: Case, name: str) -> bool:

@@ -46,6 +46,7 @@ from harness.paths.assemble import observation
 from harness.paths.engine_rules import lifetime_schedule
 from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
+from harness.case import opinfo
 from harness.case.spec import Case
 from harness.generate import tp_eligible
 
@@ -120,6 +121,8 @@ class DTensorPath(PooledPath):
             if plain:
                 return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
                         f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
+            if why := opinfo.mesh_refusal(case):
+                return why
             inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
             if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
                 return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops "

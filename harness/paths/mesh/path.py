@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from packaging.version import Version
 
+from harness.case import opinfo
 from harness.case.spec import Case
 from harness.generate import tp_eligible
 from harness.observation import PLACEMENT, Observation
@@ -110,6 +111,8 @@ class MeshPath(PooledPath):
         if plain:
             return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
                     f"mixed operands (the forward runs on DTensors)")
+        if why := opinfo.mesh_refusal(case):
+            return why
         inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
         if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
             return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops that "
