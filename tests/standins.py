@@ -190,7 +190,8 @@ class crashes_in_its_own_code:
 
         dinputs, groups = split_fixed.stage_backward_input(*args, **kwargs)
         if groups:
-            {"intermediates"}[0]  # noqa: B018  TypeError: 'set' object is not subscriptable
+            names = {"intermediates"}
+            names[0]  # noqa: B018  TypeError: 'set' object is not subscriptable (a literal would warn at compile)
         return dinputs, groups
 
     @staticmethod

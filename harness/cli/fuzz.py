@@ -95,7 +95,8 @@ def _tail(result: Any, extra: dict, save: str | None) -> str:
     text = ""
     counts = extra.get("counts", {})
     if counts:
-        text += "\nfinds by signature (this session):"
+        text += (f"\nfinds by signature (this session; {sum(counts.values())} finds, a find being a failing case "
+                 "with one or more of the divergences above):")
         for sig, c in sorted(counts.items(), key=lambda kv: -kv[1]):
             d = extra.get("details", {}).get(sig, {})
             first = f", first after {d['examples']} example(s) ({d['seconds']:.2f}s)" if d.get("examples") is not None else ""

@@ -182,14 +182,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     paths = resolve(args.paths, _options(args))
     counts: collections.Counter = collections.Counter()
+    per_path: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
     def tally(r) -> None:
         if r.skipped is None:
-            counts[verdict.status(r.entry, r.path.name, bool(r.divergences), torch.__version__)] += 1
+            status = verdict.status(r.entry, r.path.name, bool(r.divergences), torch.__version__)
+            counts[status] += 1
+            per_path[r.path.name][status or "agree"] += 1
 
     result = runner.replay(files, paths, progress=lambda s: print(s, file=sys.stderr) if args.verbose else None,
                            each=tally)
-    print(report.summary(result, verb=f"replayed {len(files)} case(s),"))
+    print(report.summary(result, verb=f"replayed {len(files)} case(s),", verdicts=per_path))
     print(verdict.line(counts, len(result.unavailable)))
     if args.json:
         report.write_json(result, args.json)
@@ -232,10 +235,12 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
-    for p in resolve(args.paths, _options(args)):
+    paths = resolve(args.paths, _options(args))
+    wide = max([22] + [len(p.name) for p in paths])  # one column for every name, however long
+    for p in paths:
         a = p.availability()
         state = "available" if a.ok else "UNAVAILABLE"
-        print(f"{p.name:<22} {state:<12} {a.reason}")
+        print(f"{p.name:<{wide}} {state:<12} {a.reason}")
     return 0
 
 

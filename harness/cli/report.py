@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 from harness.artifacts.corpus import atomic_write
@@ -37,20 +38,21 @@ def write_json(result: Result, file: str) -> None:
 MISUSE_HEAD = "misuse findings: a use the stack's docs do not support, silently wrong"
 
 
-def summary(result: Result, verb: str = "fuzzed") -> str:
+def summary(result: Result, verb: str = "fuzzed", verdicts: dict[str, Counter] | None = None) -> str:
+    """The per-path lines, then the divergences. ``verdicts``: each path's
+    runs counted by what they mean (replay: known, fixed, ...), shown in
+    place of one word for the path, so the path lines add up to the total."""
     lines = []
+    wide = max([22] + [len(n) for n in list(result.paths) + list(result.unavailable)])
     for name, t in result.paths.items():
         skipped = sum(t.skipped.values())
-        found = [d for d in result.divergences if d.path == name]
-        known = [d for d in result.expected if d.path == name]
-        status = ("MISUSE" if all(d.finding_class == MISUSE_CLASS for d in found) else "DIVERGES") if found else (
-            "known bug" if known else "clean")
         extra = (f", {len(t.ops)} OpInfo ops" if t.ops else "") + (f", {skipped} outside its contract" if skipped else "")
-        lines.append(f"  {name:<22} {status:<9} {t.run} run{extra}" + (f", {t.seconds:.1f}s" if t.seconds else ""))
+        lines.append(f"  {name:<{wide}} {_path_status(result, name, t.run, verdicts)}{extra}"
+                     + (f", {t.seconds:.1f}s" if t.seconds else ""))
         for reason, n in sorted(t.skipped.items(), key=lambda kv: -kv[1]):
             lines.append(f"      not in contract ({n}): {reason}")
     for name, why in result.unavailable.items():
-        lines.append(f"  {name:<22} NOT RUN   unavailable here: {why}")
+        lines.append(f"  {name:<{wide}} NOT RUN   unavailable here: {why}")
     head = f"gradfuzz: {verb} {result.examples} example(s) on {len(result.paths)} path(s)"
     lines.insert(0, head)
     if result.expected:
@@ -61,7 +63,7 @@ def summary(result: Result, verb: str = "fuzzed") -> str:
     misuse = [d for d in result.divergences if d.finding_class == MISUSE_CLASS]
     for head, divs in (("divergences", bugs), (MISUSE_HEAD, misuse)):
         if divs:
-            lines.append(f"{head} ({len(divs)}, {len({d.signature for d in divs})} distinct):")
+            lines.append(f"{head} ({_divergences(divs)}):")
         for d in _dedup(divs):
             lines.append(f"  - {d.path} {d.kind} [{d.signature}]{' FLAKY' if d.flaky else ''}")
             lines.append(f"      {d.detail}")
@@ -71,6 +73,26 @@ def summary(result: Result, verb: str = "fuzzed") -> str:
     elif not result.expected:  # known divergences are divergences too: the caller counts them
         lines.append("no divergence")
     return "\n".join(lines)
+
+
+def _path_status(result: Result, name: str, run: int, verdicts: dict[str, Counter] | None) -> str:
+    """``DIVERGES 84 run``, or with ``verdicts`` ``84 run: 18 known, 7 fixed, 59 agree``."""
+    if verdicts is not None:
+        c = verdicts.get(name, Counter())
+        parts = [f"{n} {k.replace('_', ' ')}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))]
+        return f"{run} run" + (f": {', '.join(parts)}" if parts else "")
+    found = [d for d in result.divergences if d.path == name]
+    known = [d for d in result.expected if d.path == name]
+    status = ("MISUSE" if all(d.finding_class == MISUSE_CLASS for d in found) else "DIVERGES") if found else (
+        "known bug" if known else "clean")
+    return f"{status:<9} {run} run"
+
+
+def _divergences(divs: list) -> str:
+    """``9 divergences of 8 signatures``: a failing case (a find) can show several divergences."""
+    sigs = len({d.signature for d in divs})
+    return (f"{len(divs)} divergence{'s' if len(divs) != 1 else ''} of {sigs} signature{'s' if sigs != 1 else ''}, "
+            "in the failing cases")
 
 
 def _dedup(divs):

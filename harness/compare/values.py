@@ -293,7 +293,7 @@ def _explain_sites(case: Case, name: str, k: int, actual: torch.Tensor, oracle: 
     coef = _solve(A, y)
     if float((A @ coef.reshape(-1, 1) - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
         return None
-    rounded = [round(float(c), 3) for c in coef]
+    rounded = [round(float(c), 3) + 0.0 for c in coef]  # + 0.0: -0.0 reads "counted 0 times", not "-0"
     odd = [f"the {lbl} counted {c:g} times" for c, (lbl, _) in zip(rounded, sites) if abs(c - 1) > 1e-6]
     if not odd:
         return None
@@ -333,7 +333,7 @@ def _explain(case: Case, role: str, name: str, k: int, actual: torch.Tensor, ora
         return None
     if float((A @ coef.reshape(-1, 1) + init - y).abs().max()) > 1e-6 * (1 + float(y.abs().max())):
         return None
-    rounded = [round(float(c), 3) for c in coef]
+    rounded = [round(float(c), 3) + 0.0 for c in coef]  # + 0.0: -0.0 reads "counted 0 times", not "-0"
     if all(abs(c - 1) < 1e-6 for c in rounded):
         return None
     parts = [f"{c:g}*{lbl}" for c, (lbl, _) in zip(rounded, terms) if abs(c) > 1e-9] or ["0"]

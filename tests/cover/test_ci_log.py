@@ -128,3 +128,38 @@ def test_findings_say_where_they_went_and_an_unknown_path_gets_the_names_it_is_c
     with pytest.raises(UsageError, match=r"unknown path 'zzz': families: .*split"):
         resolve_paths(["zzz"])
     assert [p.name for p in resolve_paths("split.fixed")] == ["split.fixed"]
+
+
+def test_paths_columns_line_up_however_long_a_name_is(capsys):
+    from harness.cli.main import main
+
+    assert main(["paths"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert max(len(ln.split()[0]) for ln in rows) > 22  # long names exist: the test can fail
+    starts = {len(ln) - len(ln[len(ln.split()[0]):].lstrip()) for ln in rows}
+    assert len(starts) == 1, starts  # the state column starts at one offset on every row
+
+
+def test_replay_path_lines_count_runs_by_verdict_and_add_up_to_the_total():
+    from collections import Counter
+
+    from harness.cli import report
+    from harness.engine.result import Result, Tally
+
+    r = Result(paths={name: Tally(run=18) for name in ("split.stock", "pipeline.ZBVZeroBubble.ranks2.stock")})
+    verdicts = {"split.stock": Counter(known=11, fixed=7), "pipeline.ZBVZeroBubble.ranks2.stock": Counter(agree=18)}
+    text = report.summary(r, verdicts=verdicts)
+    wide = len("pipeline.ZBVZeroBubble.ranks2.stock")
+    assert f"  {'split.stock':<{wide}} 18 run: 11 known, 7 fixed" in text  # 11 + 7 = 18, as the total says
+    assert "  pipeline.ZBVZeroBubble.ranks2.stock 18 run: 18 agree" in text
+    assert "known bug" not in text
+
+
+def test_the_test_standins_compile_without_a_syntax_warning():
+    import warnings
+
+    with open(os.path.join(ROOT, "tests", "standins.py")) as f:
+        source = f.read()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile(source, "standins.py", "exec")

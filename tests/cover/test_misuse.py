@@ -139,7 +139,7 @@ def test_the_fuzz_summary_counts_misuse_findings_on_a_line_of_their_own():
     r = Result(paths={"split.stock": Tally(examples=5, run=5), "deepspeed.zero0.misuse": Tally(examples=5, run=5)})
     r.divergences = [_div("split.stock", BUG_CLASS, BUG_SIG), _div("deepspeed.zero0.misuse", MISUSE_CLASS, MISUSE_SIG)]
     text = fuzz_report.summary(r)
-    assert "divergences (1, 1 distinct):\n  - split.stock value" in text
-    assert f"{fuzz_report.MISUSE_HEAD} (1, 1 distinct):\n  - deepspeed.zero0.misuse value [{MISUSE_SIG}]" in text
+    assert "divergences (1 divergence of 1 signature, in the failing cases):\n  - split.stock value" in text
+    assert f"{fuzz_report.MISUSE_HEAD} (1 divergence of 1 signature, in the failing cases):\n  - deepspeed.zero0.misuse value [{MISUSE_SIG}]" in text
     assert "deepspeed.zero0.misuse MISUSE" in text and "split.stock            DIVERGES" in text
     assert [d["finding_class"] for d in fuzz_report.to_json(r)["divergences"]] == [BUG_CLASS, MISUSE_CLASS]
