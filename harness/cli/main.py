@@ -306,7 +306,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                            progress=PhaseLines(verbose=args.verbose), slack=args.tolerance_slack)
     rep = report.to_json()
     if base is not None:
-        print("\n".join(gate.compare_baseline(rep, base)))
+        print("\n".join(gate.compare_baseline(rep, base, [p.name for p in paths] if args.paths else None)))
     where = {"save_dir": args.save, "full": args.json}  # repro links and "see FILE" in the reports
     # Written before the terminal report, which says where: its "see FILE" names a file that exists.
     atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
@@ -354,11 +354,15 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
     if args.rescheme and audit_mod.rescheme(args.ledger):
         print(f"gradfuzz ledger: {args.ledger} moved to signature scheme {SIGNATURE_SCHEME}; its old signatures were dropped")
-    live, unavailable = split_available(resolve(args.paths, _options(args)))
+    selected = resolve(args.paths, _options(args))
+    live, unavailable = split_available(selected)
+    only, keys, outside = _entries_on(args.ledger, [p.name for p in selected]) if args.paths else (None, None, 0)
     try:
-        found = audit_mod.audit(args.ledger, live, torch.__version__)
+        found = audit_mod.audit(args.ledger, live, torch.__version__, only=only)
     finally:
         close_paths(live)
+    if keys is not None:  # an id with entries on several families: those on unselected paths are not news
+        found.skipped = {k: why for k, why in found.skipped.items() if k in keys}
     wrote = audit_mod.record(args.ledger, found.problems) if args.write else 0
     for p in found.problems:
         print(f"  {p.kind.upper():<10} {p.bug} on {p.path}" + (f" [{p.signature}]" if p.signature else "") + f": {p.detail}")
@@ -370,9 +374,22 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     print(f"gradfuzz ledger: {len(found.checked)} entries checked ({found.replays} replays) on torch {torch.__version__}, "
           f"{len(found.skipped)} skipped here, {len(found.problems)} problem(s)"
           + (f", {wrote} signature(s) recorded in {args.ledger}" if args.write else "")
+          + (f", {outside} entries on paths outside --paths {args.paths} not checked" if outside else "")
           + ("" if not failing else " (unrecorded or misfiled: --write records them under the entries whose cases show "
              "them; silent: fix the entry's range or cases)"))
     return 1 if failing else 0
+
+
+def _entries_on(ledger_file: str, names: list[str]) -> tuple[set[str], set[str], int]:
+    """The ids and entries (``ID on PATH``, as the audit names them) of the
+    ledger covering one of ``names`` (the --paths selection), and how many
+    entries cover none: those are not checked, and not reported as "no
+    path matching it runs here"."""
+    from harness.gate import ledger
+
+    bugs = ledger.load(ledger_file).bugs
+    mine = [b for b in bugs if any(b.covers(n) for n in names)]
+    return {b.id for b in mine}, {f"{b.id} on {b.path}" for b in mine}, len(bugs) - len(mine)
 
 
 def cmd_table(args: argparse.Namespace) -> int:

@@ -470,8 +470,13 @@ def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergenc
     return ledger_mod.first([b for b in led.for_path(d.path) if (b.id, d.shape) in shapes], version)
 
 
-def compare_baseline(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
-    """What changed since the baseline report, path by path: what a person upgrading asks."""
+def compare_baseline(report: dict[str, Any], baseline: dict[str, Any], selected: list[str] | None = None) -> list[str]:
+    """What changed since the baseline report, path by path: what a person
+    upgrading asks. ``selected``: the paths this gate ran (``--paths``); a
+    baseline row of another path is not compared, since absent here means
+    not run, not gone."""
+    import fnmatch
+
     def index(r):
         out = {}
         for row in r.get("rows", []):
@@ -479,8 +484,14 @@ def compare_baseline(report: dict[str, Any], baseline: dict[str, Any]) -> list[s
             out[key] = row["status"]
         return out
 
+    def ran(path: str) -> bool:  # a ledger row's path can be patterns (``split.twin, pipeline.*ZeroBubble*.stock``)
+        return selected is None or any(fnmatch.fnmatchcase(n, p.strip()) for p in path.split(",") for n in selected)
+
     now, before = index(report), index(baseline)
-    lines = [f"compared with {baseline.get('torch')} -> {report.get('torch')}:"]
+    left_out = {k for k in before if k not in now and not ran(k[0])}
+    before = {k: v for k, v in before.items() if k not in left_out}
+    lines = [f"compared with {baseline.get('torch')} -> {report.get('torch')}:"
+             + (f" ({len(left_out)} baseline row(s) of paths outside --paths not compared)" if left_out else "")]
     for path in sorted({k[0] for k in now} | {k[0] for k in before}):
         changes = []
         for key in sorted(set(now) | set(before)):

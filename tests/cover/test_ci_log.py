@@ -163,3 +163,22 @@ def test_the_test_standins_compile_without_a_syntax_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         compile(source, "standins.py", "exec")
+
+
+def test_baseline_and_ledger_compare_only_the_selected_paths(capsys):
+    from harness.cli.main import main
+    from harness.gate.run import compare_baseline
+
+    row = lambda path, bug, status: {"path": path, "bug": bug, "signature": None, "detail": "", "status": status}  # noqa: E731
+    old = {"torch": "2.11.0", "rows": [row("split.stock", "b1", "known"), row("ddp.stock", "b2", "known"),
+                                       row("split.twin, pipeline.*ZeroBubble*.stock", "b3", "known")]}
+    new = {"torch": "2.13.0", "rows": [row("split.stock", "b1", "fixed")]}
+    every = compare_baseline(new, old)
+    assert "    b2: known -> absent" in every  # no selection: absent is a change
+    some = compare_baseline(new, old, ["split.stock", "pipeline.ZBVZeroBubble.stock"])
+    assert "    b1: known -> fixed" in some and "    b3: known -> absent" in some  # a pattern covering a selected path
+    assert not any("b2" in ln or ln.startswith("  ddp.stock") for ln in some)
+    assert "(1 baseline row(s) of paths outside --paths not compared)" in some[0]
+    main(["ledger", "--paths", "split"])
+    out = capsys.readouterr().out
+    assert "no path matching" not in out and "entries on paths outside --paths split not checked" in out
