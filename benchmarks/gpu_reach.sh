@@ -9,7 +9,11 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 W=${W:-/tmp/reach}; mkdir -p "$W"; S=${OUT:?}/summary.txt
 . benchmarks/device_steps.sh
+packer() {  # as device_steps.sh's, without the Inductor caches (too large to come back)
+    while :; do sleep 20; tar -czf "$OUT/.all.tgz" -C "$W" --exclude='ind-*' . 2>/dev/null && mv "$OUT/.all.tgz" "$OUT/all.tgz"; done
+}
 packer & PACK=$!
+PIDS=""
 CALL=${1:?call fixed or stock}
 MIN=${MIN:-8}
 { python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
@@ -18,6 +22,7 @@ fam() {  # fam NAME PATHS: one family fuzzed MIN minutes, seed 1
     TORCHINDUCTOR_CACHE_DIR=$W/ind-$1 step "$CALL-$1" $((MIN * 60 + 60)) python -m harness fuzz --paths "$2" \
         --minutes "$MIN" --seed 1 --db none --backend gloo --progress plain --progress-every 60 \
         --save "$W/found-$CALL-$1" --json "$W/$CALL-$1.json" &
+    PIDS="$PIDS $!"
 }
 pipes() {  # pipes SUFFIX: every schedule's path of that suffix
     local p="" s
@@ -48,7 +53,7 @@ stock)
     fam dp ddp.stock,fsdp2.stock
     fam pipe1 "$(pipes stock)" ;;
 esac
-wait
+wait $PIDS  # not the packer, which runs until killed
 python - "$W" "$CALL" >>"$S" 2>&1 <<'PY'
 import glob, json, sys
 for f in sorted(glob.glob(f"{sys.argv[1]}/{sys.argv[2]}-*.json")):
