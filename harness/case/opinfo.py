@@ -81,18 +81,32 @@ def _entry(key: str, e: Any, where: str) -> dict[str, Any]:
             for p in places):
         raise SpecError(f"{where}.places", f"expected one list per sample of at most {MAX_PLACES} placements "
                                            f"(-1 Replicate, d Shard(d))")
+    random = e.get("random", False)
+    if not isinstance(random, bool):
+        raise SpecError(f"{where}.random", f"expected true or false, got {str(random)[:40]!r}")
     return {"fn": fn, "samples": tuple(decode_call(s, f"{where}.samples[{i}]") for i, s in enumerate(samples)),
-            "places": tuple(tuple(p) for p in places)}
+            "places": tuple(tuple(p) for p in places), "random": random}
 
 
 def keys() -> tuple[str, ...]:
-    """The drawable ops, in table order (the draw indexes into it)."""
-    return tuple(table())
+    """The drawable ops that draw no random numbers, in table order (the draw indexes into it)."""
+    return tuple(k for k, e in table().items() if not e["random"])
 
 
 def draws() -> tuple[tuple[str, int], ...]:
-    """Every (op key, sample number) the generator may draw."""
-    return tuple((k, i) for k, e in table().items() for i in range(len(e["samples"])))
+    """Every (op key, sample number) the generator may draw as an OpInfo block."""
+    return tuple((k, i) for k in keys() for i in range(len(table()[k]["samples"])))
+
+
+def random_draws() -> tuple[tuple[str, int], ...]:
+    """The random ops' (key, sample number): drawn where a case may draw from
+    the global RNG (the dropout block), screened from one RNG state."""
+    return tuple((k, i) for k, e in table().items() if e["random"] for i in range(len(e["samples"])))
+
+
+def is_random(key: str) -> bool:
+    e = table().get(key)
+    return bool(e and e["random"])
 
 
 def places(key: str, call: tuple) -> tuple[int, ...]:
@@ -104,6 +118,16 @@ def places(key: str, call: tuple) -> tuple[int, ...]:
         if c == call:
             return p
     return ()
+
+
+def even_places(key: str, call: tuple, ranks: int) -> tuple[int, ...]:
+    """``places``, less the Shard(d) whose dimension ``ranks`` do not divide:
+    what the generator draws. DTensor refuses to flatten or view an unevenly
+    sharded dimension ("Cannot flatten unevenly sharded tensor ... Please
+    redistribute"), which one rank's screen cannot see; a case file may
+    still shard unevenly (a path runs it)."""
+    shape = call[1][1]
+    return tuple(p for p in places(key, call) if p < 0 or shape[p] % ranks == 0)
 
 
 def mesh_refusal(case: Any) -> str | None:

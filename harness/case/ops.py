@@ -444,4 +444,9 @@ OPS: dict[str, Op] = {
 def draws_random(case: Any) -> bool:
     """Whether the case's forward draws random numbers (dropout): paths that
     replay a graph or compile per structure must then keep the seed in view."""
-    return any(OPS[n.op].random for n in case.nodes)
+    return any(node_random(n) for n in case.nodes)
+
+
+def node_random(node: Any) -> bool:
+    """Whether this node draws from the global RNG (dropout, a random OpInfo op)."""
+    return OPS[node.op].random or (node.op == "opinfo" and opinfo.is_random(node.attr("fn")))

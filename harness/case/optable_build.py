@@ -80,16 +80,29 @@ def op_db() -> list:
     return db
 
 
-def variants(op: Any) -> Iterator[tuple[str, str]]:
-    """(table key, dotted callable) for each variant whose callable resolves by name."""
+def variants(op: Any) -> Iterator[tuple[str, str, bool]]:
+    """(table key, dotted callable, whether the callable is OpInfo's own) for
+    each variant whose callable resolves by name. OpInfo wraps some ops in a
+    lambda (dropout, rrelu: to fix an argument); the function of the op's
+    name is then tried too, and kept only for random ops, which nothing else
+    can draw."""
     base = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     dotted = f"torch.{op.name}"
     if _resolves(dotted, op.op):
-        yield base, dotted
+        yield base, dotted, True
+    elif callable(_named(dotted)):
+        yield base, dotted, False
     for kind, fn in (("method", op.method_variant), ("inplace", op.inplace_variant)):
         name = getattr(fn, "__name__", None)
         if name and _resolves(f"Tensor.{name}", fn):
-            yield f"{base}:{kind}", f"Tensor.{name}"
+            yield f"{base}:{kind}", f"Tensor.{name}", True
+
+
+def _named(dotted: str) -> Any:
+    try:
+        return opinfo._resolve(dotted)
+    except AttributeError:
+        return None
 
 
 def _resolves(dotted: str, fn: Any) -> bool:
@@ -285,7 +298,9 @@ def add_places(table: dict[str, Any], log: Any = sys.stderr) -> None:
     print(f"{runs} of {sum(len(e['places']) for e in table['ops'].values())} samples run under DTensor", file=log)
 
 
-def build(limit: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
+def build(limit: int | None = None, log: Any = sys.stderr, only_random: dict | None = None) -> dict[str, Any]:
+    """The table; given ``only_random`` (a table's ops), only the random op
+    variants it lacks."""
     ops: dict[str, Any] = {}
     refused: dict[str, int] = {}
     for op in op_db()[:limit]:
@@ -294,55 +309,94 @@ def build(limit: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
         if excluded(op):
             refused[excluded(op)] = refused.get(excluded(op), 0) + 1
             continue
-        for key, dotted in variants(op):
-            kept = _samples(op, key, dotted, refused)
-            if kept:
-                ops[key] = {"fn": dotted, "samples": kept}
+        for key, dotted, own in variants(op):
+            if only_random is not None and (random_key(key) in only_random or key in only_random):
+                continue  # a variant the table has: its samples were deterministic
+            plain, random = _samples(op, key, dotted, refused)
+            if plain and own and only_random is None:
+                ops[key] = {"fn": dotted, "samples": plain}
+            if random:
+                ops[random_key(key)] = {"fn": dotted, "samples": random, "random": True}
         print(f"{op.name}: {len(ops)} ops kept so far", file=log, flush=True)
     table = {"torch": torch.__version__, "ops": ops, "refused": dict(sorted(refused.items()))}
     add_places(table, log)
     return table
 
 
-def _samples(op: Any, key: str, dotted: str, refused: dict[str, int]) -> list:
+RANDOM_SEED = 1234  # the screen's state of the global RNG before each call of a random op
+
+
+def seeded(fn: Any) -> Any:
+    """``fn`` from one state of the global RNG on every call: a random op
+    screened as the function of its input that one forward of a case runs
+    (every forward of a case starts from the same state, on every path)."""
+    def call(*a: Any, **k: Any) -> Any:
+        torch.manual_seed(RANDOM_SEED)
+        return fn(*a, **k)
+    return call
+
+
+def _screened(fn: Any, call: tuple) -> tuple[tuple | str, bool]:
+    """The screen's verdict, and whether the sample is a random op's (kept
+    only when it passes the whole screen from one RNG state)."""
+    try:
+        got = screen(fn, call)
+        if got == "it is random":
+            return screen(seeded(fn), call), True
+    except Exception as e:
+        got = f"it raises {type(e).__name__}"
+    return got, False
+
+
+def _samples(op: Any, key: str, dotted: str, refused: dict[str, int]) -> tuple[list, list]:
+    """The op variant's kept samples, at most MAX_SAMPLES of each kind:
+    deterministic ones, and a random op's screened from one RNG state."""
     fn = opinfo._resolve(dotted)
     torch.manual_seed(0)
-    kept = []
+    kept: tuple[list, list] = ([], [])
     try:
         samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))[:TRIED]
     except Exception:
         refused["its samples raise"] = refused.get("its samples raise", 0) + 1
-        return []
+        return kept
     for j, sample in enumerate(samples):
         call = call_of(sample, zlib.crc32(f"{key}/{j}".encode()) & 0x7FFFFFFF)
-        if call is None:
-            refused["an argument with no plain form"] = refused.get("an argument with no plain form", 0) + 1
-            continue
         try:
-            got = screen(fn, opinfo.decode_call(call, key))
-        except Exception as e:
-            got = f"it raises {type(e).__name__}"
+            got, is_random = (None, False) if call is None else _screened(fn, opinfo.decode_call(call, key))
+        except Exception as e:  # the call form refuses a value
+            got, is_random = f"it raises {type(e).__name__}", False
+        if call is None:
+            got = "an argument with no plain form"
         if isinstance(got, str):
             refused[got] = refused.get(got, 0) + 1
             continue
         call[4] = list(got)
-        kept.append(call)
-        if len(kept) == MAX_SAMPLES:
-            break
+        if len(kept[is_random]) < MAX_SAMPLES:
+            kept[is_random].append(call)
     return kept
+
+
+def random_key(key: str) -> str:
+    """The table key of an op variant's random samples: ``.random`` before any ``:method``/``:inplace``."""
+    base, colon, kind = key.partition(":")
+    return f"{base}.random{colon}{kind}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--limit", type=int, default=None, help="read only the first N OpInfos (a quick try)")
     p.add_argument("--out", default=str(opinfo.table_path()))
+    p.add_argument("--random-only", action="store_true",
+                   help="add to the table at --out the random op variants it lacks (screened from one RNG state)")
     p.add_argument("--places-only", action="store_true",
                    help="keep the table at --out as it is and screen its samples' DTensor placements again")
     a = p.parse_args(argv)
     t0 = time.monotonic()
-    if a.places_only:
+    if a.places_only or a.random_only:
         with open(a.out) as f:
             table = json.load(f)
+        if a.random_only:
+            table["ops"].update(build(a.limit, only_random=table["ops"])["ops"])
         add_places(table)
     else:
         table = build(a.limit)

@@ -211,7 +211,13 @@ def _passthrough(b: _Builder, h: str, block: str, slot: int, variant: int) -> st
 
 
 def _dropout(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
-    return b.node("dropout", Use(h)) if b.grows(2.0) else h
+    """The harness's own dropout, or (variants 1 to 3, tolerance mode) a
+    random op of torch's OpInfo database: both draw from the global RNG."""
+    pool = opinfo.random_draws()
+    if variant == 0 or b.exact or not pool:
+        return b.node("dropout", Use(h)) if b.grows(2.0) else h
+    key, i = pool[(slot * 3 + variant - 1) % len(pool)]
+    return b.node("opinfo", Use(h), fn=key, call=opinfo.table()[key]["samples"][i])
 
 
 def _inplace(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:

@@ -115,7 +115,7 @@ def dtensor_placements(draw, case: Case) -> Case:
     if any(OPS[n.op].plain_tensors or n.op == "sdpa" for n in case.nodes):
         return case
     ops = [n for n in case.nodes if n.op == "opinfo"]
-    if any(not opinfo.places(n.attr("fn"), n.attr("call")) for n in ops):
+    if any(not opinfo.even_places(n.attr("fn"), n.attr("call"), 2) for n in ops):
         return case  # an OpInfo op that did not run under DTensor in the table's screen
     if not draw(st.booleans()):
         return case
@@ -125,8 +125,8 @@ def dtensor_placements(draw, case: Case) -> Case:
             + (("colwise", "rowwise") if tp_eligible(case, p.name) else ()))))
         for p in case.params
     )
-    # Each OpInfo op's input on the mesh: Replicate or Shard(d), as the screen ran it.
-    places = {n.name: draw(st.sampled_from(opinfo.places(n.attr("fn"), n.attr("call")))) for n in ops}
+    # Each OpInfo op's input on the mesh: Replicate or Shard(d), as the screen ran it, even on two ranks.
+    places = {n.name: draw(st.sampled_from(opinfo.even_places(n.attr("fn"), n.attr("call"), 2))) for n in ops}
     nodes = tuple(replace(n, attrs=n.attrs + (("place", places[n.name]),)) if n.name in places else n
                   for n in case.nodes)
     return replace(case, params=params, nodes=nodes)

@@ -60,3 +60,20 @@ def fused_off_its_devices(case: Case, device: str) -> str | None:
         return (f"fused Adagrad on {device}: torch {torch.__version__} documents its fused implementation as "
                 f"CPU only (torch.optim.Adagrad, 'fused')")
     return None
+
+
+def off_its_devices(case: Case, device: str) -> str | None:
+    """What a path on ``device`` cannot run of this case: a fused step its
+    docs leave out there, or an OpInfo op off the CPU. The op table is
+    screened on the CPU, where its samples are known to be in their domain
+    and float32-stable; on CUDA, ops differ in what they may do (an index
+    argument that must stay on the CPU, a host copy inside a graph capture,
+    TF32 convolutions), and an unscreened op there would report the
+    device's behaviour as the machinery's."""
+    if reason := fused_off_its_devices(case, device):
+        return reason
+    if device != "cpu" and any(n.op == "opinfo" for n in case.nodes):
+        return (f"OpInfo ops on {device}: the op table is screened on the CPU only "
+                f"(python -m harness.case.optable_build); a {device} run would judge unscreened ops")
+    return None
+

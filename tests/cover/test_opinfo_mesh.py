@@ -111,3 +111,27 @@ def test_the_screen_reproduces_the_shipped_places():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(got) >= 25
     assert {k: v[0] for k, v in got.items()} == {k: v[1] for k, v in got.items()}
+
+
+def test_drawn_shards_divide_over_two_ranks_and_are_screened():
+    """Drawn cases shard an op's input only where two ranks divide the dim:
+    DTensor refuses to flatten an uneven shard, which one rank cannot show."""
+    for key, e in TABLE.items():
+        for call, ran in zip(e["samples"], e["places"]):
+            even = opinfo.even_places(key, call, 2)
+            assert set(even) <= set(ran)
+            assert all(p < 0 or call[1][1][p] % 2 == 0 for p in even), (key, even)
+
+
+def test_off_the_cpu_an_opinfo_case_is_refused_naming_the_screen():
+    from harness.paths.engine_rules import off_its_devices
+
+    case = _sharded_case("cos", 0, -1) if "cos" in TABLE else None
+    if case is None:
+        pytest.skip("no cos in this torch's table")
+    assert off_its_devices(case, "cpu") is None
+    why = off_its_devices(case, "cuda")
+    assert why is not None and "screened on the CPU" in why
+    plain = interpret([("linear", 0, 0)], dim=3, batch=2, x_grad=True, exact=False, out_kind=0,
+                      schedule=Schedule(microbatches=1), seed=4)
+    assert off_its_devices(plain, "cuda") is None

@@ -57,7 +57,7 @@ import torch
 from harness.paths.workarounds import IN_PROCESS
 from harness.materialize.tensors import Built
 from harness.observation import LIFETIME, Grads, Observation
-from harness.case.ops import OPS
+from harness.case.ops import OPS, node_random
 from harness.materialize.schedule import run_schedule
 from harness.generate import Draw
 from harness.paths.base import PLAIN_GRADS, Availability, Contract, Options, Repro
@@ -311,7 +311,7 @@ def _selective(save_matmuls: bool) -> Wrap:
 
 
 def _dropout_in_region(case: Case) -> bool:
-    return any(OPS[n.op].random for r in regions(case) if r.recomputed for n in case.nodes[r.start:r.end])
+    return any(node_random(n) for r in regions(case) if r.recomputed for n in case.nodes[r.start:r.end])
 
 
 class CheckpointPath:
@@ -421,7 +421,8 @@ def _sac_cache_mutated(case: Case) -> str | None:
 
 def _no_rng(case: Case) -> str | None:
     if _dropout_in_region(case):
-        return "dropout inside a region with preserve_rng_state=False: the documented opt-out of restoring RNG"
+        return ("a random op (dropout) inside a region with preserve_rng_state=False: the documented opt-out of "
+                "restoring RNG")
     return None
 
 

@@ -52,7 +52,7 @@ from harness.case.spec import Case, SpecError
 from harness.case.validate import infer_shapes
 from harness.observation import Grads, Observation
 from harness.paths.base import Availability, Options, Repro
-from harness.paths.engine_rules import fused_off_its_devices
+from harness.paths.engine_rules import off_its_devices
 from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_watch, near_recompile_limit, rss_mb, structure_key
 from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
 from harness.paths.compile.machinery import machinery
@@ -142,7 +142,7 @@ class CompilePath:
         return Availability(True, self.flavor.describe())
 
     def supports(self, case: Case) -> str | None:
-        return fused_off_its_devices(case, self.flavor.device)
+        return off_its_devices(case, self.flavor.device)
 
     def run(self, case: Case) -> Observation:
         r = _Run(self, case)

@@ -43,7 +43,7 @@ from harness.observation import Observation
 from harness.generate import PLACEMENTS
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.assemble import observation
-from harness.paths.engine_rules import lifetime_schedule
+from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
 from harness.case import opinfo
@@ -105,6 +105,8 @@ class DTensorPath(PooledPath):
 
         s = case.schedule
         if reason := lifetime_schedule(case):
+            return reason
+        if reason := off_its_devices(case, "cuda" if self.backend_name() == "nccl" else "cpu"):
             return reason
         if s.optimizer in DTENSOR_UNFUSED and s.optimizer_impl == "fused":
             return f"DTensor has no sharding strategy for fused {s.optimizer} (NotImplementedError on every path)"

@@ -36,7 +36,7 @@ from harness.objects import LoadError, Ref, load_object
 from harness.observation import Grads, Observation
 from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.engine_rules import fused_off_its_devices
+from harness.paths.engine_rules import off_its_devices
 from harness.case.spec import Case
 
 STOCK = "torch.cuda:make_graphed_callables"
@@ -177,7 +177,7 @@ class GraphedPath:
     def supports(self, case: Case) -> str | None:
         if case.schedule.retain_outputs and not self.owned_outputs:
             return OUTPUTS_REUSED
-        if reason := fused_off_its_devices(case, self.device):
+        if reason := off_its_devices(case, self.device):
             return reason
         from harness.case.ops import draws_random
 

@@ -43,7 +43,7 @@ from harness.observation import PLACEMENT, Observation
 from harness.paths.assemble import observation
 from harness.paths.base import (NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, RANK_LOOP, RNG_NOT_COMPARED, Availability,
                                 Contract, Options, Repro)
-from harness.paths.engine_rules import lifetime_schedule, replay_only
+from harness.paths.engine_rules import lifetime_schedule, off_its_devices, replay_only
 from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, pp_schedule, split
 from harness.paths.mesh.redistribute import shard_to_partial
 from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
@@ -99,6 +99,8 @@ class MeshPath(PooledPath):
     def supports(self, case: Case) -> str | None:
         s = case.schedule
         if reason := lifetime_schedule(case):
+            return reason
+        if reason := off_its_devices(case, "cuda" if self.backend_name() == "nccl" else "cpu"):
             return reason
         if s.optimizer and s.optimizer_impl == "fused":
             return "fused optimizers have no DTensor sharding strategy on every torch (the parameters are DTensors)"

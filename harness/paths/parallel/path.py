@@ -29,7 +29,7 @@ from typing import Any
 
 from harness.case.spec import Case
 from harness.observation import Observation, Violation
-from harness.paths.engine_rules import fused_off_its_devices, lifetime_schedule
+from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.parallel.data import LOW_PRECISION, Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
@@ -100,7 +100,7 @@ class DataParallelPath(PooledPath):
                 and self.backend_name() != "nccl":
             return ("bf16_reduce: DDP's bf16_compress_hook needs NCCL (it raises 'BF16 all reduce communication "
                     "hook required CUDA 11+ and NCCL 2.10+' on gloo)")
-        if reason := fused_off_its_devices(case, "cuda" if self.backend_name() == "nccl" else "cpu"):
+        if reason := off_its_devices(case, "cuda" if self.backend_name() == "nccl" else "cpu"):
             return reason
         if self.kind == "fsdp2" and s.optimizer and s.optimizer_impl == "fused":
             return "fused optimizers have no DTensor sharding strategy on every torch (FSDP2 parameters are DTensors)"

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from harness.observation import HOOK_FIRING, Failure, Grads, Mutation, Observation, Step, Violation
-from harness.paths.engine_rules import lifetime_schedule
+from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.base import (NO_PARAM_HOOKS, NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, PLAIN_GRADS, Availability,
                                 Contract, Options, Repro)
 from harness.paths.pipeline.data import Machinery, stage_cuts
@@ -62,6 +62,12 @@ LAYOUTS = {1: "", 2: "ranks2."}  # world size -> the infix in path names
 
 
 _probed: dict[tuple[int, str | None], dict[str, Any]] = {}
+
+
+def pool_backend(world_size: int) -> str:
+    from harness.workers import pool
+
+    return pool.backend_for(world_size)
 
 
 def _group(world_size: int, backend: str | None = None) -> Any:
@@ -239,6 +245,8 @@ class PipelinePath:
 
         s = case.schedule
         if reason := lifetime_schedule(case):
+            return reason
+        if reason := off_its_devices(case, "cuda" if (self.backend or pool_backend(self.world_size)) == "nccl" else "cpu"):
             return reason
         if s.clip or s.optimizer:
             return NO_STEP_AFTER_SCHEDULE[1]
