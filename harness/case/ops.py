@@ -435,7 +435,9 @@ OPS: dict[str, Op] = {
            lambda s, a: f"{s[0]}.index_add(0, torch.tensor({tuple(a['idx'])}, device={s[0]}.device), {s[1]})", plain_tensors=True),
         # An op of torch's OpInfo database on h (harness.case.opinfo): tolerance mode only;
         # on a DTensor h its operands are DTensors too (opinfo.mesh_refusal says which run).
-        Op("opinfo", 1, 1, False, _opinfo_shape, lambda t, a: opinfo.run(t, a, _cached), opinfo.source,
+        # Its constants are made on every call, never cached: a recomputation (selective checkpoint
+        # replays its saved ops in order) must run the ops the first forward ran, whatever ran before.
+        Op("opinfo", 1, 1, False, _opinfo_shape, lambda t, a: opinfo.run(t, a), opinfo.source,
            bound=opinfo.bound),
     ]
 }

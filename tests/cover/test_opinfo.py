@@ -160,3 +160,20 @@ def test_constants_are_not_cached_inside_a_torch_func_transform():
     torch.func.grad(lambda x: (_cached(key, make), x.sum())[1])(torch.ones(2))
     assert len(made) == 3  # outside: made and kept; inside: made again, the kept one not read
     _IX.pop(key, None)
+
+
+def test_a_selective_recomputation_runs_the_ops_the_first_forward_ran():
+    """The node makes its constants on every call: selective checkpointing
+    replays its saved ops in order, and a constant cached by the first
+    forward (in float32, after the float64 oracle cached its own) made the
+    recomputation skip ops and raise 'Autograd not support dtype: Long'."""
+    from harness.engine.check import check
+    from harness.paths import resolve
+    from harness.paths.checkpoint.data import Regions
+
+    k = next(j for j, (key, _) in enumerate(DRAWS) if key == "abs:method")
+    case = _case(("opinfo", 0, k), ("linear", 0, 0), microbatches=1).with_data("checkpoint", Regions((1,)))
+    (path,) = resolve("checkpoint.selective.inverse.stock")
+    assert path.supports(case) is None, path.supports(case)
+    assert path.run(case).failure is None
+    assert check(case, path) == []
