@@ -1,22 +1,23 @@
-"""How often would tolerance mode let a zeroed parameter grad agree?
+"""How often would tolerance mode let a wrong parameter grad agree?
 
-    PYTHONPATH=. python benchmarks/tolerance_floor.py PATH [EXAMPLES] [SEED]
+    PYTHONPATH=. python benchmarks/tolerance_floor.py PATH [EXAMPLES] [SEED] [--terms-only]
 
 Draws PATH's cases (its target's strategy, seeded), keeps those in its
-contract and in tolerance mode, and asks of each parameter grad after the
-first backward (float64 eager) whether every element is within what
-``Tolerance.allowed`` lets it differ by (``eps`` times the element's term
-bound, plus ``eps * 1e-3 * peak``, ``peak`` the largest term bound anywhere
-in the case). Where it is, a path that left the grad zero (or doubled it,
-or read another parameter's) would agree. Prints the counts, and the
-median, 90th percentile and maximum of the floor ``eps * 1e-3 * peak`` over
-each grad's largest element (how much of that is the floor's doing).
+contract and in tolerance mode, and asks of each parameter grad whether a
+path that got it wrong in one of four ways would still agree under
+``Tolerance.allowed``: zeroed, halved, sign-flipped (after the first
+backward), or one microbatch's contribution dropped (after the last
+backward of a step of several). ``--terms-only`` judges with the term
+bounds alone (the tolerance before the float32 noise cap), for a before and
+after in one run. Prints the counts, and the median, 90th percentile and
+maximum of the floor ``eps * 1e-3 * peak`` over each grad's largest element.
 """
 
 from __future__ import annotations
 
 import sys
 
+import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from harness.compare.values import Tolerance
@@ -24,16 +25,42 @@ from harness.engine.target import Target
 from harness.paths import resolve
 from oracles.eager import observe
 
+WRONGS = ("zeroed", "halved", "flipped", "dropped")
+
+
+def _agrees(tol: Tolerance, name: str, k: int, want: torch.Tensor, got: torch.Tensor) -> bool:
+    return bool(((got - want).abs() <= tol.allowed(name, want.shape, ("param", name, k))).all())
+
+
+def _wrongs(tol: Tolerance, oracle, first: int, last: int) -> set[str]:
+    """The wrong grads that would agree, by kind."""
+    hidden: set[str] = set()
+    for name, g in oracle.steps[first].grads.items():
+        if g is None or not g.numel() or float(g.abs().max()) == 0:
+            continue
+        for kind, wrong in (("zeroed", g * 0), ("halved", g / 2), ("flipped", -g)):
+            if _agrees(tol, name, first, g, wrong):
+                hidden.add(kind)
+    if last > first and oracle.contributions:
+        for name, g in oracle.steps[last].grads.items():
+            own = oracle.contributions[last].get(name)
+            if g is not None and own is not None and float(own.abs().max()) > 0 and _agrees(tol, name, last, g, g - own):
+                hidden.add("dropped")
+    return hidden
+
 
 def main() -> None:
-    path = resolve(sys.argv[1])[0]
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-    counts = {"in contract": 0, "exact": 0, "tolerance": 0, "a zeroed grad agrees": 0, "every zeroed grad agrees": 0}
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    terms_only = "--terms-only" in sys.argv
+    path, eager = resolve(args[0])[0], resolve("eager.accumulate")[0]
+    n = int(args[1]) if len(args) > 1 else 300
+    counts = {"in contract": 0, "exact": 0, "tolerance": 0, "a wrong grad agrees": 0,
+              **{f"a {w} grad agrees": 0 for w in WRONGS}}
     ratios: list[float] = []
 
     @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate,),
               database=None)
-    @seed(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    @seed(int(args[2]) if len(args) > 2 else 1)
     @given(Target([path]).strategy())
     def draw(case) -> None:  # type: ignore[no-untyped-def]
         if path.supports(case) is not None:
@@ -44,18 +71,23 @@ def main() -> None:
             counts["exact"] += 1
             return
         counts["tolerance"] += 1
+        oracle = observe(case)
+        if not terms_only:
+            tol = tol.with_noise(case, oracle, lambda: eager.run(case) if eager.supports(case) is None else None)
+        last = min(case.schedule.microbatches, len(oracle.steps)) - 1
+        hidden = _wrongs(tol, oracle, 0, last)
+        counts["a wrong grad agrees"] += bool(hidden)
+        for w in hidden:
+            counts[f"a {w} grad agrees"] += 1
         floor = tol.eps * 1e-3 * tol.peak
-        grads = {n: g for n, g in observe(case).steps[0].grads.items()
-                 if g is not None and g.numel() and float(g.abs().max()) > 0}
-        hidden = [bool((g.abs() <= tol.allowed(n, g.shape)).all()) for n, g in grads.items()]
-        ratios.extend(floor / float(g.abs().max()) for g in grads.values())
-        counts["a zeroed grad agrees"] += any(hidden)
-        counts["every zeroed grad agrees"] += bool(hidden) and all(hidden)
+        ratios.extend(floor / float(g.abs().max()) for g in oracle.steps[0].grads.values()
+                      if g is not None and g.numel() and float(g.abs().max()) > 0)
 
     draw()
     r = sorted(ratios)
     at = (lambda q: f"{r[min(int(q * len(r)), len(r) - 1)]:.3g}") if r else (lambda q: "-")
-    print(f"{path.name}: {counts}; floor / max|grad|: median {at(0.5)}, p90 {at(0.9)}, max {at(1.0)}")
+    print(f"{path.name}{' (term bounds only)' if terms_only else ''}: {counts}; "
+          f"floor / max|grad|: median {at(0.5)}, p90 {at(0.9)}, max {at(1.0)}")
 
 
 if __name__ == "__main__":

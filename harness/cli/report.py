@@ -16,7 +16,7 @@ def to_json(result: Result) -> dict[str, Any]:
         "examples": result.examples,
         "paths": {
             n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": round(t.seconds, 3),
-                "ops": sorted(t.ops)}
+                "ops": sorted(t.ops), "unjudged": t.unjudged}
             for n, t in result.paths.items()
         },
         "unavailable": result.unavailable,
@@ -46,7 +46,8 @@ def summary(result: Result, verb: str = "fuzzed", verdicts: dict[str, Counter] |
     wide = max([22] + [len(n) for n in list(result.paths) + list(result.unavailable)])
     for name, t in result.paths.items():
         skipped = sum(t.skipped.values())
-        extra = (f", {len(t.ops)} OpInfo ops" if t.ops else "") + (f", {skipped} outside its contract" if skipped else "")
+        extra = ((f", {t.unjudged} unjudged (a zeroed grad would agree)" if t.unjudged else "")
+                 + (f", {len(t.ops)} OpInfo ops" if t.ops else "") + (f", {skipped} outside its contract" if skipped else ""))
         lines.append(f"  {name:<{wide}} {_path_status(result, name, t.run, verdicts)}{extra}"
                      + (f", {t.seconds:.1f}s" if t.seconds else ""))
         for reason, n in sorted(t.skipped.items(), key=lambda kv: -kv[1]):

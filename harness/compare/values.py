@@ -12,7 +12,8 @@ combination of the per-microbatch grads, which combination
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -26,8 +27,11 @@ from harness.compare.recompute import recomputations, rng_states
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
 # Values after a training step (clip_grad_norm_, an optimizer) and grads that
 # depend on one: relative to the tensor's largest element. Real bugs (a grad
-# counted twice, a missed reduction) are differences of order one.
-REL_AFTER_STEP = {"float32": 1e-4, "float64": 1e-9}
+# counted twice, a missed reduction) are differences of order one. In float64
+# a step amplifies another order's rounding through ill-conditioned cases
+# (norms, attention, OpInfo ops): ddp.fixed and dtensor.fixed came 5e-8 and
+# 1e-7 off after two steps, where 1e-9 was allowed.
+REL_AFTER_STEP = {"float32": 1e-4, "float64": 1e-6}
 SLACK = 128  # rounding steps allowed per unit of term magnitude
 # A path that rounds grads to a lower precision than the case's on the way (an
 # FSDP2 reduce_dtype of bfloat16, DDP's bf16 compress hook) says so in
@@ -43,6 +47,22 @@ LOW_SLACK = 8
 REL_AFTER_STEP.update({"bfloat16": 3e-2, "float16": 4e-3})
 
 
+# The float32 noise cap: a tensor's allowed difference is at most NOISE_K
+# times eager float32's own largest error on it (against the float64 oracle),
+# or SLACK float32 steps of its largest element where eager is closer. A path
+# that computes in another order (an all-reduce of shares, Inductor's fused
+# kernels) stayed under 2% of that cap on every grad of 150 ddp.fixed and 40
+# compile.inductor cases, while the term bounds alone let a zeroed grad agree
+# in one tolerance case in nine.
+NOISE_K = 64
+# ... and never below SLACK float32 steps of the largest tensor of its kind
+# at that backward (every parameter grad of the case, every output): a grad
+# that is a cancellation of large terms (a w2 grad of 1.6e-12 beside grads of
+# order one) may come out exact in eager's order and round by a few steps of
+# its terms in another (DDP's all-reduce of two shares gave 1e-9); a grad so
+# much smaller than its neighbours is no verdict either way.
+
+
 @dataclass(frozen=True)
 class Tolerance:
     exact: bool
@@ -51,6 +71,25 @@ class Tolerance:
     peak: float
     scale: float = 1.0  # the slack's loosening, applied to after-step comparisons too
     precision: str | None = None  # LOW_EPS's type the path rounded to; None: the case's dtype
+    # (role, name, backward) -> (eager float32's largest error, the oracle's largest element): the noise cap.
+    noise: dict = field(default_factory=dict)
+
+    def with_noise(self, case: Case, oracle: Observation, eager: Callable[[], Observation | None]) -> "Tolerance":
+        """This tolerance capped by the float32 noise eager itself shows on
+        each tensor (``NOISE_K``), for float32 cases in tolerance mode (in
+        float64 eager is the oracle: its noise says nothing). ``eager`` runs
+        on the first comparison that needs it (None: eager cannot run the case)."""
+        if self.exact or self.precision is not None or case.dtype != "float32":
+            return self
+        object.__setattr__(self, "_noise_of", lambda: measured_noise(oracle, eager()))
+        return self
+
+    def _noise(self) -> dict:
+        source = getattr(self, "_noise_of", None)
+        if source is not None:
+            object.__setattr__(self, "noise", source())
+            object.__setattr__(self, "_noise_of", None)
+        return self.noise
 
     @classmethod
     def for_case(cls, case: Case, slack: float | None = None, lazy: bool = False) -> "Tolerance":
@@ -74,13 +113,23 @@ class Tolerance:
             return self
         return _LazyTolerance(LOW_EPS[precision] * LOW_SLACK * self.scale, case, self.scale, precision)
 
-    def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
+    def allowed(self, what: str, shape: torch.Size, at: tuple | None = None) -> torch.Tensor | float:
+        """What an element may differ by: ``eps`` per unit of its term bound,
+        capped by the tensor's float32 noise where ``at`` (role, name,
+        backward) was measured."""
         if self.exact:
             return 0.0
         bound = self.bounds.get(what)
         if bound is not None and bound.shape == shape:
-            return self.eps * bound + self.eps * 1e-3 * self.peak + 1e-30
-        return self.eps * self.peak + 1e-30
+            by_terms = self.eps * bound + self.eps * 1e-3 * self.peak + 1e-30
+        else:
+            by_terms = self.eps * self.peak + 1e-30
+        if at is None or at not in self._noise():
+            return by_terms
+        err, top = self.noise[at]
+        _, largest = self.noise.get((at[0], "*", at[2]), (0.0, top))
+        cap = max(NOISE_K * self.scale * err, self.eps * largest) + 1e-30
+        return torch.clamp(by_terms, max=cap) if isinstance(by_terms, torch.Tensor) else min(by_terms, cap)
 
 
 class _LazyTolerance(Tolerance):
@@ -89,17 +138,17 @@ class _LazyTolerance(Tolerance):
     and the bounds cost a forward and backward of their own."""
 
     def __init__(self, eps: float, case: Case, scale: float = 1.0, precision: str | None = None) -> None:
-        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale),
+        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale), ("noise", {}),
                      ("precision", precision), ("_case", case)):
             object.__setattr__(self, k, v)
 
-    def allowed(self, what: str, shape: torch.Size) -> torch.Tensor | float:
+    def allowed(self, what: str, shape: torch.Size, at: tuple | None = None) -> torch.Tensor | float:
         if self._case is not None:
             b = magnitude_bounds(self._case)
             object.__setattr__(self, "peak", float(b.pop("__peak__")))
             object.__setattr__(self, "bounds", b)
             object.__setattr__(self, "_case", None)
-        return super().allowed(what, shape)
+        return super().allowed(what, shape, at)
 
 
 def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads: bool = True,
@@ -227,7 +276,7 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
     elif not tol.exact and bool((diff <= tol.eps * e.abs()).all()):
         return None  # within eps of each element's own size, so within eps x term size (bounds >= |e|)
     else:
-        allowed = tol.allowed(name if role == "param" else "", e.shape)
+        allowed = tol.allowed(name if role == "param" else "", e.shape, (role, name, k))
     bad = diff > allowed
     if not bool(bad.any()):
         return None
@@ -412,3 +461,28 @@ def _hook_counts(path: str, oracle: Observation, obs: Observation, retained_grad
                     f"path runs the user's forward and backward, so every hook eager fires must fire)",
                     **keys(path, "hook", "tensor hook fired fewer times")))
     return found
+
+
+NOISE_ROLES = ("param", "input grad", "retained grad", "output")
+
+
+def measured_noise(oracle: Observation, eager: Observation | None) -> dict:
+    """(role, name, backward) -> (eager's largest error, the oracle's largest
+    element), for every tensor both observed."""
+    out: dict = {}
+    if eager is None or eager.failure is not None:
+        return out
+    for o, e in zip(oracle.steps, eager.steps):
+        groups = {"param": (o.grads, e.grads), "input grad": (o.input_grads, e.input_grads),
+                  "retained grad": (o.retained, e.retained),
+                  "output": (dict(enumerate(o.outputs)), dict(enumerate(e.outputs or ())))}
+        for role, (want, got) in groups.items():
+            for name, w in (want or {}).items():
+                g = (got or {}).get(name)
+                if w is None or g is None or w.shape != g.shape or not w.numel():
+                    continue
+                key = name if role != "output" else f"output {name}"
+                out[(role, key, o.k)] = (float((g.double() - w.double()).abs().max()), float(w.abs().max()))
+                _, largest = out.get((role, "*", o.k), (0.0, 0.0))
+                out[(role, "*", o.k)] = (0.0, max(largest, out[(role, key, o.k)][1]))
+    return out

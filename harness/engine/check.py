@@ -72,10 +72,41 @@ class CaseCheck:
     def tol(self) -> Tolerance:
         if self._tol is None:
             t0 = time.process_time()
-            self._tol = Tolerance.for_case(self.case, slack=self.slack, lazy=self.lazy)
+            self._tol = Tolerance.for_case(self.case, slack=self.slack, lazy=self.lazy).with_noise(
+                self.case, self.oracle, self._eager32)
             if self.profile is not None:
                 self.profile.tolerance += time.process_time() - t0
         return self._tol
+
+    def _eager32(self) -> Observation | None:
+        """Eager autograd in the case's own dtype: the float32 noise the
+        tolerance caps a path's difference by (None: eager cannot run it)."""
+        eager = _eager_path()
+        if eager.supports(self.case) is not None:
+            return None
+        if eager.name in self.seen:
+            return self.seen[eager.name]
+        t0 = time.process_time()
+        try:
+            return eager.run(self.case)
+        finally:
+            if self.profile is not None:
+                self.profile.tolerance += time.process_time() - t0
+
+    def unjudged(self) -> bool:
+        """Whether a zeroed parameter grad would agree after the first
+        backward: the tolerance cannot tell that grad from none, so a pass on
+        this case says nothing about it (counted, never called a pass)."""
+        tol = self.tol
+        if tol.exact or not self.oracle.steps:
+            return False
+        first = self.oracle.steps[0]
+        for name, g in first.grads.items():
+            if g is None or not g.numel() or float(g.abs().max()) == 0:
+                continue
+            if bool((g.abs() <= tol.allowed(name, g.shape, ("param", name, first.k))).all()):
+                return True
+        return False
 
     def observe(self, path: Path) -> Observation:
         """What ``path`` saw on this case (which must be in its contract)."""
@@ -173,3 +204,14 @@ def replay_entries(entries: Iterable[corpus.Entry], paths: list[Path],
             for d in divs:
                 d.case = entry.case.to_json()
             yield Replayed(entry, path, reason, divs)
+
+
+_EAGER: list[Path] = []
+
+
+def _eager_path() -> Path:
+    if not _EAGER:
+        from harness.paths import resolve
+
+        _EAGER.extend(resolve("eager.accumulate"))
+    return _EAGER[0]

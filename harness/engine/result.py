@@ -26,6 +26,9 @@ class Tally:
     # OpInfo ops (table keys) in the cases this path ran: the reach of a run,
     # read beside its examples (refused cases add none).
     ops: set[str] = field(default_factory=set)
+    # Cases run (of ``run``) that tolerance mode cannot judge: a zeroed
+    # parameter grad would agree with the oracle. Never counted as passes.
+    unjudged: int = 0
 
 
 @dataclass

@@ -209,11 +209,14 @@ class Target:
 
     def check(self, case: Case, only: Path | None = None, known: set[str] = frozenset(),  # type: ignore[assignment]
               profile: Profile | None = None, tally: Callable[[Path, str | None], None] | None = None,
-              masked: list[bool] | None = None, meter: Meter | None = None) -> tuple[Path, list[Divergence]] | None:
+              masked: list[bool] | None = None, meter: Meter | None = None,
+              unjudged: Callable[[Path], None] | None = None) -> tuple[Path, list[Divergence]] | None:
         """The first path (or ``only``) with a divergence whose signature is
         not in ``known``; None when they all agree with the oracle (or
         diverge only in known ways: then ``masked`` gets a True). ``meter``
-        (``--coverage``) traces each path run against its family's machinery."""
+        (``--coverage``) traces each path run against its family's machinery;
+        ``unjudged`` is called for each path that ran a case whose tolerance
+        cannot tell a parameter grad from zero (``CaseCheck.unjudged``)."""
         cc = CaseCheck(case, slack=self.slack, lazy=True, profile=profile, meter=meter)
         todo = [(p, p.supports(case)) for p in ((only,) if only is not None else self.paths)]
         submit_ahead([p for p, reason in todo if reason is None], case)
@@ -233,6 +236,10 @@ class Target:
                     continue  # the base diverges too: not the injected bug
             if divs:
                 return p, divs
+        if unjudged is not None and any(r is None for _, r in todo) and cc.unjudged():
+            for p, reason in todo:
+                if reason is None:
+                    unjudged(p)
         return None
 
     def plain_test(self, database: ExampleDatabase | None = None, max_examples: int = 100,
@@ -373,6 +380,10 @@ class TargetRun:
         else:
             t.skipped[reason] = t.skipped.get(reason, 0) + 1
 
+    def _unjudged(self, path: Path) -> None:
+        if not self.replaying:
+            self.tallies[path.name].unjudged += 1
+
     def _body(self, example: Case | tuple[Case, ...], rnd: _Round) -> None:
         """One drawn example: its cases in turn (one, or a structure's data
         variants), each through every path; the first new divergence ends it."""
@@ -430,7 +441,8 @@ class TargetRun:
         self._ops = opinfo.ops_in(case)
         tally = self._tally if rnd.focus is None else None
         try:
-            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked, meter)
+            hit = self.target.check(case, rnd.focus, self.known, self.profile, tally, masked, meter,
+                                    self._unjudged if tally is not None else None)
         finally:
             self.profile.body += time.process_time() - t0
             self.profile.cases += 1
