@@ -449,6 +449,11 @@ def draws_random(case: Any) -> bool:
     return any(node_random(n) for n in case.nodes)
 
 
+def node_inplace(node: Any) -> bool:
+    """Whether this node writes into its first operand (mul_, an OpInfo op's in-place variant)."""
+    return node.op.endswith("_") or (node.op == "opinfo" and str(node.attr("fn", "")).endswith(":inplace"))
+
+
 def node_random(node: Any) -> bool:
     """Whether this node draws from the global RNG (dropout, a random OpInfo op)."""
     return OPS[node.op].random or (node.op == "opinfo" and opinfo.is_random(node.attr("fn")))

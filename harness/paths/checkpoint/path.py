@@ -57,7 +57,7 @@ import torch
 from harness.paths.workarounds import IN_PROCESS
 from harness.materialize.tensors import Built
 from harness.observation import LIFETIME, Grads, Observation
-from harness.case.ops import OPS, node_random
+from harness.case.ops import OPS, node_inplace, node_random
 from harness.materialize.schedule import run_schedule
 from harness.generate import Draw
 from harness.paths.base import PLAIN_GRADS, Availability, Contract, Options, Repro
@@ -413,7 +413,7 @@ def _reentrant_hooked_param_shared(case: Case) -> str | None:
 
 def _sac_cache_mutated(case: Case) -> str | None:
     for r in regions(case):
-        if r.recomputed and any(n.op.endswith("_") for n in case.nodes[r.start:r.end]):
+        if r.recomputed and any(node_inplace(n) for n in case.nodes[r.start:r.end]):
             return ("an in-place op inside a region whose input SAC caches: selective checkpoint refuses a "
                     "mutated cache entry (allow_cache_entry_mutation=False, documented)")
     return None
