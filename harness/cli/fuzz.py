@@ -110,7 +110,7 @@ def _tail(result: Any, extra: dict, save: str | None) -> str:
     for e in result.errors:
         text += f"\nerror: {e}"
     if save:
-        from harness.cli.main import findings_note
+        from harness.cli.report import findings_note
 
         text += f"\n{findings_note(save, result.saved)}"
     return text

@@ -280,6 +280,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     from harness.gate import run as gate
     from harness.cli.progress import PhaseLines, line_width
+    from harness.cli import report as cli_report
     from harness.gate import report as gate_report
     from harness.artifacts.corpus import atomic_write
     from harness.artifacts.text import relative
@@ -319,7 +320,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if args.html:
         atomic_write(args.html, gate_report.html_page(rep, **where))
     written = [f"{relative(args.json)} (every row)"] + [relative(f) for f in (args.markdown, args.junit, args.html) if f]
-    notes = [f"reports: {', '.join(written)}", findings_note(args.save, _findings_since(args.save, started))]
+    notes = [f"reports: {', '.join(written)}", cli_report.findings_note(args.save, _findings_since(args.save, started))]
     print(gate_report.terminal(rep, width=line_width(sys.stdout), notes=notes, **where))  # the verdict first and last
     return 1 if report.failed else 0
 
@@ -331,18 +332,6 @@ def _findings_since(folder: str, since: float) -> list[str]:
         return [f for f in names if os.path.getmtime(f) >= since - 1]
     except OSError:
         return []
-
-
-def findings_note(folder: str, new: list[str]) -> str:
-    """Where this run's findings went, said: run from any directory, they
-    land under it (``.gradfuzz/found/``), and a reader must not have to guess."""
-    from harness.artifacts.text import relative
-
-    where = relative(folder).rstrip("/") + "/"
-    if not new:
-        return f"findings: none written this run (they go to {where})"
-    return (f"findings: {len(new)} written this run in {where} (each with its .py script; "
-            f"replay them all: gradfuzz replay {where})")
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:

@@ -104,3 +104,15 @@ def _dedup(divs):
             seen.add(key)
             out.append(d)
     return out
+
+
+def findings_note(folder: str, new: list[str]) -> str:
+    """Where this run's findings went, said: run from any directory, they
+    land under it (``.gradfuzz/found/``), and a reader must not have to guess."""
+    from harness.artifacts.text import relative
+
+    where = relative(folder).rstrip("/") + "/"
+    if not new:
+        return f"findings: none written this run (they go to {where})"
+    return (f"findings: {len(new)} written this run in {where} (each with its .py script; "
+            f"replay them all: gradfuzz replay {where})")

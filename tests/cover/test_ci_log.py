@@ -112,7 +112,7 @@ def test_rows_past_the_limit_are_counted_after_the_rows_shown_and_pointed_at_a_r
 def test_findings_say_where_they_went_and_an_unknown_path_gets_the_names_it_is_close_to(tmp_path, monkeypatch):
     import pytest
 
-    from harness.cli.main import findings_note
+    from harness.cli.report import findings_note
     from harness.cli.pathnames import resolve_paths
     from harness.paths import UsageError
 

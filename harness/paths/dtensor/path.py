@@ -148,7 +148,8 @@ class DTensorPath(PooledPath):
             writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
                       or (s.steps > 1 and s.zero_grad != "set_to_none"))
             expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
-            if set(thin) & expanded:
+            broadcast = {p.name for p in case.params if p.placement.startswith("shard") and p.shape[int(p.placement[5:])] == 1}
+            if (set(thin) | broadcast) & expanded:  # a size-1 dim raises it on a one-rank mesh too
                 return ("expand of a parameter sharded on a dim with fewer elements than ranks: DTensor's sharding "
                         "propagation raises a bare KeyError (torch bug, seen on 2.13: _rewrite_plain_shard)")
             if thin and writes:
