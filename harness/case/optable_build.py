@@ -360,13 +360,10 @@ def _samples(op: Any, key: str, dotted: str, refused: dict[str, int]) -> tuple[l
         refused["its samples raise"] = refused.get("its samples raise", 0) + 1
         return kept
     for j, sample in enumerate(samples):
+        if all(len(k) == MAX_SAMPLES for k in kept):
+            break
         call = call_of(sample, zlib.crc32(f"{key}/{j}".encode()) & 0x7FFFFFFF)
-        try:
-            got, is_random = (None, False) if call is None else _screened(fn, opinfo.decode_call(call, key))
-        except Exception as e:  # the call form refuses a value
-            got, is_random = f"it raises {type(e).__name__}", False
-        if call is None:
-            got = "an argument with no plain form"
+        got, is_random = _verdict(fn, call, key)
         if isinstance(got, str):
             refused[got] = refused.get(got, 0) + 1
             continue
@@ -374,6 +371,16 @@ def _samples(op: Any, key: str, dotted: str, refused: dict[str, int]) -> tuple[l
         if len(kept[is_random]) < MAX_SAMPLES:
             kept[is_random].append(call)
     return kept
+
+
+def _verdict(fn: Any, call: list | None, key: str) -> tuple[tuple | str, bool]:
+    """``_screened`` of a sample's call, or why it has none to screen."""
+    if call is None:
+        return "an argument with no plain form", False
+    try:
+        return _screened(fn, opinfo.decode_call(call, key))
+    except Exception as e:  # the call form refuses a value
+        return f"it raises {type(e).__name__}", False
 
 
 def random_key(key: str) -> str:

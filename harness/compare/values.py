@@ -53,14 +53,14 @@ REL_AFTER_STEP.update({"bfloat16": 3e-2, "float16": 4e-3})
 # that computes in another order (an all-reduce of shares, Inductor's fused
 # kernels) stayed under 2% of that cap on every grad of 150 ddp.fixed and 40
 # compile.inductor cases, while the term bounds alone let a zeroed grad agree
-# in one tolerance case in nine.
+# in one tolerance case in nine. The cap never goes below SLACK float32
+# steps of the largest tensor of its kind at that backward (every parameter
+# grad of the case, every output): a grad that is a cancellation of large
+# terms (a w2 grad of 1.6e-12 beside grads of order one) may come out exact in
+# eager's order and round by a few steps of its terms in another (DDP's
+# all-reduce of two shares gave 1e-9); a grad so much smaller than its
+# neighbours is no verdict either way.
 NOISE_K = 64
-# ... and never below SLACK float32 steps of the largest tensor of its kind
-# at that backward (every parameter grad of the case, every output): a grad
-# that is a cancellation of large terms (a w2 grad of 1.6e-12 beside grads of
-# order one) may come out exact in eager's order and round by a few steps of
-# its terms in another (DDP's all-reduce of two shares gave 1e-9); a grad so
-# much smaller than its neighbours is no verdict either way.
 
 
 @dataclass(frozen=True)
@@ -462,8 +462,6 @@ def _hook_counts(path: str, oracle: Observation, obs: Observation, retained_grad
                     **keys(path, "hook", "tensor hook fired fewer times")))
     return found
 
-
-NOISE_ROLES = ("param", "input grad", "retained grad", "output")
 
 
 def measured_noise(oracle: Observation, eager: Observation | None) -> dict:

@@ -76,4 +76,3 @@ def off_its_devices(case: Case, device: str) -> str | None:
         return (f"OpInfo ops on {device}: the op table is screened on the CPU only "
                 f"(python -m harness.case.optable_build); a {device} run would judge unscreened ops")
     return None
-

@@ -116,51 +116,56 @@ class DTensorPath(PooledPath):
         if s.optimizer == "rprop" and not _has_strategy(torch.ops.aten.index_put_.default):
             return ("rprop's loop form needs index_put_, for which this torch's DTensor has no sharding strategy "
                     "(NotImplementedError on every path; 2.13 has one)")
-        if mode_of(case) == "dtensor":
-            from harness.case.ops import OPS
+        return self._placed_refusal(case) if mode_of(case) == "dtensor" else None
 
-            plain = sorted({n.op for n in case.nodes if OPS[n.op].plain_tensors})
-            if plain:
-                return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
-                        f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
-            if why := opinfo.mesh_refusal(case):
-                return why
-            inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
-            if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
-                return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops "
-                        f"that change a placement (Partial to Replicate: 'in-place operations that require "
-                        f"placement changes are not supported'); 2.13 takes them")
-            if any(n.op == "sdpa" for n in case.nodes):
-                # On every backend: on CUDA too, shapes the fused kernels do not take (fp32, causal, tiny heads)
-                # fall back to the math kernel, and one rule keeps the cases drawn the same under gloo and NCCL.
-                return ("scaled_dot_product_attention falls back to the math kernel (always on CPU, on CUDA for "
-                        "shapes the fused kernels do not take), which builds a plain attention bias: DTensor "
-                        "refuses mixed operands")
-            if any((p.placement or "partial") == "partial" for p in case.params):
-                return "mixes to_local/Partial parameters with DTensor-placed ones"
-            if any(p.placement in ("colwise", "rowwise") and not tp_eligible(case, p.name) for p in case.params):
-                return "a tensor-parallel style needs a weight used only as the right operand of a matmul (h @ w)"
-            if any(n.op == "layout_matmul" and n.attr("layout") == "buffer_view" for n in case.nodes):
-                return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
-            sharded = [p.name for p in case.params if p.placement.startswith("shard") or p.placement in ("colwise", "rowwise")]
-            thin = [p.name for p in case.params if p.placement.startswith("shard")
-                    and p.shape[int(p.placement[5:])] < self._world()]
-            writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
-                      or (s.steps > 1 and s.zero_grad != "set_to_none"))
-            expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
-            broadcast = {p.name for p in case.params if p.placement.startswith("shard") and p.shape[int(p.placement[5:])] == 1}
-            if (set(thin) | broadcast) & expanded:  # a size-1 dim raises it on a one-rank mesh too
-                return ("expand of a parameter sharded on a dim with fewer elements than ranks: DTensor's sharding "
-                        "propagation raises a bare KeyError (torch bug, seen on 2.13: _rewrite_plain_shard)")
-            if thin and writes:
-                return ("a parameter is sharded on a dim with fewer elements than ranks: DTensor has no in-place "
-                        "strategy for it, so accumulating into its .grad raises (torch bug, see cases/dtensor/)")
-            if sharded and any(n.op == "reshape" for n in case.nodes):
-                return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
-                        "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
-            if _unused_function_output(case):
-                return ("an autograd.Function output is unused: torch materializes its grad as a plain "
-                        "tensor, not a DTensor, and the Function's backward raises (torch bug, see cases/dtensor/)")
+    def _placed_refusal(self, case: Case) -> str | None:
+        """Why a case whose parameters are placed DTensors (its forward runs
+        on DTensors) is outside the contract; None: inside."""
+        from harness.case.ops import OPS
+
+        s = case.schedule
+        plain = sorted({n.op for n in case.nodes if OPS[n.op].plain_tensors})
+        if plain:
+            return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
+                    f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
+        if why := opinfo.mesh_refusal(case):
+            return why
+        inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
+        if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
+            return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops "
+                    f"that change a placement (Partial to Replicate: 'in-place operations that require "
+                    f"placement changes are not supported'); 2.13 takes them")
+        if any(n.op == "sdpa" for n in case.nodes):
+            # On every backend: on CUDA too, shapes the fused kernels do not take (fp32, causal, tiny heads)
+            # fall back to the math kernel, and one rule keeps the cases drawn the same under gloo and NCCL.
+            return ("scaled_dot_product_attention falls back to the math kernel (always on CPU, on CUDA for "
+                    "shapes the fused kernels do not take), which builds a plain attention bias: DTensor "
+                    "refuses mixed operands")
+        if any((p.placement or "partial") == "partial" for p in case.params):
+            return "mixes to_local/Partial parameters with DTensor-placed ones"
+        if any(p.placement in ("colwise", "rowwise") and not tp_eligible(case, p.name) for p in case.params):
+            return "a tensor-parallel style needs a weight used only as the right operand of a matmul (h @ w)"
+        if any(n.op == "layout_matmul" and n.attr("layout") == "buffer_view" for n in case.nodes):
+            return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
+        sharded = [p.name for p in case.params if p.placement.startswith("shard") or p.placement in ("colwise", "rowwise")]
+        thin = [p.name for p in case.params if p.placement.startswith("shard")
+                and p.shape[int(p.placement[5:])] < self._world()]
+        writes = (s.grad_init != "none" or s.microbatches > 1 or s.optimizer or s.clip
+                  or (s.steps > 1 and s.zero_grad != "set_to_none"))
+        expanded = {u.ref for n in case.nodes if n.op == "expand" for u in n.args}
+        broadcast = {p.name for p in case.params if p.placement.startswith("shard") and p.shape[int(p.placement[5:])] == 1}
+        if (set(thin) | broadcast) & expanded:  # a size-1 dim raises it on a one-rank mesh too
+            return ("expand of a parameter sharded on a dim with fewer elements than ranks: DTensor's sharding "
+                    "propagation raises a bare KeyError (torch bug, seen on 2.13: _rewrite_plain_shard)")
+        if thin and writes:
+            return ("a parameter is sharded on a dim with fewer elements than ranks: DTensor has no in-place "
+                    "strategy for it, so accumulating into its .grad raises (torch bug, see cases/dtensor/)")
+        if sharded and any(n.op == "reshape" for n in case.nodes):
+            return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
+                    "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
+        if _unused_function_output(case):
+            return ("an autograd.Function output is unused: torch materializes its grad as a plain "
+                    "tensor, not a DTensor, and the Function's backward raises (torch bug, see cases/dtensor/)")
         return None
 
     def run(self, case: Case) -> Observation:
