@@ -93,7 +93,10 @@ def _file_kind(mode: int) -> str:
 
 
 def parse_json(raw: bytes | str, what: str) -> Any:
-    """Bytes -> JSON value; every failure is a SpecError (never a RecursionError)."""
+    """Bytes -> JSON value; every failure is a SpecError (never a RecursionError).
+    A key repeated in one object is a failure too: JSON leaves it undefined
+    and Python keeps the last, so the file a person reviews and the one
+    gradfuzz runs would differ."""
     if isinstance(raw, bytes):
         try:
             text = raw.decode("utf-8")
@@ -106,12 +109,61 @@ def parse_json(raw: bytes | str, what: str) -> Any:
     depth = _bracket_depth(text)
     if depth > MAX_DEPTH:
         raise SpecError("json", f"{what} nests {depth} levels deep; at most {MAX_DEPTH}")
+    repeated: list[_Repeated] = []
     try:
-        return json.loads(text)
+        value = json.loads(text, object_pairs_hook=lambda pairs: _object(pairs, repeated))
     except json.JSONDecodeError as e:
         raise SpecError("json", f"{what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits
         raise SpecError("json", f"{what} is not usable JSON: {str(e)[:200]}") from None
+    if repeated:
+        where, key, times = _first_repeat(value, repeated)
+        raise SpecError(_join(where, key[:MAX_NAME]), f"duplicate key: this object holds {key[:MAX_NAME]!r} {times} times "
+                        f"(a JSON reader keeps only the last one, silently); write it once in {what}")
+    return value
+
+
+class _Repeated(dict):
+    """An object that held a key more than once, kept so that the key can be
+    named with the field path it sits at once the whole file is parsed (the
+    hook sees an object before it knows where it goes)."""
+
+    key: str = ""
+    times: int = 0
+
+
+def _object(pairs: list[tuple[str, Any]], repeated: list[_Repeated]) -> dict[str, Any]:
+    """``json.loads``' object hook: a repeated key is refused, never resolved
+    by letting the last one win (a reviewer reading the first would see a
+    different file from the one gradfuzz runs)."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: dict[str, int] = {}
+    for k, _ in pairs:
+        seen[k] = seen.get(k, 0) + 1
+    marked = _Repeated(out)
+    marked.key, marked.times = next((k, n) for k, n in seen.items() if n > 1)
+    repeated.append(marked)
+    return marked
+
+
+def _first_repeat(value: Any, repeated: list[_Repeated]) -> tuple[str, str, int]:
+    """The first object in ``value`` (in file order) that repeated a key, with
+    its field path (``bugs[3]``); depth is bounded by MAX_DEPTH before
+    parsing, so the walk is too. None reachable (the repeat sat inside a
+    value that a repeated key then dropped): the first one, at no path."""
+    marked = {id(m) for m in repeated}
+    todo: list[tuple[Any, str]] = [(value, "")]
+    while todo:
+        v, where = todo.pop()
+        if id(v) in marked:
+            return where, v.key, v.times
+        if isinstance(v, dict):
+            todo.extend((x, _join(where, str(k)[:MAX_NAME])) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            todo.extend((x, f"{where}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return "", repeated[0].key, repeated[0].times
 
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')

@@ -16,6 +16,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from harness.case import schema as sc
 from harness.gate.status import FAILING, ORDER, STATUSES
 from harness.observation import BUG_CLASS, MISUSE_CLASS
 from harness.artifacts.text import ELLIPSIS, PROJECT, one_line, relative, scrub, shorten
@@ -174,10 +175,9 @@ def _saved_by_signature(save_dir: str) -> dict[str, str]:
     for n in names:
         f = os.path.join(save_dir, n)
         try:
-            with open(f) as fh:
-                meta = json.load(fh).get("meta") or {}
-        except (OSError, ValueError, AttributeError):
-            continue
+            meta = sc.read_json(f, sc.MAX_CORPUS_BYTES, "finding file").get("meta") or {}
+        except (sc.FileError, AttributeError):
+            continue  # not a finding file gradfuzz could load: no link to it
         for sig in [meta.get("signature")] + [d.get("signature") for d in meta.get("divergences") or []]:
             if isinstance(sig, str):
                 out.setdefault(sig, f)
