@@ -406,7 +406,7 @@ def rows() -> list[Row]:
         # -- signature: workaround none, or a path that cannot apply it --------------------
         Row("signature", "split-hook-applied-twice", split, ("split/scale_hook_applied_twice.json",),
             Recount(("w0",), 0), note="workaround none"),
-        Row("signature", "checkpoint-sac-rms-norm-mean-mutated", ("checkpoint.selective.inverse.stock",),
+        Row("signature", "rms-norm-cpu-eps-added-in-place", ("checkpoint.selective.inverse.stock",),
             ("checkpoint/sac_rms_norm_cached_mean_mutated.json",),
             Raise("RuntimeError", "Tensor cached during selective activation checkpoint has been mutated", 0),
             note="workaround none"),
@@ -493,10 +493,21 @@ def _temp_world(row: Row, directory: str) -> tuple[str, str]:
     for c in row.cases:
         os.makedirs(os.path.join(directory, os.path.dirname(c)), exist_ok=True)
         shutil.copy(os.path.join(CASES, c), os.path.join(directory, c))
+    from harness.gate.ledger import PLACE_FIELDS, places_of
+
     with open(LEDGER) as f:
         real = json.load(f)
-    bugs = [{**b, "cases": [c for c in b.get("cases", []) if c in row.cases]} for b in real["bugs"]
-            if b["id"] == row.bug and any(covers(b["path"], p) for p in row.paths)]
+    bugs = []
+    for b in real["bugs"]:
+        places = [p for p in places_of(b) if any(covers(p["path"], x) for x in row.paths)]
+        if b["id"] != row.bug or not places:
+            continue
+        cut = {k: v for k, v in b.items() if k not in ("places", "path", "torch", "packages", "signatures",
+                                                         "workaround", "claims", "cases")}
+        cut["places"] = [{**{k: p[k] for k in PLACE_FIELDS if k in p},
+                          "cases": [c for c in dict.fromkeys([*b.get("cases", []), *p.get("cases", [])]) if c in row.cases]}
+                         for p in places]
+        bugs.append(cut)
     if not bugs:
         raise SystemExit(f"no ledger entry {row.bug} covers {row.paths}")
     led = os.path.join(directory, "ledger.json")
@@ -553,7 +564,7 @@ def _left_after(row: Row, r: Any, paths: list[Any]) -> str:
     from harness.gate.ledger import load
     from harness.paths.workarounds import apply
 
-    bug = next(b for b in load(LEDGER).bugs if b.id == r.bug and b.covers(r.path))
+    bug = load(LEDGER).by_id(r.bug, r.path)
     worked = apply(next(p for p in paths if p.name == r.path), bug.workaround)
     if worked is None or r.case is None:
         return "no workaround applied"

@@ -376,7 +376,7 @@ def _entries_on(ledger_file: str, names: list[str]) -> tuple[set[str], set[str],
     path matching it runs here"."""
     from harness.gate import ledger
 
-    bugs = ledger.load(ledger_file).bugs
+    bugs = ledger.load(ledger_file).sites
     mine = [b for b in bugs if any(b.covers(n) for n in names)]
     return {b.id for b in mine}, {f"{b.id} on {b.path}" for b in mine}, len(bugs) - len(mine)
 

@@ -60,8 +60,8 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
     led = ledger_mod.load(ledger_file)
     out = Audit()
     seen_by: dict[str, dict[str, tuple[str, str]]] = {}  # signature -> entry id -> (path, detail)
-    checked: dict[str, ledger_mod.Bug] = {}
-    for b in led.bugs:
+    checked: dict[str, ledger_mod.Site] = {}
+    for b in led.sites:
         if only is not None and b.id not in only:
             continue
         entry = f"{b.id} on {b.path}"
@@ -96,11 +96,11 @@ def audit(ledger_file: str, paths: list[Path], version: str, only: set[str] | No
 
 
 def _file_signatures(out: Audit, led: ledger_mod.Ledger, seen_by: dict[str, dict[str, tuple[str, str]]],
-                     checked: dict[str, ledger_mod.Bug], version: str) -> None:
+                     checked: dict[str, ledger_mod.Site], version: str) -> None:
     """Each signature the replay showed, against the entries that record it:
     recorded where its cases show it, misfiled, unrecorded, or shared."""
     recorded: dict[str, set[str]] = {}
-    for b in led.bugs:
+    for b in led.sites:
         for s in b.signatures:
             recorded.setdefault(s, set()).add(b.id)
     for sig, by in sorted(seen_by.items()):
@@ -111,7 +111,7 @@ def _file_signatures(out: Audit, led: ledger_mod.Ledger, seen_by: dict[str, dict
         if owners:
             # Recorded only under entries whose cases, replayed here, do not show it.
             # (An owner whose cases did not run here may show it on another torch.)
-            wrong = sorted(o for o in owners if o in checked or not any(b.cases for b in led.bugs if b.id == o))
+            wrong = sorted(o for o in owners if o in checked or not led.bug(o).all_cases)
             if wrong:
                 out.problems.append(Problem("misfiled", ", ".join(sorted(by)), path, sig,
                                             f"recorded under {', '.join(wrong)}, whose cases do not show it here; "
@@ -141,8 +141,8 @@ def rescheme(ledger_file: str) -> bool:
         data = {"gradfuzz_ledger": data.get("gradfuzz_ledger"), "signature_scheme": SIGNATURE_SCHEME,
                 **{k: v for k, v in data.items() if k not in ("gradfuzz_ledger", "signature_scheme")}}
         for b in data.get("bugs") if isinstance(data.get("bugs"), list) else []:
-            if isinstance(b, dict):
-                b["signatures"] = []
+            for place in ledger_mod.places_of(b) if isinstance(b, dict) else []:
+                place["signatures"] = []
     ledger_mod.from_json(data, ledger_file)  # the rest of the file must be valid as it stands
     _write(ledger_file, data)
     return True
@@ -160,8 +160,10 @@ def record(ledger_file: str, problems: list[Problem]) -> int:
     """Add each ``unrecorded`` or ``misfiled`` signature to the entries whose
     cases show it; the file keeps its layout otherwise. Returns how many were
     added."""
-    with open(ledger_file) as f:
-        data = json.load(f)
+    from harness.case import schema as sc
+
+    data = sc.read_json(ledger_file, sc.MAX_LEDGER_BYTES, "ledger")
+    ledger_mod.from_json(data, ledger_file)  # the file as it stands must be a ledger before it is edited
     add: dict[tuple[str, str], list[str]] = {}
     for p in problems:
         # A misfiled signature is recorded beside the entries whose cases show
@@ -173,8 +175,9 @@ def record(ledger_file: str, problems: list[Problem]) -> int:
     n = 0
     for b in data["bugs"]:
         for (bug, path), sigs in add.items():
-            if b["id"] == bug and ledger_mod.covers(b["path"], path):
-                have = b.setdefault("signatures", [])
+            place = next((p for p in ledger_mod.places_of(b) if b["id"] == bug and ledger_mod.covers(p["path"], path)), None)
+            if place is not None:  # the first place covering the path, as the gate matches
+                have = place.setdefault("signatures", [])
                 for s in sigs:
                     if s not in have:
                         have.append(s)

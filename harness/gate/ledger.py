@@ -1,9 +1,16 @@
-"""The known-bug ledger: upstream bugs, the torch versions they affect.
+"""The known-bug ledger: upstream bugs, where they show, the versions they affect.
 
-``cases/ledger.json`` holds one entry per known bug and path: the corpus
-cases that reproduce it, the signatures its divergences were seen with, a
-version range (a PEP 440 specifier, possibly open-ended), the upstream
-report and a one-line summary. The gate classifies every result against it.
+``cases/ledger.json`` holds one entry per known bug: its id, a one-line
+summary, the upstream report, the corpus cases that reproduce it, and its
+places: each a path pattern with the torch (and training stack) versions
+affected there, the workaround that removes it there from outside and the
+signatures its divergences were seen with there. One bug, one entry: a bug
+seen through several families is one id with several places, never several
+entries that each restate its summary (the docs count bugs from this file).
+A bug seen on one set of paths may write its one place inline (``path``,
+``torch``, ... beside ``id``), which keeps the common entry one flat object.
+The gate classifies every result against a bug at the place covering the
+result's path (a ``Site``).
 """
 
 from __future__ import annotations
@@ -30,30 +37,128 @@ NO_WORKAROUND = "none"
 
 
 @dataclass(frozen=True)
-class Bug:
-    id: str
-    path: str
+class Place:
+    """Where a bug shows: the paths, and what holds for the bug on them."""
+
+    path: str  # a path name, a pattern (``pipeline.*.stock``) or several, comma-separated
     torch: str  # affected versions, e.g. "<2.13" or ">=2.11"
-    summary: str
-    upstream: str = ""
-    cases: tuple[str, ...] = ()  # corpus files, relative to the ledger
-    signatures: tuple[str, ...] = ()
-    # What a user does from outside to avoid the bug, by name (``harness.paths.workarounds``);
-    # ``none``: nothing can be done from outside (upgrade torch).
-    workaround: str = NO_WORKAROUND
     # A training stack's affected releases, besides torch's (``{"deepspeed": ">=0.16,<0.18"}``).
     packages: tuple[tuple[str, str], ...] = ()
+    # What a user does from outside to avoid the bug here, by name (``harness.paths.workarounds``);
+    # ``none``: nothing can be done from outside (upgrade torch).
+    workaround: str = NO_WORKAROUND
+    # ``workaround``: the bug's signatures depend on the case's numbers (tensors
+    # swapped between microbatches), so the recorded ones cannot be complete;
+    # the gate files a new divergence on these paths under it when its workaround
+    # removes it (``harness.gate.run.claim_new``). ``signature``: by signature only.
+    claims: str = "signature"
+    signatures: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()  # cases that show it on these paths only, besides the bug's own
+    note: str = ""  # what is particular to these paths (a mechanism, where it was seen)
+
+
+@dataclass(frozen=True)
+class Bug:
+    """One known bug: one id, however many families show it."""
+
+    id: str
+    summary: str
+    places: tuple[Place, ...]
+    upstream: str = ""
+    cases: tuple[str, ...] = ()  # corpus files, relative to the ledger, that show it at every place
     # ``misuse``: a use the stack's docs do not support that it silently gets
     # wrong (harness.observation.FINDING_CLASSES); listed apart in reports.
     finding_class: str = BUG_CLASS
-    # ``workaround``: the bug's signatures depend on the case's numbers (tensors
-    # swapped between microbatches), so the recorded ones cannot be complete;
-    # the gate files a new divergence on its path under it when its workaround
-    # removes it (``harness.gate.run.claim_new``). ``signature``: by signature only.
-    claims: str = "signature"
+
+    @classmethod
+    def single(cls, bug_id: str, path: str, torch: str, summary: str, **place: Any) -> Bug:
+        """A bug seen on one set of paths (the entry that writes its place inline)."""
+        return cls(bug_id, summary, (Place(path, torch, **place),))
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return tuple(Site(self, p) for p in self.places)
 
     def covers(self, path: str) -> bool:
-        return covers(self.path, path)
+        return any(covers(p.path, path) for p in self.places)
+
+    def at(self, path: str) -> Site | None:
+        """The bug at the first place covering ``path``, or None."""
+        return next((s for s in self.sites if s.covers(path)), None)
+
+    @property
+    def path(self) -> str:
+        """Every place's paths, comma-separated (a pattern ``covers`` reads)."""
+        return ", ".join(p.path for p in self.places)
+
+    @property
+    def signatures(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s for p in self.places for s in p.signatures))
+
+    @property
+    def all_cases(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.cases, *(c for p in self.places for c in p.cases))))
+
+    @property
+    def range(self) -> str:
+        """The affected ranges, one per distinct range of its places: ``torch >=2.11``."""
+        return "; ".join(dict.fromkeys(s.range for s in self.sites))
+
+
+@dataclass(frozen=True)
+class Site:
+    """A bug at one of its places: what a result on a path is classified
+    against (its range, workaround and signatures are the place's)."""
+
+    bug: Bug
+    place: Place
+
+    @property
+    def id(self) -> str:
+        return self.bug.id
+
+    @property
+    def path(self) -> str:
+        return self.place.path
+
+    @property
+    def torch(self) -> str:
+        return self.place.torch
+
+    @property
+    def packages(self) -> tuple[tuple[str, str], ...]:
+        return self.place.packages
+
+    @property
+    def workaround(self) -> str:
+        return self.place.workaround
+
+    @property
+    def claims(self) -> str:
+        return self.place.claims
+
+    @property
+    def signatures(self) -> tuple[str, ...]:
+        return self.place.signatures
+
+    @property
+    def cases(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.bug.cases, *self.place.cases)))
+
+    @property
+    def summary(self) -> str:
+        return f"{self.bug.summary} ({self.place.note})" if self.place.note else self.bug.summary
+
+    @property
+    def upstream(self) -> str:
+        return self.bug.upstream
+
+    @property
+    def finding_class(self) -> str:
+        return self.bug.finding_class
+
+    def covers(self, path: str) -> bool:
+        return covers(self.place.path, path)
 
     def relation(self, version: str) -> str:
         """``in`` the affected range (torch ``version`` and the stacks
@@ -71,25 +176,38 @@ class Ledger:
     bugs: list[Bug] = field(default_factory=list)
     root: str = ""
 
-    def for_path(self, path: str) -> list[Bug]:
-        return [b for b in self.bugs if b.covers(path)]
+    @property
+    def sites(self) -> list[Site]:
+        """Every bug at every place, in ledger order."""
+        return [s for b in self.bugs for s in b.sites]
 
-    def match(self, path: str, signature: str, case_file: str | None = None, version: str | None = None) -> Bug | None:
+    def bug(self, bug_id: str) -> Bug:
+        """The bug of ``bug_id`` (KeyError when the ledger has none)."""
+        found = next((b for b in self.bugs if b.id == bug_id), None)
+        if found is None:
+            raise KeyError(bug_id)
+        return found
+
+    def for_path(self, path: str) -> list[Site]:
+        return [s for s in self.sites if s.covers(path)]
+
+    def match(self, path: str, signature: str, case_file: str | None = None, version: str | None = None) -> Site | None:
         """The bug a divergence belongs to. Coarse signatures can fit several
         bugs of one path; then a bug affecting ``version`` wins."""
-        hits = [b for b in self.for_path(path) if signature in b.signatures or case_file and self.is_case_of(b, case_file)]
+        hits = [s for s in self.for_path(path) if signature in s.signatures or case_file and self.is_case_of(s, case_file)]
         return first(hits, version)
 
-    def by_id(self, bug_id: str, path: str) -> Bug:
-        """The entry for ``bug_id`` that covers ``path`` (one entry per bug and path)."""
-        return next(b for b in self.bugs if b.id == bug_id and b.covers(path))
+    def by_id(self, bug_id: str, path: str) -> Site:
+        """Bug ``bug_id`` at its first place covering ``path``."""
+        return next(s for s in self.sites if s.id == bug_id and s.covers(path))
 
-    def is_case_of(self, bug: Bug, file: str) -> bool:
-        """Whether corpus ``file`` is one of ``bug``'s cases (listed relative to the ledger)."""
-        return any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(file) for c in bug.cases)
+    def is_case_of(self, site: Site | Bug, file: str) -> bool:
+        """Whether corpus ``file`` is one of ``site``'s cases (listed relative to the ledger)."""
+        cases = site.cases if isinstance(site, Site) else site.all_cases
+        return any(os.path.abspath(os.path.join(self.root, c)) == os.path.abspath(file) for c in cases)
 
 
-def first(hits: list[Bug], version: str | None) -> Bug | None:
+def first(hits: list[Site], version: str | None) -> Site | None:
     """Of the bugs a divergence fits, the one affecting ``version`` (coarse
     signatures and shapes can fit several bugs of one path)."""
     if version is not None:
@@ -98,10 +216,15 @@ def first(hits: list[Bug], version: str | None) -> Bug | None:
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_BUG_FIELDS = ("id", "path", "torch", "packages", "summary", "upstream", "cases", "signatures", "workaround",
-               "finding_class", "claims")
+# A place's fields; a bug with one place may write them inline, beside its own.
+PLACE_FIELDS = ("path", "torch", "packages", "workaround", "claims", "signatures", "cases", "note")
+_INLINE_FIELDS = ("path", "torch", "packages", "workaround", "claims", "signatures")
+_BUG_FIELDS = ("id", "summary", "upstream", "cases", "finding_class", "places")
 CLAIMS = ("signature", "workaround")
 MAX_BUGS = 10_000
+MAX_PLACES = 64
+MAX_CASES = 256
+MAX_SIGNATURES = 1024
 
 
 def _case_file(v: Any, where: str) -> str:
@@ -112,6 +235,60 @@ def _case_file(v: Any, where: str) -> str:
     return v
 
 
+def _cases(v: Any, where: str) -> tuple[str, ...]:
+    return tuple(_case_file(c, f"{where}[{j}]") for j, c in enumerate(sc.array(v, where, MAX_CASES)))
+
+
+def _place(p: dict[str, Any], where: str) -> Place:
+    """One place, its fields checked (``where`` names the object holding them)."""
+    sc.string(p["path"], f"{where}.path", max_len=256, empty=False)
+    sc.version_range(p["torch"], f"{where}.torch")
+    packages = tuple(sorted(sc.package_ranges(p.get("packages", {}), f"{where}.packages").items()))
+    wa = sc.string(p.get("workaround", NO_WORKAROUND), f"{where}.workaround", choices=(NO_WORKAROUND, *workarounds.EFFECTS))
+    claims = sc.string(p.get("claims", CLAIMS[0]), f"{where}.claims", choices=CLAIMS)
+    if claims == "workaround" and wa == NO_WORKAROUND:
+        raise SpecError(f"{where}.claims", "claims \"workaround\" needs a workaround other than \"none\": "
+                        "the gate files a new divergence under this bug only where its workaround removes it")
+    sigs = tuple(sc.signature(x, f"{where}.signatures[{j}]")
+                 for j, x in enumerate(sc.array(p.get("signatures", []), f"{where}.signatures", MAX_SIGNATURES)))
+    return Place(p["path"], p["torch"], packages, wa, claims, sigs, _cases(p.get("cases", []), f"{where}.cases"),
+                 sc.string(p.get("note", ""), f"{where}.note", max_len=sc.MAX_TEXT))
+
+
+def _bug(b: Any, where: str) -> Bug:
+    """One entry: a bug, with its places in ``places`` or its one place inline."""
+    sc.obj(b, where, ("id", "summary"), (*_BUG_FIELDS, *_INLINE_FIELDS))
+    sc.string(b["id"], f"{where}.id", max_len=128, pattern=_ID)
+    sc.string(b["summary"], f"{where}.summary", max_len=sc.MAX_TEXT)
+    sc.string(b.get("upstream", ""), f"{where}.upstream", max_len=sc.MAX_TEXT)
+    cls = corpus_finding_class(b.get("finding_class", BUG_CLASS), f"{where}.finding_class")
+    cases = _cases(b.get("cases", []), f"{where}.cases")
+    inline = [k for k in _INLINE_FIELDS if k in b]
+    if "places" in b:
+        if inline:
+            raise SpecError(f"{where}.{inline[0]}", "this bug lists its places in places: move "
+                            f"{', '.join(inline)} into the place they belong to")
+        places = []
+        for k, p in enumerate(sc.array(b["places"], f"{where}.places", MAX_PLACES)):
+            sc.obj(p, f"{where}.places[{k}]", ("path", "torch"), PLACE_FIELDS)
+            places.append(_place(p, f"{where}.places[{k}]"))
+        if not places:
+            raise SpecError(f"{where}.places", "no place: a bug shows on at least one path (path and torch)")
+    else:
+        for k in ("path", "torch"):
+            if k not in b:
+                raise SpecError(f"{where}.{k}", "missing field (a bug names where it shows: path and torch inline, "
+                                "or a list of places)")
+        places = [_place(b, where)]
+    seen: dict[str, int] = {}
+    for k, p in enumerate(places):
+        if p.path in seen:
+            raise SpecError(f"{where}.places[{k}].path", f"{p.path!r} is places[{seen[p.path]}]'s path too: "
+                            "merge the two places")
+        seen[p.path] = k
+    return Bug(b["id"], b["summary"], tuple(places), b.get("upstream", ""), cases, cls)
+
+
 def from_json(data: Any, file: str) -> Ledger:
     """A parsed ledger -> Ledger, every field checked; FileError naming the file and field."""
     try:
@@ -120,36 +297,28 @@ def from_json(data: Any, file: str) -> Ledger:
         if type(v) is not int or v != LEDGER_VERSION:
             raise SpecError("gradfuzz_ledger", f"expected {LEDGER_VERSION}, got {sc._show(v)}")
         _scheme(data.get("signature_scheme", 1))
-        bugs, ids = [], set()
+        bugs: list[Bug] = []
+        ids: dict[str, int] = {}
         for i, b in enumerate(sc.array(data["bugs"], "bugs", MAX_BUGS)):
-            where = f"bugs[{i}]"
-            sc.obj(b, where, ("id", "path", "torch", "summary"), _BUG_FIELDS)
-            sc.string(b["id"], f"{where}.id", max_len=128, pattern=_ID)
-            sc.string(b["path"], f"{where}.path", max_len=256, empty=False)
-            if (b["id"], b["path"]) in ids:  # one entry per bug and path
-                raise SpecError(f"{where}.id", f"{b['id']!r} on {b['path']!r} is filed by an earlier entry too")
-            ids.add((b["id"], b["path"]))
-            sc.version_range(b["torch"], f"{where}.torch")
-            packages = tuple(sorted(sc.package_ranges(b.get("packages", {}), f"{where}.packages").items()))
-            sc.string(b["summary"], f"{where}.summary", max_len=sc.MAX_TEXT)
-            sc.string(b.get("upstream", ""), f"{where}.upstream", max_len=sc.MAX_TEXT)
-            cases = tuple(_case_file(c, f"{where}.cases[{j}]") for j, c in enumerate(sc.array(b.get("cases", []), f"{where}.cases")))
-            sigs = tuple(sc.signature(x, f"{where}.signatures[{j}]")
-                         for j, x in enumerate(sc.array(b.get("signatures", []), f"{where}.signatures", 1024)))
-            wa = sc.string(b.get("workaround", NO_WORKAROUND), f"{where}.workaround",
-                           choices=(NO_WORKAROUND, *workarounds.EFFECTS))
-            cls = corpus_finding_class(b.get("finding_class", BUG_CLASS), f"{where}.finding_class")
-            claims = sc.string(b.get("claims", CLAIMS[0]), f"{where}.claims", choices=CLAIMS)
-            if claims == "workaround" and wa == NO_WORKAROUND:
-                raise SpecError(f"{where}.claims", "claims \"workaround\" needs a workaround other than \"none\": "
-                                "the gate files a new divergence under this bug only where its workaround removes it")
-            bugs.append(Bug(**{**b, "cases": cases, "signatures": sigs, "workaround": wa, "packages": packages,
-                               "finding_class": cls, "claims": claims}))
+            bug = _bug(b, f"bugs[{i}]")
+            if bug.id in ids:  # one entry per bug
+                raise SpecError(f"bugs[{i}].id", f"{bug.id!r} is bugs[{ids[bug.id]}]'s id too: a bug is one entry; "
+                                f"add this entry's paths to bugs[{ids[bug.id]}] as places (or give it an id of its own)")
+            ids[bug.id] = i
+            bugs.append(bug)
     except SpecError as e:
         if not e.where:
             raise CorpusError(file, "expected a JSON object with gradfuzz_ledger and bugs") from None
         raise CorpusError(file, f"field {e}") from None
     return Ledger(bugs, os.path.dirname(os.path.abspath(file)))
+
+
+def places_of(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The place objects of one entry as the file holds them (the entry
+    itself when its one place is inline): where a tool that edits the file
+    in place (``gradfuzz ledger --write``) records a place's signatures."""
+    places = entry.get("places")
+    return [p for p in places if isinstance(p, dict)] if isinstance(places, list) else [entry]
 
 
 def _scheme(v: Any) -> None:
@@ -228,18 +397,39 @@ def to_json(ledger: Ledger) -> dict[str, Any]:
 
 
 def _entry(bug: Bug) -> dict[str, Any]:
-    """An entry as the ledger file holds it (no ``packages`` for a torch-only
-    bug, no ``finding_class`` for a bug of the default class)."""
-    out = {k: list(v) if isinstance(v, tuple) else v for k, v in bug.__dict__.items()}
-    if out["finding_class"] == BUG_CLASS:
-        del out["finding_class"]
-    if out["claims"] == CLAIMS[0]:
-        del out["claims"]
-    packages = out.pop("packages")
-    return {**out, "packages": dict(packages)} if packages else out
+    """An entry as the ledger file holds it: one place inline, several in
+    ``places``; defaults left out (no ``packages`` for a torch-only bug, no
+    ``finding_class`` for a bug of the default class)."""
+    head: dict[str, Any] = {"id": bug.id}
+    tail: dict[str, Any] = {"summary": bug.summary, "upstream": bug.upstream}
+    if bug.finding_class != BUG_CLASS:
+        tail["finding_class"] = bug.finding_class
+    if len(bug.places) == 1 and not bug.places[0].note:
+        (p,) = bug.places
+        place = _place_json(p)
+        cases = list(dict.fromkeys((*bug.cases, *place.pop("cases", []))))
+        head.update(path=place.pop("path"), torch=place.pop("torch"))
+        return {**head, **tail, "cases": cases, **place}
+    return {**head, **tail, **({"cases": list(bug.cases)} if bug.cases else {}),
+            "places": [_place_json(p) for p in bug.places]}
 
 
-def signature_label(bug: Bug | None, version: str) -> str:
+def _place_json(p: Place) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": p.path, "torch": p.torch}
+    if p.packages:
+        out["packages"] = dict(p.packages)
+    if p.note:
+        out["note"] = p.note
+    if p.cases:
+        out["cases"] = list(p.cases)
+    out["signatures"] = list(p.signatures)
+    out["workaround"] = p.workaround
+    if p.claims != CLAIMS[0]:
+        out["claims"] = p.claims
+    return out
+
+
+def signature_label(bug: Site | None, version: str) -> str:
     """What a signature match alone may say: a fuzzing front does not run the
     workaround, so it never says plain "known" (the gate decides that)."""
     if bug is None:
@@ -265,3 +455,21 @@ def labeller(file: str | None = None):
         return signature_label(led.match(path, signature, version=version), version)
 
     return label
+
+
+def doc_row(bug: Bug) -> str:
+    """The bug's row in docs/ledger.md's tables (a test keeps the page's rows
+    equal to these): id, every place's paths, the torch ranges, and the stack
+    ranges in bold before the summary."""
+    ranges = "; ".join(dict.fromkeys(p.torch for p in bug.places))
+    stacks = "; ".join(dict.fromkeys(", ".join(f"{n} {s}" for n, s in p.packages) for p in bug.places if p.packages))
+    what = f"**{stacks}**: {bug.summary}" if stacks else bug.summary
+    return f"| `{bug.id}` | `{bug.path}` | `{ranges}` | {what} |"
+
+
+def counts(ledger: Ledger) -> dict[str, int]:
+    """What the docs say about the ledger's size, counted from it: entries
+    (one per bug), bugs, misuses and places."""
+    misuses = sum(b.finding_class != BUG_CLASS for b in ledger.bugs)
+    return {"entries": len(ledger.bugs), "bugs": len(ledger.bugs) - misuses, "misuses": misuses,
+            "places": len(ledger.sites)}

@@ -94,7 +94,7 @@ def stacks_installed() -> dict[str, str]:
     return {k: v for k, v in sorted(found.items()) if v}
 
 
-def _classify(bug: ledger_mod.Bug, version: str, reproduced: bool) -> str:
+def _classify(bug: ledger_mod.Site, version: str, reproduced: bool) -> str:
     """A bug's signature shown (``reproduced``) inside its range is known (to
     be confirmed by its workaround), past it a regression, before it a range
     that starts too late; never plain known outside the range."""
@@ -134,7 +134,7 @@ def run_gate(
         lap("self-check")
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
-    seen_as: dict[tuple[str, str], ledger_mod.Bug] = {}
+    seen_as: dict[tuple[str, str], ledger_mod.Site] = {}
     seen_by: dict[tuple[str, str], set[str]] = {}
     shapes: set[tuple[str, str]] = set()
     try:
@@ -189,7 +189,7 @@ def _selfcheck_rows(results: list[CanaryResult]) -> list[Row]:
 
 
 def _fuzz_rows(divergences: list[Divergence], rows: list[Row], led: ledger_mod.Ledger, version: str,
-               seen_as: dict[tuple[str, str], ledger_mod.Bug], shapes: set[tuple[str, str]]) -> list[Row]:
+               seen_as: dict[tuple[str, str], ledger_mod.Site], shapes: set[tuple[str, str]]) -> list[Row]:
     """One row per fuzzed (path, signature) the replay did not already report.
     A ledger bug matches by its recorded signatures, or by any signature its
     own cases showed in the replay just now, on this path or (by shape) on
@@ -223,12 +223,12 @@ class Fits:
     shapes: set[tuple[str, str]]
     version: str
 
-    def others(self, r: Row) -> list[ledger_mod.Bug]:
+    def others(self, r: Row) -> list[ledger_mod.Site]:
         shape = (r.divergence or {}).get("shape")
         ids = self.seen_by.get((r.path, r.signature or ""), set())
         fits = [b for b in self.led.for_path(r.path) if r.signature in b.signatures or b.id in ids
                 or shape and (b.id, shape) in self.shapes]
-        out: list[ledger_mod.Bug] = []
+        out: list[ledger_mod.Site] = []
         for b in fits:
             if b.id != r.bug and b.relation(self.version) == "in" and all(b.id != o.id for o in out):
                 out.append(b)
@@ -244,7 +244,7 @@ def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, sla
     only, shown apart. What the worked-around run shows that the plain run did
     not (a second bug the first one hid, as ``split.twin`` exposes) is new."""
     by_name = {p.name: p for p in live}
-    verdicts: dict[tuple[str, str, str | None], tuple[Verdict, ledger_mod.Bug]] = {}
+    verdicts: dict[tuple[str, str, str | None], tuple[Verdict, ledger_mod.Site]] = {}
     seen = {(r.path, r.signature) for r in rows}
     _start_children(rows, by_name, led)
     for r in list(rows):
@@ -312,7 +312,7 @@ class Verdict:
     exposed: list[Divergence] = field(default_factory=list)
 
 
-def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Bug, path: Path | None, row: Row,
+def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path | None, row: Row,
                         slack: float | None, version: str) -> Verdict:
     wa = bug.workaround
     if wa == ledger_mod.NO_WORKAROUND:
@@ -361,14 +361,14 @@ def one_row_per_bug(rows: list[Row]) -> list[Row]:
     return out
 
 
-def _row(status: str, d: Divergence, bug: ledger_mod.Bug | None, source: str) -> Row:
+def _row(status: str, d: Divergence, bug: ledger_mod.Site | None, source: str) -> Row:
     return Row(status, d.path, d.detail, bug.id if bug else None, d.signature, source, d.case,
                {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "", d.finding_class)
 
 
 def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
             progress, n_entries: int
-            ) -> tuple[dict[tuple[str, str], ledger_mod.Bug], dict[tuple[str, str], set[str]], set[tuple[str, str]]]:
+            ) -> tuple[dict[tuple[str, str], ledger_mod.Site], dict[tuple[str, str], set[str]], set[tuple[str, str]]]:
     """Returns, per (path, signature), the bug the replay filed it under
     and every bug whose own cases showed it; and (bug, shape) pairs seen."""
     reproduced: dict[str, list[Divergence]] = {}
@@ -408,8 +408,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
             else:  # decided once every ledger case has shown its signatures
                 unmatched.append((d, entry.file))
         progress(f"[case] {p.name} {entry.file}: {len(divs)} divergence(s)")
-    by_id = {b.id: b for b in led.bugs}
-    seen_as = {(d.path, d.signature): by_id[i] for i, divs in reproduced.items() for d in divs}
+    seen_as = {(d.path, d.signature): _site(led, i, d.path) for i, divs in reproduced.items() for d in divs}
     seen_by: dict[tuple[str, str], set[str]] = {}
     for i, divs in reproduced.items():
         for d in divs:
@@ -430,7 +429,7 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
     """What the replay says of each ledger bug whose cases ran here: its
     divergences, one row each, or a row saying it is fixed or not reproduced."""
     rows = []
-    for b in led.bugs:
+    for b in led.sites:
         if not any(b.covers(n) for n in live_names):
             continue
         divs = reproduced.get(b.id, [])
@@ -448,7 +447,14 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
     return rows
 
 
-def _owner_of(led: ledger_mod.Ledger, owners: list[ledger_mod.Bug], d: Divergence, version: str) -> ledger_mod.Bug:
+def _site(led: ledger_mod.Ledger, bug_id: str, path: str) -> ledger_mod.Site:
+    """Bug ``bug_id`` where ``path`` is: its place covering the path, else its
+    first place (a divergence its own case showed on a path it does not list)."""
+    bug = led.bug(bug_id)
+    return bug.at(path) or bug.sites[0]
+
+
+def _owner_of(led: ledger_mod.Ledger, owners: list[ledger_mod.Site], d: Divergence, version: str) -> ledger_mod.Site:
     """The bug a divergence on a case filed under ``owners`` belongs to: an
     owner affecting this version whose signatures name it; else any bug
     affecting this version that records it (a case filed under a bug that
@@ -464,7 +470,7 @@ def _owner_of(led: ledger_mod.Ledger, owners: list[ledger_mod.Bug], d: Divergenc
     return named or owners[0]
 
 
-def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergence, version: str) -> ledger_mod.Bug | None:
+def _by_shape(led: ledger_mod.Ledger, shapes: set[tuple[str, str]], d: Divergence, version: str) -> ledger_mod.Site | None:
     """A bug whose entry covers ``d``'s path and whose own cases showed ``d``'s
     shape on some path in this run; one affecting ``version`` wins."""
     return ledger_mod.first([b for b in led.for_path(d.path) if (b.id, d.shape) in shapes], version)

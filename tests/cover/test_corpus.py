@@ -86,7 +86,7 @@ def test_ledger_and_case_expectations_agree():
 
     led = ledger.load(os.path.join(ROOT, "ledger.json"))
     backed = set()
-    for bug in led.bugs:
+    for bug in led.sites:
         assert bug.cases or bug.signatures, f"{bug.id} has nothing to match"
         for rel in bug.cases:
             entry = corpus.load(os.path.join(ROOT, rel))

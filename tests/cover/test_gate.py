@@ -29,7 +29,7 @@ V = torch.__version__.split("+")[0]
     (">=2.11", "2.14.1+cu130", "in"), (">=2.0,<2.12", "2.13.0", "after"),
 ])
 def test_version_relation(spec, version, rel):
-    assert ledger.Bug("b", "p", spec, "s").relation(version) == rel
+    assert ledger.Bug.single("b", "p", spec, "s").sites[0].relation(version) == rel
 
 
 def _world(tmp_path, torch_range: str | None):
@@ -296,10 +296,10 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
     b = SplitPath("canary.sibling", "harness.paths.split.canaries:double_count_nested", stock_contract=True)
     (da,), (db,) = check(nested(), a)[:1], check(nested(), b)[:1]
     assert da.signature != db.signature and da.shape == db.shape
-    led = ledger.Ledger([ledger.Bug("fam", "split.stock, canary.sib*", f">={V}", "double count")], str(tmp_path))
+    led = ledger.Ledger([ledger.Bug.single("fam", "split.stock, canary.sib*", f">={V}", "double count")], str(tmp_path))
     assert gate._by_shape(led, {("fam", da.shape)}, db, torch.__version__).id == "fam"
     assert gate._by_shape(led, {("fam", "value-0000000000")}, db, torch.__version__) is None
-    other = ledger.Ledger([ledger.Bug("fam", "split.stock", f">={V}", "double count")], str(tmp_path))
+    other = ledger.Ledger([ledger.Bug.single("fam", "split.stock", f">={V}", "double count")], str(tmp_path))
     assert gate._by_shape(other, {("fam", da.shape)}, db, torch.__version__) is None
 
 

@@ -117,7 +117,7 @@ def check_ledger(data):
     except corpus.CorpusError as err:
         assert "hostile-ledger.json" in str(err)
         return
-    for b in led.bugs:
+    for b in led.sites:
         assert all(isinstance(c, str) and ".." not in c for c in b.cases)
         b.relation("2.13.0")
 

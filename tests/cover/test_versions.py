@@ -42,7 +42,7 @@ def _ledger(tmp_path, packages):
 
 def test_ledger_entries_carry_package_ranges_and_write_them_back(tmp_path):
     led = ledger.load(str(_ledger(tmp_path, {"deepspeed": ">=0.16,<0.18"})))
-    (bug,) = led.bugs
+    (bug,) = led.sites
     assert bug.packages == (("deepspeed", ">=0.16,<0.18"),)
     assert bug.range == "torch >=2.11, deepspeed >=0.16,<0.18"
     assert ledger.to_json(led)["bugs"][0]["packages"] == {"deepspeed": ">=0.16,<0.18"}
