@@ -59,6 +59,44 @@ for p in resolve(names):
 print("RESULT " + json.dumps(out))
 """
 
+# The same test held to tolerance-mode cases only (``--tolerance-only``): the
+# draws of each path, those in its contract whose case is not exact, each
+# checked as the fuzzer checks it. "hit" counts tolerance cases drawn.
+_PROBE_TOLERANCE = r"""
+import json, sys
+from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+from harness.compare.values import Tolerance
+from harness.engine.check import check
+from harness.engine.target import Target
+from harness.paths import resolve
+names, examples, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = {}
+for p in resolve(names):
+    a = p.availability()
+    if not a.ok:
+        out[p.name] = {"unavailable": a.reason[:300]}
+        continue
+    seen = {"run": 0, "hit": None, "signature": None, "detail": None}
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=(Phase.generate,), database=None)
+    @hseed(seed)
+    @given(Target([p]).strategy())
+    def draw(case):
+        if seen["hit"] is not None or p.supports(case) is not None or Tolerance.for_case(case).exact:
+            return
+        seen["run"] += 1
+        found = check(case, p)
+        if found:
+            seen.update(hit=seen["run"], signature=found[0].signature, detail=found[0].detail[:200])
+
+    draw()
+    out[p.name] = seen
+    if seen["hit"] is not None:
+        break
+print("RESULT " + json.dumps(out))
+"""
+
 
 def mutants(file: str) -> list[tuple[str, str]]:
     """(one-line diff, full mutated source) for each of mutmut's mutations of ``file``."""
@@ -82,13 +120,14 @@ def _copy_tree(tree: str, dest: str) -> None:
                         ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _run_one(workdir: str, file: str, src: str, paths: str, examples: int, seed: int, timeout: float) -> dict:
+def _run_one(workdir: str, file: str, src: str, paths: str, examples: int, seed: int, timeout: float,
+             probe: str = _PROBE) -> dict:
     with open(os.path.join(workdir, file), "w") as f:
         f.write(src)
     env = {**os.environ, "PYTHONPATH": workdir, "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, "-c", _PROBE, paths, str(examples), str(seed)], cwd=workdir, env=env,
+        p = subprocess.run([sys.executable, "-c", probe, paths, str(examples), str(seed)], cwd=workdir, env=env,
                            capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "seconds": timeout}
@@ -120,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=int, default=0, help="every k-th mutant only, k chosen to keep about this many")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant (a hang counts as killed)")
     ap.add_argument("--json", help="write every mutant's result here")
+    ap.add_argument("--tolerance-only", action="store_true",
+                    help="fuzz tolerance-mode cases only (exact mode sees any difference): EXAMPLES draws each")
     args = ap.parse_args(argv)
 
     if args.mutants:
@@ -133,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(listed)} mutants of {args.file} -> {args.export}")
         return 0
     seeds = [int(x) for x in args.seeds.split(",")]
+    probe = _PROBE_TOLERANCE if args.tolerance_only else _PROBE
     todo = list(enumerate(listed))
     if args.only:
         keep = {int(x) for x in args.only.split(",")}
@@ -148,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.tree, args.file)) as f:
         original = f.read()
     for sd in seeds:
-        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout)
+        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout, probe)
         print(f"baseline (unmutated) seed {sd}: {r['status']}" + (f" after {r['examples']} examples: {r.get('detail')}"
                                                                    if r["status"] == "killed" else "")
               + (f": {r.get('stderr', '')[-600:]}" if r["status"] == "error" else ""), flush=True)
@@ -168,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, (i, (diff, src)) in enumerate(todo):
             if n % len(workers) != w:
                 continue
-            runs = [_run_one(workers[w], args.file, src, args.paths, args.examples, sd, args.timeout) for sd in seeds]
+            runs = [_run_one(workers[w], args.file, src, args.paths, args.examples, sd, args.timeout, probe)
+                    for sd in seeds]
             # A mutant is killed when any seed kills it; its examples-to-kill is the median over the seeds
             # that did (each seed is a cold start: the per-seed numbers are the detection statistics).
             r = next((x for x in runs if x["status"] in ("killed", "timeout")), runs[0])

@@ -1,6 +1,6 @@
 """How often would tolerance mode let a wrong parameter grad agree?
 
-    PYTHONPATH=. python benchmarks/tolerance_floor.py PATH [EXAMPLES] [SEED] [--terms-only]
+    PYTHONPATH=. python benchmarks/tolerance_floor.py PATH [EXAMPLES] [SEED] [--terms-only] [--low-only]
 
 Draws PATH's cases (its target's strategy, seeded), keeps those in its
 contract and in tolerance mode, and asks of each parameter grad whether a
@@ -8,8 +8,10 @@ path that got it wrong in one of four ways would still agree under
 ``Tolerance.allowed``: zeroed, halved, sign-flipped (after the first
 backward), or one microbatch's contribution dropped (after the last
 backward of a step of several). ``--terms-only`` judges with the term
-bounds alone (the tolerance before the float32 noise cap), for a before and
-after in one run. Prints the counts, and the median, 90th percentile and
+bounds alone (the tolerance before the float32 noise cap, and a path that
+rounds grads to a lower type against term sizes, not against what it
+rounded), for a before and after in one run. ``--low-only`` keeps only the
+cases the path computes in a lower type (its ``rounding``). Prints the counts, and the median, 90th percentile and
 maximum of the floor ``eps * 1e-3 * peak`` over each grad's largest element.
 """
 
@@ -52,9 +54,10 @@ def _wrongs(tol: Tolerance, oracle, first: int, last: int) -> set[str]:
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     terms_only = "--terms-only" in sys.argv
+    low_only = "--low-only" in sys.argv
     path, eager = resolve(args[0])[0], resolve("eager.accumulate")[0]
     n = int(args[1]) if len(args) > 1 else 300
-    counts = {"in contract": 0, "exact": 0, "tolerance": 0, "a wrong grad agrees": 0,
+    counts = {"in contract": 0, "exact": 0, "tolerance": 0, "low precision": 0, "a wrong grad agrees": 0,
               **{f"a {w} grad agrees": 0 for w in WRONGS}}
     ratios: list[float] = []
 
@@ -65,15 +68,20 @@ def main() -> None:
     def draw(case) -> None:  # type: ignore[no-untyped-def]
         if path.supports(case) is not None:
             return
+        if low_only and not (hasattr(path, "rounding") and path.rounding(case)[0]):
+            return
         counts["in contract"] += 1
+        precision, rounded = path.rounding(case) if hasattr(path, "rounding") else (None, None)
         tol = Tolerance.for_case(case)
-        if tol.exact:
+        if tol.exact and precision is None:
             counts["exact"] += 1
             return
         counts["tolerance"] += 1
+        counts["low precision"] += precision is not None
         oracle = observe(case)
         if not terms_only:
             tol = tol.with_noise(case, oracle, lambda: eager.run(case) if eager.supports(case) is None else None)
+        tol = tol.lowered(precision, case, None if terms_only else rounded)
         last = min(case.schedule.microbatches, len(oracle.steps)) - 1
         hidden = _wrongs(tol, oracle, 0, last)
         counts["a wrong grad agrees"] += bool(hidden)

@@ -144,6 +144,12 @@ class Observation:
     # reduce_dtype, DDP's bf16 compress hook); None: the case's own dtype. The
     # comparison loosens to it (harness.compare.values.LOW_EPS).
     precision: str | None = None
+    # (parameter, backward) -> what the path rounded to ``precision`` there,
+    # element by element: the sum of |every rank's local grad| over the
+    # ranks and the backwards since the step began, divided by the world
+    # size. A reduction's rounding is a few steps of that, however much the
+    # ranks' grads cancel; None: the comparison falls back to term sizes.
+    rounded: dict[tuple[str, int], Any] | None = None
     # Oracle only: each backward's own parameter grads, before accumulation.
     contributions: list[Grads] = field(default_factory=list)
     # The machinery told the user (raised or warned) on a use its docs do not

@@ -9,6 +9,8 @@ went wrong). Plain ``.backward()`` accumulation is a path of its own,
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from harness.materialize.tensors import Built
@@ -22,7 +24,13 @@ class OracleError(RuntimeError):
     """The oracle itself could not run the case: a generator or spec bug."""
 
 
-def observe(case: Case) -> Observation:
+Cotangents = Callable[[int, list[torch.Tensor]], list[torch.Tensor]]
+
+
+def observe(case: Case, cotangents: Cotangents | None = None) -> Observation:
+    """``cotangents`` (backward, the case's grad outputs) -> the grad outputs
+    to use instead: one rank's share, for the grads a data-parallel rank
+    computes before its wrapper reduces them."""
     built = Built(case)
     obs = Observation(path="oracle")
     params = {n: t.requires_grad_(p.requires_grad) for (n, t), p in zip(built.params().items(), case.params)}
@@ -41,7 +49,7 @@ def observe(case: Case) -> Observation:
                 acc = zeroed(acc, sched.zero_grad)
             inputs = {x.name: built.inputs(k)[x.name].requires_grad_(x.requires_grad) for x in case.inputs}
             outs = built.forward({**params, **inputs})
-            cots = built.cotangents(k)
+            cots = built.cotangents(k) if cotangents is None else cotangents(k, built.cotangents(k))
             live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
             wrt_names = grad_params + [n for n, t in inputs.items() if t.requires_grad]
             wrt = [params[n] if n in params else inputs[n] for n in wrt_names]

@@ -12,6 +12,7 @@ combination of the per-microbatch grads, which combination
 from __future__ import annotations
 
 import math
+from copy import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,6 +45,11 @@ SLACK = 128  # rounding steps allowed per unit of term magnitude
 # to the largest element as for the case's own dtype.
 LOW_EPS = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
 LOW_SLACK = 8
+# A reduction in a lower type rounds each rank's local grad once on the way
+# in and the sum once per add (two ranks: once), each at most half a low
+# step of what it rounds (Observation.rounded): 2 steps is that bound, 4
+# leaves room for a wrapper that divides before and after summing.
+ROUNDING_STEPS = 4
 REL_AFTER_STEP.update({"bfloat16": 3e-2, "float16": 4e-3})
 
 
@@ -73,6 +79,10 @@ class Tolerance:
     precision: str | None = None  # LOW_EPS's type the path rounded to; None: the case's dtype
     # (role, name, backward) -> (eager float32's largest error, the oracle's largest element): the noise cap.
     noise: dict = field(default_factory=dict)
+    # (param, backward) -> the size of what the path rounded to ``precision``
+    # there, element by element (Observation.rounded): ROUNDING_STEPS of it
+    # are allowed on top of the case's own tolerance.
+    rounded: dict = field(default_factory=dict)
 
     def with_noise(self, case: Case, oracle: Observation, eager: Callable[[], Observation | None]) -> "Tolerance":
         """This tolerance capped by the float32 noise eager itself shows on
@@ -105,13 +115,20 @@ class Tolerance:
         b = magnitude_bounds(case)
         return cls(False, eps, b, float(b.pop("__peak__")), scale)
 
-    def lowered(self, precision: str | None, case: Case) -> "Tolerance":
+    def lowered(self, precision: str | None, case: Case, rounded: dict | None = None) -> "Tolerance":
         """This tolerance for a path that rounded grads to ``precision``
-        (``LOW_EPS``): never exact (an integer past 256 is not a bfloat16),
-        each element against its term size as in tolerance mode."""
+        (``LOW_EPS``): never exact (an integer past 256 is not a bfloat16).
+        Where the path says what it rounded (``rounded``), the case's own
+        tolerance plus ``ROUNDING_STEPS`` low steps of that, element by
+        element; otherwise each element against its term size."""
         if precision not in LOW_EPS:
             return self
-        return _LazyTolerance(LOW_EPS[precision] * LOW_SLACK * self.scale, case, self.scale, precision)
+        if rounded is None:
+            return _LazyTolerance(LOW_EPS[precision] * LOW_SLACK * self.scale, case, self.scale, precision)
+        base = _LazyTolerance(EPS[case.dtype] * SLACK * self.scale, case, self.scale) if self.exact else copy(self)
+        object.__setattr__(base, "precision", precision)
+        object.__setattr__(base, "rounded", rounded)
+        return base
 
     def allowed(self, what: str, shape: torch.Size, at: tuple | None = None) -> torch.Tensor | float:
         """What an element may differ by: ``eps`` per unit of its term bound,
@@ -124,12 +141,19 @@ class Tolerance:
             by_terms = self.eps * bound + self.eps * 1e-3 * self.peak + 1e-30
         else:
             by_terms = self.eps * self.peak + 1e-30
+        return self._capped(by_terms, at) + self._rounding(at)
+
+    def _capped(self, by_terms: torch.Tensor | float, at: tuple | None) -> torch.Tensor | float:
         if at is None or at not in self._noise():
             return by_terms
         err, top = self.noise[at]
         _, largest = self.noise.get((at[0], "*", at[2]), (0.0, top))
         cap = max(NOISE_K * self.scale * err, self.eps * largest) + 1e-30
         return torch.clamp(by_terms, max=cap) if isinstance(by_terms, torch.Tensor) else min(by_terms, cap)
+
+    def _rounding(self, at: tuple | None) -> torch.Tensor | float:
+        size = self.rounded.get(at[1:]) if at is not None and at[0] == "param" else None
+        return 0.0 if size is None else LOW_EPS[self.precision] * ROUNDING_STEPS * self.scale * size
 
 
 class _LazyTolerance(Tolerance):
@@ -138,7 +162,7 @@ class _LazyTolerance(Tolerance):
     and the bounds cost a forward and backward of their own."""
 
     def __init__(self, eps: float, case: Case, scale: float = 1.0, precision: str | None = None) -> None:
-        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale), ("noise", {}),
+        for k, v in (("exact", False), ("eps", eps), ("bounds", {}), ("peak", 0.0), ("scale", scale), ("noise", {}), ("rounded", {}),
                      ("precision", precision), ("_case", case)):
             object.__setattr__(self, k, v)
 
@@ -157,7 +181,7 @@ def compare(case: Case, oracle: Observation, obs: Observation, *, retained_grads
     ``blind``: the observations (``harness.observation.OBSERVATIONS``) the
     path's contract says its machinery cannot show; compare does not hold it to them."""
     none_matters = GRAD_NONE not in blind
-    tol = (tol or Tolerance.for_case(case)).lowered(obs.precision, case)
+    tol = (tol or Tolerance.for_case(case)).lowered(obs.precision, case, obs.rounded)
     found = _events(case, obs, tol.scale)
     if HOOK_FIRING not in blind:
         found += _hook_counts(obs.path, oracle, obs, retained_grads)

@@ -111,6 +111,40 @@ def rank_data(case: Any, built: Any, k: int, ctx: Any) -> tuple[list[torch.Tenso
     dev, ws = ctx.device, ctx.world_size
     drawn = built.inputs(k)
     inputs = [drawn[x.name].to(dev, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs]
-    cots = [(ws * share(c, ctx.rank, ws, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)).to(dev, built.dtype)
-            for i, c in enumerate(built.cotangents(k))]
+    cots = [c.to(dev, built.dtype) for c in rank_cotangents(case, built.cotangents(k), k, ctx.rank, ws)]
     return inputs, cots
+
+
+def rank_cotangents(case: Any, cots: list[torch.Tensor], k: int, rank: int, world_size: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s grad outputs at backward ``k``: its share of the case's, times the world size."""
+    return [world_size * share(c, rank, world_size, case.seed * 7919 + 50_000 + 97 * k + i, case.exact)
+            for i, c in enumerate(cots)]
+
+
+def rounded_by_reduction(case: Any, world_size: int) -> dict[tuple[str, int], torch.Tensor]:
+    """(parameter, backward) -> the sum over ranks of |each rank's local grad|
+    (float64, accumulated as the wrapper accumulates its reduced grads:
+    since the step began, or since the first backward where ``zero_grad``
+    keeps them), over the world size: what
+    a wrapper that reduces in a lower type rounds, element by element. The
+    ranks' local grads cancel in the average, so the rounding can be many
+    times the averaged grad itself; this is its true scale, not a bound
+    over every term of the case."""
+    from harness.materialize.schedule import starts_step
+    from oracles.eager import observe
+
+    ranks = [observe(case, lambda k, cots, r=r: rank_cotangents(case, cots, k, r, world_size))
+             for r in range(world_size)]
+    out: dict[tuple[str, int], torch.Tensor] = {}
+    running: dict[str, torch.Tensor] = {}
+    for k in range(len(ranks[0].contributions)):
+        if starts_step(case, k) and case.schedule.zero_grad != "keep":
+            running = {}
+        for name in ranks[0].contributions[k]:
+            parts = [o.contributions[k][name] for o in ranks if o.contributions[k][name] is not None]
+            if parts:
+                here = sum(p.abs() for p in parts) / world_size
+                running[name] = here if name not in running else running[name] + here
+            if name in running:
+                out[(name, k)] = running[name]
+    return out

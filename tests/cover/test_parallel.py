@@ -4,6 +4,8 @@ plain case, the contract, and both canaries against their bases."""
 
 from dataclasses import replace
 
+import os
+
 import pytest
 import torch
 
@@ -16,6 +18,9 @@ from harness.engine.check import check
 from harness.paths import Options, resolve
 from harness.paths.parallel.data import Switches
 from harness.paths.parallel.path import DataParallelPath
+
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 
 
 def tied(parallel: tuple[str, ...] = ("no_sync", "small_buckets", "units"), **schedule) -> Case:
@@ -98,6 +103,28 @@ def test_a_bf16_reduce_is_compared_at_bf16_and_still_catches_a_lost_microbatch(p
     wrong = replace(obs, steps=[*obs.steps[:-1], replace(last, grads={n: g * 0.75 if g is not None else g
                                                                       for n, g in last.grads.items()})])
     found = compare(case, cc.oracle, wrong, tol=cc.tol)
+    assert found and "rounds grads to bfloat16" in found[0].detail
+
+
+def test_a_bf16_reduce_is_judged_by_what_it_rounded_not_by_term_sizes(paths):
+    """The ranks' local grads of an rms_norm weight cancel in the average,
+    while every term of the case is large: against term sizes a zeroed grad
+    agreed. Against what FSDP2 really rounds (each rank's local grad, from
+    the oracle run on that rank's share) it is a finding, and the stock
+    wrapper's own rounding still agrees."""
+    from harness.compare.values import compare
+    from harness.engine.check import CaseCheck
+
+    with open(os.path.join(DATA, "bf16_reduce_rms_norm_case.json")) as fh:
+        case = Case.loads(fh.read())
+    cc = CaseCheck(case)
+    obs = cc.observe(paths["fsdp2.stock"])
+    assert obs.precision == "bfloat16" and obs.rounded
+    assert compare(case, cc.oracle, obs, tol=cc.tol) == []
+    zeroed = replace(obs, steps=[replace(s, grads=s.grads and {n: None if g is None else g * 0
+                                                                for n, g in s.grads.items()}) for s in obs.steps])
+    assert compare(case, cc.oracle, replace(zeroed, rounded=None), tol=cc.tol) == []  # the hole term sizes leave
+    found = compare(case, cc.oracle, zeroed, tol=cc.tol)
     assert found and "rounds grads to bfloat16" in found[0].detail
 
 

@@ -34,6 +34,7 @@ from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Av
 from harness.paths.parallel.data import LOW_PRECISION, Machinery, switches
 from harness.paths.parallel.strategy import SWITCHES
 from harness.paths.pooled import PooledPath
+from harness.paths.rankfacts import rounded_by_reduction
 from harness.paths.workarounds import IN_PROCESS
 from harness.paths.assemble import observation as assemble
 
@@ -113,12 +114,20 @@ class DataParallelPath(PooledPath):
         outcome = self.group.request({"op": "call", "module": "harness.paths.parallel.rank", "case": case.dumps(),
                                       "kind": self.kind, "impl": self.impl}, self.timeout)
         obs = assemble(self.name, case, outcome)
-        if self.impl == STOCK:  # the fixed references reduce in the case's dtype, whatever the switch
-            obs.precision = next((LOW_PRECISION[o] for o in switches(case).options if o in LOW_PRECISION), None)
+        obs.precision, obs.rounded = self.rounding(case)
         if outcome.status == "ok":
             _judge_reductions(obs, self.kind, outcome.replies)
             _judge_shards(obs, self.kind, outcome.replies)
         return obs
+
+    def rounding(self, case: Case) -> tuple[str | None, dict | None]:
+        """The lower type the wrapper reduces grads in, and what it rounds
+        there (``Observation.rounded``); the fixed references reduce in the
+        case's dtype, whatever the switch."""
+        low = next((LOW_PRECISION[o] for o in switches(case).options if o in LOW_PRECISION), None)
+        if self.impl != STOCK or low is None:
+            return None, None
+        return low, rounded_by_reduction(case, self._world())
 
     def repro(self, case: Case) -> Repro:
         if self.impl == STOCK and set(switches(case).options) <= SCRIPTED and not case.schedule.optimizer:
