@@ -503,9 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_repro)
 
     _add_gate_parser(sub, DEFAULT_FOUND)
-    from harness.cli import versions
+    from harness.cli import upstream, versions
 
     versions.add_parser(sub)
+    upstream.add_parser(sub)
 
     sc = sub.add_parser("selfcheck", help="prove the harness still catches its canaries here")
     sc.add_argument("--seed", type=int, default=0)
