@@ -49,25 +49,62 @@ def opinfo_recipe(shape, seed, low, high, device, dtype):
     return (low + (high - low) * u).reshape(shape).to(dtype)
 
 
+# An input's placement below -1: Partial with this reduce op (-1 Replicate, d Shard(d)).
+PARTIAL = {-2: "sum", -3: "avg", -4: "max", -5: "min"}
+
+
+def placement_name(place):
+    if place is None or place == -1:
+        return "Replicate"
+    return f"Partial({PARTIAL[place]})" if place in PARTIAL else f"Shard({place})"
+
+
 def opinfo_on_mesh(mesh, place):
-    """For an ``h`` that is a DTensor: (wrap, placed). ``wrap`` makes a
-    local tensor a Replicate DTensor on ``mesh``; ``placed`` does that and
-    shards it on dimension ``place`` of the first mesh dimension (where the
-    tensor has it), so the op runs through its sharding strategy."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    """For an ``h`` that is a DTensor: (wrap, placed, split). ``wrap`` makes
+    a local tensor a Replicate DTensor on ``mesh``; ``placed`` places one as
+    ``place`` says on the first mesh dimension: Shard(place) where the
+    tensor has that dimension, or Partial (``PARTIAL``). ``split``: the
+    placements of the grad of the tensor ``placed`` reads (None: Replicate),
+    Partial(sum) where each rank's grad is its own piece of it.
+
+    A Partial(sum) or Partial(avg) input is split: each element's whole value
+    on one rank (times the rank count for avg, that rank's piece carrying
+    the grad) and 0 on the others, so an op that reads a Partial input as if
+    it were replicated sees other values; every piece is exact in binary on
+    a power-of-two mesh dimension. Max and min hold the value on every rank.
+    DTensor refuses to redistribute to Partial from user code, so the
+    pieces are made here and handed to ``from_local``."""
+    import inspect
+
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     rep = [Replicate()] * mesh.ndim
+    op = PARTIAL.get(place)
+    split = op in ("sum", "avg")
+    # Older DTensors take no grad_placements; they hand a Partial input's grad back replicated too.
+    grads = {"grad_placements": rep} if "grad_placements" in inspect.signature(DTensor.from_local).parameters else {}
 
     def wrap(t):
         return DTensor.from_local(t, mesh, rep, run_check=False)
 
+    def partial(t):
+        n, r = mesh.size(0), mesh.get_local_rank(0)
+        if split:
+            own = (torch.arange(t.numel(), device=t.device).reshape(t.shape) % n) == r
+            t = torch.where(own, t, torch.zeros_like(t))
+            if op == "avg":
+                t = t + (n - 1) * t.detach()
+        return DTensor.from_local(t, mesh, [Partial(op)] + rep[1:], run_check=False, **grads)
+
     def placed(t):
+        if op is not None:
+            return partial(t)
         t = wrap(t)
         if place is None or place < 0 or place >= t.ndim:
             return t
         return t.redistribute(mesh, [Shard(place)] + rep[1:])
 
-    return wrap, placed
+    return wrap, placed, ([Partial("sum")] + rep[1:]) if split else None
 
 
 def opinfo_node(h, fn, call, const=None, x=None, place=None):
@@ -76,15 +113,16 @@ def opinfo_node(h, fn, call, const=None, x=None, place=None):
     Given ``x``, the op's float outputs on ``x`` itself, flattened into one
     tensor (the table builder measures the op's Jacobian with it).
     A DTensor ``h`` (a case whose parameters live on a mesh): the op's
-    operands are DTensors too, its input sharded on ``place`` (-1 or None:
-    Replicate), and its outputs gathered before the fold."""
+    operands are DTensors too, its input placed as ``place`` says (None or
+    -1: Replicate, d: Shard(d), ``PARTIAL``), and its outputs gathered before
+    the fold."""
     _, inp, args, kwargs, _bound = call
     keep = const if const is not None else (lambda key, make: make())
     wrap = placed = None
     h_in = h
     if x is None and hasattr(h, "device_mesh"):
-        wrap, placed = opinfo_on_mesh(h.device_mesh, place)
-        h = h.full_tensor()
+        wrap, placed, split = opinfo_on_mesh(h.device_mesh, place)
+        h = h.full_tensor(grad_placements=split)
     device = (h if x is None else x).device
 
     def value(v, dtype, operand=True):

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from harness.case.opcall import MOVE, opinfo_node
+from harness.case.opcall import MOVE, PARTIAL, opinfo_node, placement_name
 from harness.case.vocab import SpecError
 
 TABLES = Path(__file__).parent / "optables"
@@ -120,6 +120,15 @@ def places(key: str, call: tuple) -> tuple[int, ...]:
     return ()
 
 
+def mesh_places(key: str, call: tuple) -> tuple[int, ...]:
+    """``places``, and where Replicate ran, every Partial (``opcall.PARTIAL``):
+    DTensor takes a Partial input for any op, reducing it first where the op's
+    strategy does not keep it, so an op that raises or goes wrong on one is
+    DTensor's finding, not an op the table could not run."""
+    ran = places(key, call)
+    return ran + tuple(PARTIAL) if -1 in ran else ran
+
+
 def even_places(key: str, call: tuple, ranks: int) -> tuple[int, ...]:
     """``places``, less the Shard(d) whose dimension ``ranks`` do not divide:
     what the generator draws. DTensor refuses to flatten or view an unevenly
@@ -127,7 +136,7 @@ def even_places(key: str, call: tuple, ranks: int) -> tuple[int, ...]:
     redistribute"), which one rank's screen cannot see; a case file may
     still shard unevenly (a path runs it)."""
     shape = call[1][1]
-    return tuple(p for p in places(key, call) if p < 0 or shape[p] % ranks == 0)
+    return tuple(p for p in mesh_places(key, call) if p < 0 or shape[p] % ranks == 0)
 
 
 def mesh_refusal(case: Any) -> str | None:
@@ -138,10 +147,9 @@ def mesh_refusal(case: Any) -> str | None:
             continue
         place = n.attr("place")
         place = -1 if place is None else place
-        if place not in places(n.attr("fn"), n.attr("call")):
-            where = "Replicate" if place < 0 else f"Shard({place})"
-            return (f"OpInfo op {n.attr('fn')} with its input {where}: it did not run under DTensor in the op "
-                    f"table's screen (no sharding strategy, or it raised); the to_local pattern takes it")
+        if place not in mesh_places(n.attr("fn"), n.attr("call")):
+            return (f"OpInfo op {n.attr('fn')} with its input {placement_name(place)}: it did not run under DTensor "
+                    f"in the op table's screen (no sharding strategy, or it raised); the to_local pattern takes it")
     return None
 
 

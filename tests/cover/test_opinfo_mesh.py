@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from harness.case import opinfo
+from harness.case.opcall import PARTIAL
 from harness.case.spec import Case, Schedule
 from harness.case.vocab import SpecError
 from harness.engine.runner import check
@@ -46,6 +47,27 @@ SHARDED = [("cumsum", 0, 1), ("var", 1, 2), ("nn.functional.layer_norm", 1, 2), 
 def test_a_sharded_opinfo_op_agrees_with_the_oracle_on_two_ranks(key, sample, place):
     assert place in TABLE[key]["places"][sample], TABLE[key]["places"]
     case = _sharded_case(key, sample, place)
+    assert Case.loads(case.dumps()) == case
+    for path in resolve("dtensor.fixed,dtensor.stock"):
+        assert path.supports(case) is None, path.supports(case)
+        assert not check(case, path), path.name
+
+
+def _replicated_sample(key: str) -> int | None:
+    return next((i for i, p in enumerate(TABLE[key]["places"]) if -1 in p), None) if key in TABLE else None
+
+
+# Ops that DTensor keeps Partial through (linear ones) and ones it must reduce first.
+PARTIALS = [("cumsum", -2), ("softmax", -2), ("var", -3), ("nn.functional.layer_norm", -3), ("cos", -4),
+            ("mean", -5)]
+
+
+@pytest.mark.parametrize("key, place", [p for p in PARTIALS if _replicated_sample(p[0]) is not None])
+def test_an_opinfo_op_on_a_partial_input_agrees_with_the_oracle_on_two_ranks(key, place):
+    """The input split over the ranks (sum, avg: each element on one rank),
+    or the same on each (max, min); DTensor must reduce it where the op is
+    not linear, and the grad of every piece must come back whole."""
+    case = _sharded_case(key, _replicated_sample(key), place)
     assert Case.loads(case.dumps()) == case
     for path in resolve("dtensor.fixed,dtensor.stock"):
         assert path.supports(case) is None, path.supports(case)
@@ -119,7 +141,7 @@ def test_drawn_shards_divide_over_two_ranks_and_are_screened():
     for key, e in TABLE.items():
         for call, ran in zip(e["samples"], e["places"]):
             even = opinfo.even_places(key, call, 2)
-            assert set(even) <= set(ran)
+            assert set(even) <= set(ran) | (set(PARTIAL) if -1 in ran else set())
             assert all(p < 0 or call[1][1][p] % 2 == 0 for p in even), (key, even)
 
 

@@ -130,6 +130,10 @@ class DTensorPath(PooledPath):
                     f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
         if why := opinfo.mesh_refusal(case):
             return why
+        world = self._world()
+        if case.exact and world & (world - 1) and any(n.op == "opinfo" and n.attr("place") == -3 for n in case.nodes):
+            return (f"an OpInfo input as Partial(avg) on {world} ranks: its pieces are {world} times the value, "
+                    f"which rounds, and exact mode allows no rounding (tolerance-mode cases take it)")
         inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
         if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
             return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops "
