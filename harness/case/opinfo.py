@@ -39,6 +39,7 @@ MAX_PLACES = 4  # input dimensions a DTensor node may shard (placements -1 and 0
 VALUE_DTYPES = ("int64", "int32", "bool", "uint8")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _KEY = re.compile(r"[A-Za-z0-9_.]+(:method|:inplace)?")
+INPLACE = ":inplace"  # a key's suffix for the op's in-place variant
 
 
 def version_key(version: str | None = None) -> str:
@@ -121,12 +122,13 @@ def places(key: str, call: tuple) -> tuple[int, ...]:
 
 
 def mesh_places(key: str, call: tuple) -> tuple[int, ...]:
-    """``places``, and where Replicate ran, every Partial (``opcall.PARTIAL``):
+    """``places``, and where Replicate ran, every Partial (``opcall.PARTIAL``)
+    unless the op writes into its input:
     DTensor takes a Partial input for any op, reducing it first where the op's
     strategy does not keep it, so an op that raises or goes wrong on one is
     DTensor's finding, not an op the table could not run."""
     ran = places(key, call)
-    return ran + tuple(PARTIAL) if -1 in ran else ran
+    return ran + tuple(PARTIAL) if -1 in ran and not key.endswith(INPLACE) else ran
 
 
 def even_places(key: str, call: tuple, ranks: int) -> tuple[int, ...]:
@@ -147,6 +149,9 @@ def mesh_refusal(case: Any) -> str | None:
             continue
         place = n.attr("place")
         place = -1 if place is None else place
+        if place in PARTIAL and n.attr("fn").endswith(INPLACE):
+            return (f"OpInfo op {n.attr('fn')} writes into its {placement_name(place)} input: DTensor refuses an "
+                    f"in-place op that would change a placement (its message says to use the out-of-place op)")
         if place not in mesh_places(n.attr("fn"), n.attr("call")):
             return (f"OpInfo op {n.attr('fn')} with its input {placement_name(place)}: it did not run under DTensor "
                     f"in the op table's screen (no sharding strategy, or it raised); the to_local pattern takes it")

@@ -451,7 +451,7 @@ def draws_random(case: Any) -> bool:
 
 def node_inplace(node: Any) -> bool:
     """Whether this node writes into its first operand (mul_, an OpInfo op's in-place variant)."""
-    return node.op.endswith("_") or (node.op == "opinfo" and str(node.attr("fn", "")).endswith(":inplace"))
+    return node.op.endswith("_") or (node.op == "opinfo" and str(node.attr("fn", "")).endswith(opinfo.INPLACE))
 
 
 def node_random(node: Any) -> bool:

@@ -74,6 +74,17 @@ def test_an_opinfo_op_on_a_partial_input_agrees_with_the_oracle_on_two_ranks(key
         assert not check(case, path), path.name
 
 
+def test_an_in_place_op_on_a_partial_input_is_refused_as_dtensor_documents():
+    key = next((k for k in TABLE if k.endswith(opinfo.INPLACE) and _replicated_sample(k) is not None), None)
+    if key is None:
+        pytest.skip("no in-place OpInfo op ran Replicate in this torch's screen")
+    case = _sharded_case(key, _replicated_sample(key), -2)
+    (path,) = resolve("dtensor.stock")
+    why = path.supports(case)
+    assert why is not None and key in why and "Partial(sum)" in why and "out-of-place" in why, why
+    assert -2 not in opinfo.even_places(key, TABLE[key]["samples"][_replicated_sample(key)], 2)
+
+
 def test_a_placement_the_screen_did_not_run_is_refused_naming_the_op():
     key = next(k for k, e in TABLE.items() if any(p and max(p) < 2 for p in e["places"]))
     sample = next(i for i, p in enumerate(TABLE[key]["places"]) if p and max(p) < 2)

@@ -1,0 +1,37 @@
+"""torch.norm(x, 2) on a DTensor whose placement is Partial(sum): the forward
+reduces it and runs; the backward raises in norm's own masked_fill_ (in place
+on a Partial tensor), on gloo with two ranks. Run: python THIS_FILE"""
+import os
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate
+
+
+def run(rank, world):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29534")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    x = torch.randn(5, 5, dtype=torch.float64, requires_grad=True)
+    piece = x / world  # rank pieces that sum to x
+    d = DTensor.from_local(piece, mesh, [Partial("sum")], run_check=False)
+    for what, f in (("forward", lambda: torch.norm(d, 2)), ("backward", None)):
+        try:
+            if f is not None:
+                out = f()
+                print(f"rank {rank}: forward ok, placements {out.placements}, value {out.full_tensor().item():.6f}"
+                      f" (eager {torch.norm(x, 2).item():.6f})")
+            else:
+                out.full_tensor().backward()
+                print(f"rank {rank}: backward ok")
+        except Exception as e:
+            print(f"rank {rank}: {what} raised {type(e).__name__}: {str(e)[:300]}")
+            break
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    print(torch.__version__)
+    mp.spawn(run, args=(2,), nprocs=2)
