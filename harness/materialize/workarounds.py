@@ -7,20 +7,29 @@ the same case again with the workaround in force removes it. The workarounds
 in force for the run in this process are a context variable, so a path that
 builds its parameters and trainer here (``make_params``, ``Trainer``) needs
 no code of its own to take them.
+
+Beside them are the fix probes (``harness.materialize.probes``): for a bug
+nothing outside removes, the in-process patch of torch that removes exactly
+it. They are named, carried and put in force the same way (``in_force``
+patches torch here for what runs inside, in every process a case message
+reaches), but they are a check, never advice: ``KINDS`` says which is which
+and reports keep them apart.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from typing import Iterator
 
 import torch
 
+from harness.materialize import probes
+
 ACTIVE: ContextVar[frozenset[str]] = ContextVar("gradfuzz_workarounds", default=frozenset())
 
 # name -> what a user does, in one sentence (shown in reports beside "known").
-EFFECTS = {
+WORKAROUNDS = {
     "clone-grads": "register a hook on every parameter that returns a clone of its incoming grad "
                    "(AccumulateGrad then never adopts a view of a shared buffer)",
     "optimizer-for-loop": "construct the optimizer with foreach=False (and without fused=True): the for-loop step",
@@ -31,16 +40,28 @@ EFFECTS = {
     # Megatron's answer to NVIDIA/Megatron-LM#750 (pipeline size 2): its paths apply it themselves.
     "paired-p2p": "run megatron's pipeline schedule with batch_p2p_comm off (paired isend/irecv, not batch_isend_irecv)",
 }
+WORKAROUND = "workaround"
+# Every named effect the gate can put in force: the workarounds, then the fix probes.
+EFFECTS = {**WORKAROUNDS, **{n: p.effect for n, p in probes.PROBES.items()}}
+KINDS = {n: (WORKAROUND if n in WORKAROUNDS else probes.KIND) for n in EFFECTS}
 
 
 @contextmanager
 def in_force(*names: str) -> Iterator[None]:
     """``names`` in force for what runs inside: the gate's worked-around run
     here, or a worker's case whose message names them (names outside
-    ``EFFECTS`` are not applied)."""
-    token = ACTIVE.set(ACTIVE.get() | {n for n in names if n in EFFECTS})
+    ``EFFECTS`` are not applied). A fix probe among them patches torch in
+    this process until the block ends (one not in force already: nested
+    blocks patch once)."""
+    before = ACTIVE.get()
+    added = {n for n in names if n in EFFECTS}
+    token = ACTIVE.set(before | added)
     try:
-        yield
+        with ExitStack() as stack:
+            for n in sorted(added - before):
+                if n in probes.PROBES:
+                    stack.enter_context(probes.patch(n))
+            yield
     finally:
         ACTIVE.reset(token)
 

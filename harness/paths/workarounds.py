@@ -6,12 +6,19 @@ parameters and trainer in this process, so the context variable reaches
 them) or by ``with_workaround(name)`` returning a path of its own (the
 split twin). Anything else cannot apply it, and its findings stay "known by
 signature only".
+
+A fix probe (``harness.materialize.probes``) applies on every path: it
+patches torch itself, and every path runs its case either in this process or
+in a worker, rank or child process whose message carries the effects in
+force (``in_force_now``) and runs the case inside ``in_force``, so no path
+needs code or a declaration of its own to take one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from harness.materialize import probes
 from harness.materialize.workarounds import in_force
 from harness.case.spec import Case
 from harness.observation import Observation
@@ -42,7 +49,9 @@ class WorkedAround:
 
 
 def apply(path: Any, workaround: str) -> Any | None:
-    """``path`` with ``workaround`` applied from outside, or None where it cannot be."""
+    """``path`` with ``workaround`` (or a fix probe) applied from outside, or None where it cannot be."""
+    if workaround in probes.PROBES:
+        return WorkedAround(path, workaround)
     own = getattr(path, "with_workaround", None)
     made = own(workaround) if callable(own) else None
     if made is not None:
