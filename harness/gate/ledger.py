@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness.materialize import workarounds
+from harness.materialize import probes, workarounds
 from harness.case import schema as sc
 from harness.case.spec import SpecError
 from harness.artifacts.corpus import CorpusError, covers, relation
@@ -55,6 +55,11 @@ class Place:
     signatures: tuple[str, ...] = ()
     cases: tuple[str, ...] = ()  # cases that show it on these paths only, besides the bug's own
     note: str = ""  # what is particular to these paths (a mechanism, where it was seen)
+    # Where no workaround exists: the fix probe (``harness.materialize.probes``)
+    # whose in-process patch removes exactly this bug, so the gate still checks
+    # "known" causally; or, where none can be written, why not (``no_probe``).
+    probe: str = ""
+    no_probe: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,21 @@ class Site:
         return self.place.claims
 
     @property
+    def probe(self) -> str:
+        return self.place.probe
+
+    @property
+    def no_probe(self) -> str:
+        return self.place.no_probe
+
+    @property
+    def check(self) -> str:
+        """What the gate runs to confirm "known": the workaround, else the fix probe, else ``none``."""
+        if self.place.workaround != NO_WORKAROUND:
+            return self.place.workaround
+        return self.place.probe or NO_WORKAROUND
+
+    @property
     def signatures(self) -> tuple[str, ...]:
         return self.place.signatures
 
@@ -217,8 +237,8 @@ def first(hits: list[Site], version: str | None) -> Site | None:
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # A place's fields; a bug with one place may write them inline, beside its own.
-PLACE_FIELDS = ("path", "torch", "packages", "workaround", "claims", "signatures", "cases", "note")
-_INLINE_FIELDS = ("path", "torch", "packages", "workaround", "claims", "signatures")
+PLACE_FIELDS = ("path", "torch", "packages", "workaround", "probe", "no_probe", "claims", "signatures", "cases", "note")
+_INLINE_FIELDS = ("path", "torch", "packages", "workaround", "probe", "no_probe", "claims", "signatures")
 _BUG_FIELDS = ("id", "summary", "upstream", "cases", "finding_class", "places")
 CLAIMS = ("signature", "workaround")
 MAX_BUGS = 10_000
@@ -244,7 +264,12 @@ def _place(p: dict[str, Any], where: str) -> Place:
     sc.string(p["path"], f"{where}.path", max_len=256, empty=False)
     sc.version_range(p["torch"], f"{where}.torch")
     packages = tuple(sorted(sc.package_ranges(p.get("packages", {}), f"{where}.packages").items()))
-    wa = sc.string(p.get("workaround", NO_WORKAROUND), f"{where}.workaround", choices=(NO_WORKAROUND, *workarounds.EFFECTS))
+    wa = sc.string(p.get("workaround", NO_WORKAROUND), f"{where}.workaround",
+                   choices=(NO_WORKAROUND, *workarounds.WORKAROUNDS))
+    probe = sc.string(p.get("probe", ""), f"{where}.probe", choices=("", *probes.PROBES))
+    no_probe = sc.string(p.get("no_probe", ""), f"{where}.no_probe", max_len=sc.MAX_TEXT)
+    if probe and no_probe:
+        raise SpecError(f"{where}.no_probe", "a place with a fix probe cannot also say why it has none")
     claims = sc.string(p.get("claims", CLAIMS[0]), f"{where}.claims", choices=CLAIMS)
     if claims == "workaround" and wa == NO_WORKAROUND:
         raise SpecError(f"{where}.claims", "claims \"workaround\" needs a workaround other than \"none\": "
@@ -252,7 +277,7 @@ def _place(p: dict[str, Any], where: str) -> Place:
     sigs = tuple(sc.signature(x, f"{where}.signatures[{j}]")
                  for j, x in enumerate(sc.array(p.get("signatures", []), f"{where}.signatures", MAX_SIGNATURES)))
     return Place(p["path"], p["torch"], packages, wa, claims, sigs, _cases(p.get("cases", []), f"{where}.cases"),
-                 sc.string(p.get("note", ""), f"{where}.note", max_len=sc.MAX_TEXT))
+                 sc.string(p.get("note", ""), f"{where}.note", max_len=sc.MAX_TEXT), probe, no_probe)
 
 
 def _bug(b: Any, where: str) -> Bug:
@@ -424,6 +449,10 @@ def _place_json(p: Place) -> dict[str, Any]:
         out["cases"] = list(p.cases)
     out["signatures"] = list(p.signatures)
     out["workaround"] = p.workaround
+    if p.probe:
+        out["probe"] = p.probe
+    if p.no_probe:
+        out["no_probe"] = p.no_probe
     if p.claims != CLAIMS[0]:
         out["claims"] = p.claims
     return out

@@ -31,6 +31,7 @@ from harness.engine.replay_pool import ReplayError, replay_on_workers
 from harness.engine.runner import Result, fuzz
 from harness.paths import Options, Path, close_paths, split_available
 from harness.paths.workarounds import apply
+from harness.materialize import probes
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 from harness.gate.status import FAILING, ORDER
@@ -278,7 +279,7 @@ def _start_children(rows: list[Row], by_name: dict[str, Path], led: ledger_mod.L
         path = by_name.get(r.path)
         if r.status != "known" or r.bug is None or r.case is None or not hasattr(path, "start_soon"):
             continue
-        wa = led.by_id(r.bug, r.path).workaround
+        wa = led.by_id(r.bug, r.path).check
         if wa != ledger_mod.NO_WORKAROUND and apply(path, wa) is not None:
             path.start_soon()  # a second row on the path finds its child started: nothing to do
 
@@ -298,8 +299,8 @@ def claim_new(rows: list[Row], by_name: dict[str, Path], led: ledger_mod.Ledger,
             if bug.claims != "workaround" or bug.relation(version) != "in":
                 continue
             v = _workaround_verdict(led, bug, by_name.get(r.path), r, slack, version)
-            if v.status == "known" and not v.exposed:
-                r.status, r.bug, r.upstream, r.finding_class = "known", bug.id, bug.upstream, bug.finding_class
+            if v.status in ("known", "known_probe") and not v.exposed:
+                r.status, r.bug, r.upstream, r.finding_class = v.status, bug.id, bug.upstream, bug.finding_class
                 r.detail = f"{r.detail} [claimed by {bug.id}: {v.note}; signature {r.signature} not in its entry]"
                 break
 
@@ -314,12 +315,23 @@ class Verdict:
 
 def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path | None, row: Row,
                         slack: float | None, version: str) -> Verdict:
-    wa = bug.workaround
+    """Run the row's case again with the bug's outside workaround in force,
+    or, where it has none, its fix probe (an in-process patch of torch that
+    removes exactly that bug: a check, never advice, so its rows are
+    ``known_probe``, apart). Gone at its place: known. A fix probe must also
+    leave everything else as it was: one that removes another ledger bug's
+    divergence too is not a check of this bug alone."""
+    wa = bug.check
     if wa == ledger_mod.NO_WORKAROUND:
-        return Verdict("known_signature_only", "the ledger knows no workaround from outside: matched by signature only")
+        why = f"no fix probe: {bug.no_probe}" if bug.no_probe else "the ledger knows no workaround or fix probe"
+        return Verdict("known_signature_only", f"{why}: matched by signature only")
+    is_probe = wa in probes.PROBES
+    what = f"fix probe {wa}" if is_probe else f"workaround {wa}"
+    if is_probe and (why := probes.available(wa)) is not None:
+        return Verdict("known_signature_only", f"{what} does not apply to this torch ({why[:160]}): by signature only")
     worked = apply(path, wa) if path is not None and row.case is not None else None
     if worked is None:
-        return Verdict("known_signature_only", f"workaround {wa} is not applied on {row.path} here: by signature only")
+        return Verdict("known_signature_only", f"{what} is not applied on {row.path} here: by signature only")
     case = Case.from_json(row.case)
     if worked.supports(case) is not None:
         return Verdict("known_signature_only", f"the case is outside {row.path}'s contract with {wa}: by signature only")
@@ -334,12 +346,24 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
 
     here = [d for d in left if d.shape == d0.get("shape") or (d.kind, d.param, d.microbatch) == place and not other_bug(d)]
     if here:
-        return Verdict("resembles", f"resembles {bug.id}, but its workaround ({wa}) leaves the case wrong there: "
+        return Verdict("resembles", f"resembles {bug.id}, but its {what} leaves the case wrong there: "
                        f"{here[0].detail[:160]}")
-    shown = {d.shape for d in plain}
+    shown, kept = {d.shape for d in plain}, {d.shape for d in left}
+    if is_probe:
+        def probed_apart(d: Divergence) -> bool:  # another bug's divergence, which this probe is not about
+            b = led.match(d.path, d.signature, version=version)
+            return other_bug(d) and b is not None and b.check != wa
+
+        also = [d for d in plain if d.shape not in kept and probed_apart(d)]
+        if also:
+            return Verdict("known_signature_only", f"{what} removes it but also another bug's divergence "
+                           f"({also[0].detail[:120]}): not a check of {bug.id} alone, by signature only")
     exposed = [d for d in left if d.shape not in shown and not other_bug(d)]
     for d in exposed:
         d.case = row.case
+    if is_probe:
+        return Verdict("known_probe", f"confirmed by {what}: it removes it, nothing else changes "
+                       "(a check, not advice: no outside workaround)", wa, exposed)
     return Verdict("known", f"confirmed: {wa} removes it", wa, exposed)
 
 

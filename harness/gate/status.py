@@ -24,6 +24,11 @@ STATUSES: dict[str, Status] = {
     "new": Status("NEW divergence", "NEW", True),
     "fixed": Status("known bug fixed by this version", "fixed", False),
     "known": Status("known bug, expected on this version (its workaround removes it)", "known", False),
+    # Confirmed by a fix probe: an in-process patch of torch (the upstream fix,
+    # or the one function at fault corrected) removes it. A check, not advice:
+    # there is no outside workaround to keep.
+    "known_probe": Status("known bug, expected on this version (its fix probe removes it; no outside workaround)",
+                          "known (probe)", False),
     "known_signature_only": Status("known bug by signature only (no workaround to confirm it here)",
                                    "known (signature)", False),
     "not_reproduced": Status("known bug not reproduced (ledger range may be too wide)", "not reproduced", False),

@@ -31,7 +31,7 @@ def table(reports: list[dict[str, Any]]) -> str:
             else:
                 key = f"{row['path']}: {row['signature'] or row['detail'][:50]}"
             cell = rows.setdefault(key, {})
-            if cell.get(rep["torch"]) not in ("NEW", "REGRESSION", "known"):
+            if cell.get(rep["torch"]) not in ("NEW", "REGRESSION", "known", "known (probe)"):
                 cell[rep["torch"]] = SHORT[row["status"]]
     head = ["| row | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
     body = [f"| {k} | " + " | ".join(v.get(c, "-") for c in cols) + " |" for k, v in sorted(rows.items())]
