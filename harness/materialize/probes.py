@@ -94,6 +94,8 @@ def _rewritten(edit: Edit) -> Any:
     code = compile(src, f"<fix probe of {edit.module}.{edit.function}>", "exec")
     exec(code, scope)  # noqa: S102 - torch's own source with the probe's lines changed
     made = scope[fn.__name__]
+    if isinstance(made, (staticmethod, classmethod)):  # its decorator came with the source
+        made = made.__func__
     made.__qualname__ = fn.__qualname__
     if isinstance(current, staticmethod):
         made = staticmethod(made)
@@ -141,6 +143,33 @@ def _edits_in_force(edits: tuple[Edit, ...]) -> Iterator[None]:
             extra = _aliases(edit.module, current) if isinstance(owner, ModuleType) else []
             stack.enter_context(_swapped(owner, name, made, extra))
         yield
+
+
+@contextmanager
+def _function_swapped(module: str, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """``module.name`` (and its aliases) replaced by ``make(original)`` for what runs inside."""
+    owner = importlib.import_module(module)
+    current = getattr(owner, name)
+    with _LOCK, _swapped(owner, name, make(current), _aliases(module, current)):
+        yield
+
+
+def _rms_norm_add_out_of_place(original: Any) -> Any:
+    """``F.rms_norm`` on CPU as torch's composite (``rms_norm_symint`` in
+    ATen's layer_norm.cpp) with its one in-place op, ``.add_(eps)`` into the
+    mean's output, made out of place; CUDA's fused kernel is left alone."""
+    import torch
+
+    def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
+        if input.device.type != "cpu":
+            return original(input, normalized_shape, weight, eps)
+        x = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input
+        dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+        e = torch.finfo(x.dtype).eps if eps is None else eps
+        out = x.mul(torch.rsqrt(x.pow(2).mean(dims, keepdim=True).add(e))).type_as(input)
+        return out if weight is None else out.mul(weight)
+
+    return rms_norm
 
 
 # --- the probes -----------------------------------------------------------------------
@@ -208,6 +237,41 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                 (("            t.detach_()\n", "            pass\n"),)),
            Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.backward_one_chunk",
                 (("                    t.detach_()\n", "                    pass\n"),)))),
+    Probe("rms-norm-add-eps-out-of-place",
+          "F.rms_norm on CPU runs torch's composite with the eps added out of place (torch adds it in place into "
+          "the mean's output)",
+          custom=lambda: _function_swapped("torch.nn.functional", "rms_norm", _rms_norm_add_out_of_place)),
+    Probe("pipeline-keep-grads-through-metadata-inference",
+          "the schedule's first step gives back every parameter .grad that PipelineStage's cleanup after metadata "
+          "inference set to None, as it was before the inference",
+          (Edit("torch.distributed.pipelining.schedules", "_PipelineSchedule._initialize_pp_stages",
+                (("        with torch.random.fork_rng(devices=devices, device_type=device_type):\n",
+                  "        _held = [(p, p.grad.detach().clone()) for stage in stages for p in stage.submod.parameters()\n"
+                  "                 if p.grad is not None]\n"
+                  "        with torch.random.fork_rng(devices=devices, device_type=device_type):\n"),
+                 ("                stage._post_metadata_inference_cleanup()\n",
+                  "                stage._post_metadata_inference_cleanup()\n"
+                  "        for p, g in _held:\n"
+                  "            if p.grad is None:\n"
+                  "                p.grad = g\n"))),)),
+    Probe("fsdp2-post-backward-no-materialized-grads",
+          "FSDP2's RegisterPostBackwardFunction calls ctx.set_materialize_grads(False) (the upstream fix, "
+          "pytorch#133498), so an input or parameter a unit never used gets no zero grad",
+          (Edit("torch.distributed.fsdp._fully_shard._fsdp_param_group", "RegisterPostBackwardFunction.setup_context",
+                (("        ctx.param_group = param_group\n",
+                  "        ctx.param_group = param_group\n"
+                  "        ctx.set_materialize_grads(False)\n"),)),)),
+    Probe("ddp-sink-skipped-under-no-sync",
+          "DistributedDataParallel._post_forward skips _DDPSink (and the static graph's delayed all-reduce it "
+          "queues) in a forward under no_sync(), as the forward's prepare_for_backward is skipped there "
+          "(the fix proposed upstream, pytorch#166388)",
+          (Edit("torch.nn.parallel.distributed", "DistributedDataParallel._post_forward",
+                (("        if (self.find_unused_parameters and not self.static_graph) or (\n"
+                  "            self.static_graph and not self._static_graph_delay_allreduce_enqueued\n"
+                  "        ):\n",
+                  "        if self.require_backward_grad_sync and ((self.find_unused_parameters and not self.static_graph) or (\n"
+                  "            self.static_graph and not self._static_graph_delay_allreduce_enqueued\n"
+                  "        )):\n"),)),)),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "
