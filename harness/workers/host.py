@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from harness.machinery_coverage import attach, child_tracer
 from harness.materialize import workarounds
 from harness.objects import load_object
-from harness.workers import gpu, lifeline
+from harness.workers import abort, gpu, lifeline
 from harness.workers.wire import dumps
 
 
@@ -121,8 +121,14 @@ def init_rank(rank: int, world_size: int, backend: str, store: dist.Store | None
 
 
 def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, log_path: str, parent: int,
-          first: int = 0) -> None:
-    """A pool worker: set up, say ready, then answer messages until told to stop."""
+          first: int = 0, abortable: bool = False) -> None:
+    """A pool worker: set up, say ready, then answer messages until told to stop.
+
+    ``abortable``: the pool may free this rank from a peer's failure by
+    aborting its communicators (``harness.workers.abort``, NCCL); armed
+    first, so every thread started after it leaves the signal to its own."""
+    if abortable:
+        abort.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
     _die_with_harness(parent)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -155,6 +161,7 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
         if msg.get("op") == "stop":
             break
         tracer = child_tracer()  # --coverage: the machinery lines this request reached go back with the reply
+        abort.fired.clear()
         try:
             with tracer if tracer is not None else contextlib.nullcontext():
                 reply = handle(ctx, msg)
@@ -165,6 +172,8 @@ def serve(conn: Any, rank: int, world_size: int, backend: str, store_path: str, 
         lost = gpu.device_error(ctx.device)
         if lost:
             reply["device_lost"] = lost
+        if abort.fired.is_set():  # what this rank did after the abort is a consequence of it
+            reply["aborted"] = True
         reply["id"] = msg.get("id")
         conn.send_bytes(dumps(reply))  # observations: tensors as their bytes (harness.workers.wire)
     os._exit(0)  # no process-group teardown handshake: the pool may already be going

@@ -40,12 +40,15 @@ from typing import Any, NoReturn
 
 from harness.machinery_coverage import deposit, slowdown
 from harness.materialize import workarounds
-from harness.workers import host
+from harness.workers import abort, host
 from harness.workers.placement import first_gpu
 from harness.workers.stillness import POLL, WINDOW, Stillness
 
 START_TIMEOUT = 120.0  # seconds for a fresh pool to rendezvous (a cold torch import included)
 FAILED_PEER_GRACE = 5.0  # seconds the other ranks get to answer once one rank has reported a failure
+# Where the peers are freed by abort (NCCL): seconds they get to answer on their
+# own first, so a peer still computing keeps its answer; the rest are aborted.
+ABORT_AFTER = 0.5
 
 
 class PoolError(RuntimeError):
@@ -106,6 +109,12 @@ class WorkerPool:
         self.conns: list[Any] = []
         self.tmp: str | None = None
         self.starts = 0  # how many times a pool was started (restarts included)
+        # Free the peers of a failed rank by aborting their communicators
+        # (``harness.workers.abort``) where /proc cannot show them blocked: NCCL.
+        # GRADFUZZ_NCCL_ABORT=0 waits out the grace instead, as before (for a comparison).
+        self.abort_peers = self.backend == "nccl" and os.environ.get("GRADFUZZ_NCCL_ABORT", "1") != "0"
+        self.aborts = 0  # requests whose waiting peers were aborted
+        self._signalled = False
         self.start_seconds: list[float] = []
         self._next_id = 0
         _live.add(self)
@@ -149,7 +158,7 @@ class WorkerPool:
             log = os.path.join(self.tmp, f"rank{rank}.log")
             proc = ctx.Process(
                 target=host.serve,
-                args=(there, rank, self.world_size, self.backend, store, log, os.getpid(), first),
+                args=(there, rank, self.world_size, self.backend, store, log, os.getpid(), first, self.abort_peers),
                 name=f"gradfuzz-rank{rank}",
                 daemon=True,
             )
@@ -176,7 +185,7 @@ class WorkerPool:
             if isinstance(reply, dict):
                 deposit(reply)
         outcome, lost = lost_device(outcome)
-        if outcome.status != "ok" or lost:
+        if outcome.status != "ok" or lost or self._signalled:  # an aborted communicator stays broken
             self.close()
         return outcome
 
@@ -195,7 +204,11 @@ class WorkerPool:
         failed: int | None = None  # the first rank that replied with a failure while others were still running
         # Ranks with bounded waits of their own answer by themselves; a GPU rank
         # can sleep in a stream sync while its kernels still run: both keep the grace.
-        still = Stillness() if not msg.get("wait") and self.backend == "gloo" else None
+        still = Stillness() if not msg.get("wait") and self.backend == "gloo" and not self.abort_peers else None
+        self._signalled = False
+        abort_at: float | None = None
+        signalled: set[int] = set()
+        freed: list[int] = []  # ranks whose answer came after their communicators were aborted
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
             left = deadline - time.monotonic()
@@ -207,7 +220,12 @@ class WorkerPool:
                               else f"did not finish within {self._grace(msg):g}s")
                     why = f"rank {failed} failed and its peers {waited}: {why}"
                 return Outcome("timeout", replies, why, time.monotonic() - t0)
-            poll = left if failed is None or still is None else min(left, POLL)
+            if abort_at is not None and not signalled and time.monotonic() >= abort_at:
+                signalled = set(pending)
+                abort.request([self.procs[r].pid for r in signalled if self.procs[r].pid is not None])
+                self._signalled = True
+                self.aborts += 1
+            poll = left if failed is None or (still is None and abort_at is None) else min(left, POLL)
             ready = wait([self.conns[r] for r in pending] + list(sentinels), timeout=poll)
             dead = []
             for obj in ready:
@@ -221,16 +239,37 @@ class WorkerPool:
                     continue
                 if send and reply.get("id") != msg.get("id"):
                     continue  # a late answer to an earlier request
-                replies[rank] = reply
                 pending.discard(rank)
+                if rank in signalled:
+                    # An answer once its communicators were aborted (the NCCL error that
+                    # raised, values a broken collective left, or a failure it could only
+                    # report once freed) is taken as no answer, what the grace gave
+                    # before: the verdict does not change with how the peers were let go.
+                    freed.append(rank)
+                    continue
+                replies[rank] = reply
                 if failed is None and pending and _failed(reply):
                     failed = rank
                     deadline = min(deadline, time.monotonic() + self._grace(msg))
+                    if self.abort_peers and send:
+                        # Ranks with a bounded wait of their own (``wait``: the pipeline ranks
+                        # free their own p2p group) get that long to answer by themselves.
+                        abort_at = time.monotonic() + max(ABORT_AFTER, float(msg.get("wait") or 0))
             dead += [r for s, r in sentinels.items() if s in ready]
+            for rank in [r for r in dead if r in signalled and r in pending]:  # ended by its abort: no answer
+                pending.discard(rank)
+                freed.append(rank)
+            dead = [r for r in dead if r not in signalled]
+            sentinels = {s: r for s, r in sentinels.items() if r not in freed}
             if dead:
                 # Let the others finish or fail (they often raise once a peer is gone).
                 self._drain(replies, pending, msg, min(2.0, max(deadline - time.monotonic(), 0)))
                 return Outcome("crash", replies, self._death_report(sorted(set(dead))), time.monotonic() - t0)
+        if freed:
+            took = time.monotonic() - t0
+            return Outcome("timeout", replies, f"rank {failed} failed and its peers did not answer within "
+                           f"{ABORT_AFTER:g}s: rank(s) {', '.join(map(str, sorted(freed)))} freed by aborting their "
+                           f"NCCL communicators ({took:.2f}s in all)", took)
         return Outcome("ok", replies, "", time.monotonic() - t0)
 
     @staticmethod

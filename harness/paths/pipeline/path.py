@@ -278,13 +278,16 @@ class PipelinePath:
             {"op": "call", "module": "harness.paths.pipeline.rank", "case": case.dumps(), "schedule": self.schedule,
              "impl": self.impl, "placement": list(where), "wait": wait}, self.timeout)
         if self.world_size > 1 and getattr(group, "backend", None) == "nccl" and \
-                any(isinstance(r, dict) and (r.get("failure") or "error" in r) for r in outcome.replies.values()):
+                any(isinstance(r, dict) and (r.get("failure") or "error" in r) for r in outcome.replies.values()) \
+                and not _freed(outcome, self.world_size):
             # A rank that raised mid-schedule leaves its peer's send or recv
             # unmatched. On gloo that op times out and the rank goes on (the
             # p2p group is replaced, ``pipeline_rank._group``); on NCCL its
             # kernel stays on the GPU, and the next case's new_group blocks
             # behind it: every case after a failing one hung (18 of 18 NCCL
-            # timeouts on 2 H200s, issue 31). Fresh ranks for the next case.
+            # timeouts on 2 H200s, issue 31). Fresh ranks for the next case,
+            # unless every rank aborted that group and its case thread ended
+            # (``pipeline_rank.free_p2p``): then nothing is left on the GPUs.
             group.close()
         return observation(self.name, case, outcome)
 
@@ -300,6 +303,13 @@ class PipelinePath:
         from harness.workers import pool
 
         pool.close_group(self.world_size, self.backend)
+
+
+def _freed(outcome: Any, world_size: int) -> bool:
+    """Every rank answered and freed its p2p group after the failed case."""
+    replies = outcome.replies
+    return outcome.status == "ok" and len(replies) == world_size and all(
+        isinstance(r, dict) and r.get("p2p_freed") for r in replies.values())
 
 
 def _failures(obs: Observation, replies: dict[int, Any], M: int) -> list[tuple[bool, int, int, Failure]]:

@@ -417,6 +417,39 @@ def handle(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+ABORT_JOIN_S = 2.0  # seconds for an aborted p2p group to let its case thread go
+
+
+def free_p2p(ctx: Any, group: Any, thread: Any) -> bool:
+    """After a failed case on NCCL: abort the case's p2p group, so the sends
+    and receives its peer never matched leave the GPU, and the case thread
+    blocked behind them ends. Without it they spin there, every CUDA sync of
+    this rank waits on them (the host's device check after the case hung in
+    ``torch.cuda.synchronize``), and the next case's ``new_group`` queues
+    behind them: the ranks had to be replaced after every failing case, a
+    restart per shrink step. True when the thread ended, so the ranks can
+    go on: the group is replaced before the next case (``_group``). On gloo
+    the group's own timeout ends the thread, as before."""
+    import os
+    import threading
+
+    if ctx.device.type != "cuda" or group is None or os.environ.get("GRADFUZZ_NCCL_ABORT", "1") == "0":
+        return False
+
+    def abort() -> None:
+        try:
+            group._get_backend(ctx.device).abort()
+        except Exception:  # an older backend without abort: the pool replaces the ranks
+            pass
+
+    # abort() bounds its own wait on NCCL; a thread still, so a stuck one cannot hold this rank.
+    worker = threading.Thread(target=abort, name="gradfuzz-p2p-abort", daemon=True)
+    worker.start()
+    worker.join(ABORT_JOIN_S)
+    thread.join(ABORT_JOIN_S)
+    return not worker.is_alive() and not thread.is_alive()
+
+
 def _warm(ctx: Any, group: Any) -> dict[str, Any]:
     """One all-reduce and one send and receive between neighbours on the p2p
     group: NCCL builds its communicators on first use (``path._warm``)."""
@@ -480,4 +513,6 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
     if out is None:  # a peer failed while this rank waited for it
         out = {"rank": ctx.rank, "steps": [], "mutations": [], "failure": {
             "step": -1, "type": "PeerFailed", "message": "stopped waiting: another rank raised", "waited": True}}
+    if float(flags[0]) > 0 and ctx.device.type == "cuda":
+        out["p2p_freed"] = free_p2p(ctx, args[-1] if args else None, t)
     return out
