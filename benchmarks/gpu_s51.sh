@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The NCCL gate on two GPUs with the failed-rank abort (harness/workers/abort.py),
+# then the triage runs of the GPU findings, on nvidia-h200-x2.
+#   bash benchmarks/gpu_s51.sh gate     # the gate at --examples 3 --seed 0 -n 16, alone in the call
+#   bash benchmarks/gpu_s51.sh final    # both in one call: the scripts, the gate, the fixed runs in what is left
+#   bash benchmarks/gpu_s51.sh triage   # torch-only scripts of the graphed and pipeline findings, fixed paths
+#   N=gloo SCALE=tiny bash benchmarks/gpu_s51.sh gate   # dry run on a CPU machine
+# Logs, JSON reports and findings go to $W, re-tarred into $OUT/all.tgz every 20 s.
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+N=${N:-nccl}; SCALE=${SCALE:-full}; CALL=${1:?gate or triage}
+W=${W:-/tmp/s51}; mkdir -p "$W"; S=${OUT:?}/summary.txt
+. benchmarks/device_steps.sh
+packer & PACK=$!
+{ python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())"
+  echo "cores $(nproc) call $CALL N=$N SCALE=$SCALE"; nvidia-smi -L 2>/dev/null; } >>"$S" 2>&1
+if [ "$SCALE" = tiny ]; then
+    GATE="--paths pipeline.ZBVZeroBubble.ranks2.stock,pipeline.DualPipeV.ranks2.stock,ddp.fixed --corpus --no-selfcheck --examples 1 -n 2"; DEADLINE=${DEADLINE:-200}
+    EX_DP=4; EX_PIPE=1; FIXED_LIMIT=60
+else
+    GATE="--examples 3 -n 16"; EX_DP=200; EX_PIPE=25; FIXED_LIMIT=170
+fi
+triage_scripts() {  # the torch-only scripts of the triaged findings (TRIAGE: more, space-separated)
+    for f in cases/graphed/make_graphed_callables_*.py ${TRIAGE:-}; do
+        step "t-$(basename "$f" .py)" 60 python "$f"; tail -4 "$W/t-$(basename "$f" .py).log" | sed 's/^/    /' >>"$S"
+    done
+}
+fixed_runs() {  # fixed_runs LIMIT: the fixed references on N, side by side, 0 false findings expected
+    step fixed-dp $1 python -m harness fuzz --paths ddp.fixed,fsdp2.fixed --examples $EX_DP --seed 0 --db none \
+        --backend "$N" --world-size 2 --progress plain --progress-every 15 --save "$W/found-fixed-dp" --json "$W/fixed-dp.json" & PIDS="$!"
+    step fixed-dtensor $1 python -m harness fuzz --paths dtensor.fixed --examples $EX_DP --seed 0 --db none \
+        --backend "$N" --world-size 2 --progress plain --progress-every 15 --save "$W/found-fixed-dtensor" --json "$W/fixed-dtensor.json" & PIDS="$PIDS $!"
+    P=$(python -c "from harness.paths.pipeline.rank import discover
+print(','.join(f'pipeline.{s}.ranks2.fixed' for s in discover()))")
+    step fixed-pipe $1 python -m harness fuzz --paths "$P" --examples $EX_PIPE --seed 0 --db none \
+        --backend "$N" --world-size 2 --progress plain --progress-every 15 --save "$W/found-fixed-pipe" --json "$W/fixed-pipe.json" & PIDS="$PIDS $!"
+    wait $PIDS
+    for j in fixed-dp fixed-dtensor fixed-pipe; do
+        grep -E "DIVERGES| clean |fuzzed|no divergence|\] divergence" "$W/$j.log" | sed "s/^/$j: /" >>"$S"
+    done
+}
+gate_summary() {
+    python - "$W/gate.json" >>"$S" 2>&1 <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("passed", d.get("passed"), "seconds", d.get("seconds"), "examples", sum((d.get("examples") or {}).values()))
+print("phases", json.dumps(d.get("phases")))
+print("counts", json.dumps({k: v for k, v in (d.get("counts") or {}).items() if v}))
+for r in d.get("rows") or []:
+    if r.get("status") in ("new", "resembles", "error", "regression", "range_wrong", "selfcheck"):
+        print(" ", r.get("status"), r.get("path"), r.get("signature"), str(r.get("detail") or r.get("title") or "")[:300])
+PY
+}
+case $CALL in
+final)  # one call: the triage scripts, the gate, then the fixed references in what time is left
+    DEADLINE=${DEADLINE:-585}
+    triage_scripts
+    step gate $((DEADLINE - SECONDS - 25)) python -m harness gate --backend "$N" --world-size 2 --seed 0 $GATE \
+        --save "$W/found-gate" --json "$W/gate.json" --markdown "$W/gate.md"
+    gate_summary
+    left=$((DEADLINE - SECONDS - 15))
+    if [ $left -ge 45 ]; then fixed_runs $left; else echo "no time left for the fixed runs ($left s)" >>"$S"; fi ;;
+gate)
+    step gate 570 python -m harness gate --backend "$N" --world-size 2 --seed 0 $GATE \
+        --save "$W/found-gate" --json "$W/gate.json" --markdown "$W/gate.md"
+    gate_summary ;;
+triage)
+    triage_scripts
+    fixed_runs $FIXED_LIMIT ;;
+esac
+kill $PACK 2>/dev/null; tar -czf "$OUT/all.tgz" -C "$W" . 2>/dev/null
