@@ -88,14 +88,12 @@ def _rewritten(edit: Edit) -> Any:
             raise Unavailable(f"{edit.module}.{edit.function} on this torch does not hold the lines this probe "
                               f"changes exactly once ({n} times: {old.strip()[:80]!r})")
         src = src.replace(old, new)
-    src = textwrap.dedent(src)
+    src = _undecorated(textwrap.dedent(src), edit)
     module = sys.modules[fn.__module__]
     scope = dict(module.__dict__)
     code = compile(src, f"<fix probe of {edit.module}.{edit.function}>", "exec")
     exec(code, scope)  # noqa: S102 - torch's own source with the probe's lines changed
     made = scope[fn.__name__]
-    if isinstance(made, (staticmethod, classmethod)):  # its decorator came with the source
-        made = made.__func__
     made.__qualname__ = fn.__qualname__
     if isinstance(current, staticmethod):
         made = staticmethod(made)
@@ -103,6 +101,25 @@ def _rewritten(edit: Edit) -> Any:
         made = classmethod(made)
     _CACHE[edit] = (current, made)
     return _CACHE[edit]
+
+
+# Decorators a probe may drop from the source it compiles: the method kind
+# (put back from the attribute it replaces) and registrations (the probe
+# swaps the registered entry itself, ``_registered_swapped``), which would
+# otherwise run again.
+_DROPPED_DECORATORS = ("@staticmethod", "@classmethod", "@register_decomposition")
+
+
+def _undecorated(src: str, edit: Edit) -> str:
+    """``src`` from its ``def`` on. Any other decorator wraps the function in
+    behaviour a bare copy would lose, so such a function is not probed."""
+    lines = src.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(("def ", "async def ")))
+    for line in lines[:start]:
+        if line.startswith("@") and not line.startswith(_DROPPED_DECORATORS):
+            raise Unavailable(f"{edit.module}.{edit.function} is decorated ({line.strip()[:60]}): "
+                              "a copy of its source would drop what the decorator does")
+    return "".join(lines[start:])
 
 
 def _aliases(module: str, obj: Any) -> list[tuple[ModuleType, str]]:
@@ -172,9 +189,82 @@ def _rms_norm_add_out_of_place(original: Any) -> Any:
     return rms_norm
 
 
+@contextmanager
+def _registered_swapped(edit: Edit, tables: Callable[[], list[dict[Any, Any]]], op: Callable[[], Any]) -> Iterator[None]:
+    """The edited function in force where it is registered, not only where it
+    is defined: a decomposition table holds the function object itself (and
+    Inductor keeps a cached copy of its table beside it)."""
+    current, made = _rewritten(edit)
+    key = op()
+    with _LOCK:
+        held = [t for t in tables() if t.get(key) is current]
+        if not held:
+            raise Unavailable(f"{edit.module}.{edit.function} is not registered for {key} on this torch")
+        for t in held:
+            t[key] = made
+        try:
+            yield
+        finally:
+            for t in held:
+                t[key] = current
+
+
+@contextmanager
+def _recompiled(patch: ContextManager[None]) -> Iterator[None]:
+    """``patch`` in force for a compiler: what was compiled before it (dynamo's
+    code caches, and the on-disk FX graph and AOTAutograd caches, whose keys do
+    not see a changed decomposition) is not reused under it, and nothing
+    compiled under it outlives it."""
+    import torch
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    torch._dynamo.reset()
+    try:
+        with inductor_config.patch(fx_graph_cache=False), \
+                functorch_config.patch(enable_autograd_cache=False), patch:
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+@contextmanager
+def _entry_removed(tables: Callable[[], list[dict[Any, Any]]], op: Callable[[], Any]) -> Iterator[None]:
+    """``op`` left out of the compiler's ``tables`` for what runs inside: the
+    compiler then runs the aten kernel for it instead of its decomposition."""
+    key = op()
+    with _LOCK:
+        held = [(t, t.pop(key)) for t in tables() if key in t]
+        if not held:
+            raise Unavailable(f"no table holds {key} on this torch")
+        try:
+            yield
+        finally:
+            for t, v in held:
+                t[key] = v
+
+
+def _inductor_tables() -> list[dict[Any, Any]]:
+    from torch._inductor import decomposition
+
+    return [decomposition.decompositions, decomposition.fast_random_decomps()]
+
+
+def _aten(name: str) -> Callable[[], Any]:
+    def op() -> Any:
+        import torch
+
+        packet, overload = name.split(".")
+        return getattr(getattr(torch.ops.aten, packet), overload)
+
+    return op
+
+
 # --- the probes -----------------------------------------------------------------------
 
 _BACKWARD = "torch.distributed.pipelining._backward"
+_INDEX_ADD = Edit("torch._inductor.decomposition", "index_add",
+                  (("    if not is_fbcode() and x.dtype == torch.bfloat16:\n", "    if True:\n"),))
 
 PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("split-clamp-every-intermediate",
@@ -272,6 +362,25 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                   "        if self.require_backward_grad_sync and ((self.find_unused_parameters and not self.static_graph) or (\n"
                   "            self.static_graph and not self._static_graph_delay_allreduce_enqueued\n"
                   "        )):\n"),)),)),
+    Probe("pipeline-p2p-dense",
+          "PipelineStage sends activations and input grads contiguous and allocates its receive buffers dense, "
+          "whatever strides the sender's tensor had",
+          (Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.get_fwd_send_ops",
+                (("send_tensor = to_local_if_dtensor(out, detach=True)\n",
+                  "send_tensor = to_local_if_dtensor(out, detach=True).contiguous()\n"),)),
+           Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.get_bwd_send_ops",
+                (("send_tensor = to_local_if_dtensor(grad)\n",
+                  "send_tensor = to_local_if_dtensor(grad).contiguous()\n"),)),
+           Edit("torch.distributed.pipelining._utils", "_make_tensor_from_meta",
+                (("    return torch.empty_strided(\n        size=meta.shape,\n        stride=meta.stride,\n",
+                  "    return torch.empty(\n        size=meta.shape,\n"),)))),
+    Probe("inductor-index-add-fallback",
+          "Inductor's index_add decomposition falls back to the aten kernel (as it does for bfloat16) instead of "
+          "an index_put into self's own buffer",
+          custom=lambda: _recompiled(_registered_swapped(_INDEX_ADD, _inductor_tables, _aten("index_add.default")))),
+    Probe("inductor-embedding-backward-fallback",
+          "Inductor runs embedding_dense_backward as the aten kernel instead of its decomposition",
+          custom=lambda: _recompiled(_entry_removed(_inductor_tables, _aten("embedding_dense_backward.default")))),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "
@@ -286,12 +395,13 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 def available(name: str) -> str | None:
     """None when probe ``name`` can be applied to the torch here, else why not."""
     probe = PROBES[name]
-    if probe.custom is not None:
-        return None
     try:
+        if probe.custom is not None:
+            with probe.custom():  # patches and restores at once: whatever it looks for is there
+                pass
         for edit in probe.edits:
             _rewritten(edit)
-    except (Unavailable, ImportError, AttributeError, OSError, TypeError) as e:
+    except (Unavailable, ImportError, AttributeError, OSError, TypeError, KeyError) as e:
         return str(e)
     return None
 
