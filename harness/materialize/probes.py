@@ -148,6 +148,11 @@ def _swapped(owner: Any, name: str, new: Any, extra: list[tuple[Any, str]]) -> I
     finally:
         for o, k, v in saved:
             setattr(o, k, v)
+        # A module first imported while the probe was in force bound the
+        # probe's function by name (``from ._utils import ...``): give it back too.
+        if isinstance(owner, ModuleType):
+            for o, k in _aliases(owner.__name__, new):
+                setattr(o, k, old)
         assert inspect.getattr_static(owner, name) is old
 
 

@@ -1,0 +1,190 @@
+"""Fix probes: each removes its ledger bug's finding on the bug's own corpus
+case, leaves the path agreeing there, and the finding is back without it;
+the gate calls such a row known_probe, apart from a workaround's known."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from harness.artifacts import corpus
+from harness.engine.check import CaseCheck
+from harness.gate import ledger
+from harness.gate import run as gate
+from harness.materialize import probes, workarounds
+from harness.paths import resolve
+from harness.paths.workarounds import apply
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+V = torch.__version__.split("+")[0]
+LEDGER = ledger.load(os.path.join(ROOT, "cases", "ledger.json"))
+
+# probe, a ledger bug it checks, one of the bug's corpus cases, a path the bug shows on there.
+IN_PROCESS = [
+    ("split-clamp-every-intermediate", "split-hook-applied-twice", "split/scale_hook_applied_twice.json",
+     "split.stock"),
+    ("split-clamp-every-intermediate", "pipeline-split-hook-applied-twice",
+     "pipeline/scale_hook_applied_twice_zero_bubble_one_microbatch.json", "pipeline.ZBVZeroBubble.stock"),
+    ("split-param-groups-apart", "split-param-groups-share-graph", "pipeline/param_groups_share_graph_zero_bubble.json",
+     "split.twin"),
+    ("split-group-unreached-weights", "split-weights-never-meet-an-input", "split/gelu_gate_weights_never_meet_input.json",
+     "split.twin"),
+    ("split-group-unreached-weights", "pipeline-zero-bubble-stage-without-input-grad",
+     "pipeline/zero_bubble_stage_input_needs_no_grad_zero_expected.json", "pipeline.InterleavedZeroBubble.stock"),
+    ("split-grad-like-param", "split-weight-grad-ignores-layout", "split/weight_grad_keeps_transposed_layout.json",
+     "split.stock"),
+    ("split-detach-no-views", "pipeline-split-detaches-view-outputs", "pipeline/view_output_detached_in_place.json",
+     "pipeline.InterleavedZeroBubble.stock"),
+    ("split-keep-outputs-attached", "pipeline-split-detached-output-needed",
+     "pipeline/output_computed_from_output_detached.json", "pipeline.ZBVZeroBubble.stock"),
+    ("rms-norm-add-eps-out-of-place", "rms-norm-cpu-eps-added-in-place", "checkpoint/sac_rms_norm_cached_mean_mutated.json",
+     "checkpoint.selective.inverse.stock"),
+]
+# On the worker pool's ranks: the probe reaches them with the case message.
+ON_RANKS = [
+    ("fsdp2-post-backward-no-materialized-grads", "fsdp2-unused-input-gets-zero-grad",
+     "split/unused_input_requires_grad_raises.json", "fsdp2.stock"),
+    ("ddp-sink-skipped-under-no-sync", "ddp-static-graph-no-sync-first-backward",
+     "parallel/ddp_static_graph_no_sync_first_backward.json", "ddp.stock"),
+    ("pipeline-keep-grads-through-metadata-inference", "pipeline-fsdp-metadata-cleanup-drops-grads",
+     "mesh/pp_dp_fsdp2_prefilled_grad_dropped.json", "mesh.pp_dp.stock"),
+    ("pipeline-p2p-dense", "pipeline-p2p-noncontiguous-buffers", "pipeline/noncontiguous_activation_across_ranks.json",
+     "pipeline.GPipe.ranks2.stock"),
+]
+# In the compile flavours' child process (a compile each way: tens of seconds).
+IN_CHILD = [
+    ("inductor-index-add-fallback", "inductor-index-add-self-source", "compile/inductor_index_add_self_source.json",
+     "compile.inductor"),
+    ("inductor-embedding-backward-fallback", "inductor-gather-grad-dropped-beside-embedding",
+     "compile/inductor_gather_grad_dropped_beside_embedding.json", "compile.inductor"),
+]
+
+
+def _path(name: str):
+    (p,) = [p for p in resolve(name) if p.name == name]
+    if not p.availability().ok:
+        pytest.skip(f"{name} cannot run here")
+    return p
+
+
+def _removes(probe: str, bug_id: str, case_file: str, path_name: str) -> None:
+    """The bug's place names the probe; without it the case diverges on the
+    path by a signature of that bug, with it the path agrees."""
+    site = LEDGER.bug(bug_id).at(path_name)
+    assert site is not None and site.probe == probe and site.workaround == ledger.NO_WORKAROUND
+    if site.relation(V) != "in":
+        pytest.skip(f"{bug_id} is not in its range on torch {V}")
+    assert case_file in site.cases
+    path = _path(path_name)
+    cc = CaseCheck(corpus.load(os.path.join(ROOT, "cases", case_file)).case)
+    plain = cc.run(path)
+    assert plain, f"{case_file} agrees on {path_name} without the probe"
+    assert cc.run(apply(path, probe)) == [], f"{probe} leaves {case_file} wrong on {path_name}"
+    assert cc.run(path), "the finding is back once the probe is out of force"
+
+
+@pytest.mark.parametrize("probe, bug_id, case_file, path_name", IN_PROCESS, ids=[r[1] for r in IN_PROCESS])
+def test_a_probe_removes_its_bug_in_process(probe, bug_id, case_file, path_name):
+    _removes(probe, bug_id, case_file, path_name)
+
+
+@pytest.mark.parametrize("probe, bug_id, case_file, path_name", ON_RANKS, ids=[r[1] for r in ON_RANKS])
+def test_a_probe_reaches_the_ranks_and_removes_its_bug_there(probe, bug_id, case_file, path_name):
+    _removes(probe, bug_id, case_file, path_name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("probe, bug_id, case_file, path_name", IN_CHILD, ids=[r[1] for r in IN_CHILD])
+def test_a_compiler_probe_reaches_the_compile_child(probe, bug_id, case_file, path_name):
+    _removes(probe, bug_id, case_file, path_name)
+
+
+def test_every_probe_the_ledger_names_exists_applies_here_and_is_tested():
+    named = {s.probe for s in LEDGER.sites if s.probe}
+    assert named <= set(probes.PROBES)
+    assert {r[0] for r in IN_PROCESS + ON_RANKS + IN_CHILD} == set(probes.PROBES)
+    for name in probes.PROBES:
+        assert probes.available(name) is None, name
+        assert workarounds.KINDS[name] == probes.KIND and name in workarounds.EFFECTS
+    for wa in workarounds.WORKAROUNDS:
+        assert workarounds.KINDS[wa] == workarounds.WORKAROUND
+
+
+def test_a_probe_patches_every_alias_and_restores_the_original():
+    from torch.distributed.pipelining import _backward, stage
+
+    before = _backward.stage_backward_weight
+    assert stage.stage_backward_weight is before
+    with workarounds.in_force("split-clamp-every-intermediate"):
+        assert workarounds.in_force_now() == ["split-clamp-every-intermediate"]
+        assert _backward.stage_backward_weight is not before
+        assert stage.stage_backward_weight is _backward.stage_backward_weight
+        with workarounds.in_force("split-clamp-every-intermediate"):  # nested: patched once, restored once
+            pass
+        assert _backward.stage_backward_weight is not before
+    assert _backward.stage_backward_weight is before and stage.stage_backward_weight is before
+    assert workarounds.in_force_now() == []
+
+
+def test_a_probe_whose_lines_this_torch_lacks_is_refused_not_run(monkeypatch):
+    gone = probes.Probe("gone", "changes a line no torch has",
+                        (probes.Edit("torch.distributed.pipelining._backward", "stage_backward_weight",
+                                     (("    no such line\n", "    pass\n"),)),))
+    monkeypatch.setitem(probes.PROBES, "gone", gone)
+    assert "does not hold the lines" in probes.available("gone")
+    with pytest.raises(probes.Unavailable):
+        with probes.patch("gone"):
+            pass
+
+
+def _gate(tmp_path, places: list[dict], case_file: str = "split/scale_hook_applied_twice.json",
+          paths: str = "split.stock"):
+    """The gate on one corpus case under a ledger of one bug per place given."""
+    cases = tmp_path / "cases"
+    (cases / os.path.dirname(case_file)).mkdir(parents=True)
+    (cases / case_file).write_text(open(os.path.join(ROOT, "cases", case_file)).read())
+    bugs = [{"id": f"bug{i}", "path": paths, "torch": f">={V}", "summary": "s", "cases": [case_file], **place}
+            for i, place in enumerate(places)]
+    (cases / "ledger.json").write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
+    return gate.run_gate(resolve(paths), corpus_dirs=[str(cases)], ledger_file=str(cases / "ledger.json"),
+                         minutes=0, run_selfcheck=False)
+
+
+@pytest.mark.parametrize("place, status, says", [
+    ({"probe": "split-clamp-every-intermediate"}, "known_probe", "fix probe split-clamp-every-intermediate"),
+    ({"probe": "split-param-groups-apart"}, "resembles", "fix probe split-param-groups-apart leaves"),
+    ({"no_probe": "the fault is in a C++ kernel"}, "known_signature_only", "no fix probe: the fault is in a C++ kernel"),
+    ({}, "known_signature_only", "no workaround or fix probe"),
+])
+def test_the_gate_calls_a_row_its_probe_removes_known_probe_apart_from_known(tmp_path, place, status, says):
+    report = _gate(tmp_path, [place])
+    assert [r.status for r in report.rows] == [status]
+    assert says in report.rows[0].detail
+    assert report.failed is (status == "resembles")
+
+
+def test_a_probe_that_also_removes_another_bugs_divergence_is_not_a_check_of_its_bug(tmp_path):
+    """An expanded dW adopted as .grad shows two bugs at once: its layout, and
+    the next += raising on it. The layout probe lays it out like the weight
+    and so removes the other bug's error too, which says nothing about the
+    layout bug alone; the other bug's own workaround still confirms it."""
+    layout = {"signatures": ["split.stock-layout-efd8561325"], "probe": "split-grad-like-param"}
+    alias = {"signatures": ["split.stock-error-bad799480d"], "workaround": "split-clone-adopted"}
+    report = _gate(tmp_path, [layout, alias], "split/expanded_grad_adopted.json")
+    rows = {r.bug: r for r in report.rows}
+    assert rows["bug0"].status == "known_signature_only" and "not a check of bug0 alone" in rows["bug0"].detail
+    assert rows["bug1"].status == "known" and not report.failed
+
+
+def test_the_ledger_refuses_an_unknown_probe_and_a_probe_beside_its_absence(tmp_path):
+    from harness.artifacts.corpus import CorpusError
+
+    for place, field in (({"probe": "no-such-probe"}, "probe"),
+                         ({"probe": "split-grad-like-param", "no_probe": "why"}, "no_probe"),
+                         ({"workaround": "split-grad-like-param"}, "workaround")):
+        led = tmp_path / f"{field}.json"
+        led.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [
+            {"id": "b", "path": "split.stock", "torch": ">=2.0", "summary": "s", **place}]}))
+        with pytest.raises(CorpusError, match=f"bugs\\[0\\].{field}"):
+            ledger.load(str(led))
