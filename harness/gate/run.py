@@ -30,7 +30,7 @@ from harness.engine.check import CaseCheck, Replayed, replay_entries
 from harness.engine.replay_pool import ReplayError, replay_on_workers
 from harness.engine.runner import Result, fuzz
 from harness.paths import Options, Path, close_paths, split_available
-from harness.paths.workarounds import apply
+from harness.paths.workarounds import WorkedAround, apply
 from harness.materialize import probes
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
@@ -255,11 +255,18 @@ def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, sla
         if key not in verdicts:
             bug = led.by_id(r.bug, r.path)
             v = _workaround_verdict(led, bug, by_name.get(r.path), r, slack, version)
-            for other in (fits.others(r) if fits is not None and v.status == "resembles" else []):
+            others = fits.others(r) if fits is not None and v.status == "resembles" else []
+            for other in others:
                 w = _workaround_verdict(led, other, by_name.get(r.path), r, slack, version)
                 if w.status != "resembles":
                     v, bug = replace(w, note=f"not {r.bug} ({v.note}); {w.note}"), other
                     break
+            else:
+                for other in others:  # each alone leaves it wrong: two of them stacked in one case?
+                    w = _stacked_verdict(bug, other, by_name.get(r.path), r, slack)
+                    if w is not None:
+                        v = w
+                        break
             verdicts[key] = (v, bug)
             for d in v.exposed:
                 if (d.path, d.signature) not in seen:
@@ -365,6 +372,38 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
         return Verdict("known_probe", f"confirmed by {what}: it removes it, nothing else changes "
                        "(a check, not advice: no outside workaround)", wa, exposed)
     return Verdict("known", f"confirmed: {wa} removes it", wa, exposed)
+
+
+def _stacked_verdict(bug: ledger_mod.Site, other: ledger_mod.Site, path: Path | None, row: Row,
+                     slack: float | None) -> Verdict | None:
+    """Two ledger bugs in one case (seen: DualPipeV on two ranks doubling two
+    microbatches through the AccumulateGrad view steal and dropping the
+    split one's weight grad): each bug's check alone leaves the case wrong at
+    the same place, so each alone reads "resembles". Both in force at once,
+    the case agrees there: known, as the row's bug stacked with the other;
+    a fix probe among the two makes it ``known_probe``. None when either
+    cannot apply here or the case stays wrong."""
+    checks = [bug.check, other.check]
+    if ledger_mod.NO_WORKAROUND in checks or path is None or row.case is None or checks[0] == checks[1]:
+        return None
+    if any(c in probes.PROBES and probes.available(c) is not None for c in checks):
+        return None
+    # The path's own workaround first (it may be a path of its own), a probe around it.
+    first, second = sorted(checks, key=lambda c: c in probes.PROBES)
+    inner = apply(path, first)
+    if inner is None or not (second in probes.PROBES or second in getattr(path, "workarounds", ())):
+        return None
+    worked, case = WorkedAround(inner, second), Case.from_json(row.case)
+    if worked.supports(case) is not None:
+        return None
+    left = CaseCheck(case, slack=slack).run(worked)
+    d0 = row.divergence or {}
+    place = (d0.get("kind"), d0.get("param"), d0.get("microbatch"))
+    if any(d.shape == d0.get("shape") or (d.kind, d.param, d.microbatch) == place for d in left):
+        return None
+    status = "known_probe" if any(c in probes.PROBES for c in checks) else "known"
+    return Verdict(status, f"stacked with {other.id}: {bug.id}'s {bug.check} or {other.id}'s {other.check} alone "
+                   f"leaves it wrong, both together remove it", f"{first}+{second}")
 
 
 def one_row_per_bug(rows: list[Row]) -> list[Row]:

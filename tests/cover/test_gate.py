@@ -124,8 +124,10 @@ def test_an_entry_that_claims_by_workaround_needs_one(tmp_path):
 class _SecondBug:
     """eager.accumulate with a second bug the view steal's workaround cannot
     remove: ``where="same"`` zeroes every grad after backward 1 (where the
-    steal shows); ``where="hidden"`` writes into an input only while the
-    workaround is in force (the known bug hid it, as split.twin exposes)."""
+    steal shows); ``where="stacked"`` does so unless optimizer-for-loop is
+    in force (a second ledger bug with a workaround of its own);
+    ``where="hidden"`` writes into an input only while the workaround is in
+    force (the known bug hid it, as split.twin exposes)."""
 
     def __init__(self, where: str) -> None:
         from harness.paths.eager.path import EagerAccumulate
@@ -144,7 +146,7 @@ class _SecondBug:
         from harness.observation import Mutation
 
         obs = self.inner.run(case)
-        if self.where == "same":
+        if self.where == "same" or self.where == "stacked" and "optimizer-for-loop" not in ACTIVE.get():
             obs.steps[1].grads = {n: g * 0 for n, g in obs.steps[1].grads.items()}
         elif ACTIVE.get():
             obs.mutations.append(Mutation(1, "input x0 of backward 0", 1.0))
@@ -535,3 +537,26 @@ def test_a_workaround_that_leaves_the_case_wrong_hands_it_to_another_bug_its_sig
                            run_selfcheck=False)
     assert {(r.status, r.bug) for r in report.rows} == {(status, "right")}, [r.detail for r in report.rows]
     assert not report.failed and "not wrong" in report.rows[0].detail
+
+
+def test_two_ledger_bugs_stacked_in_one_case_are_known_when_both_checks_remove_it(tmp_path):
+    """Each bug's workaround alone leaves the case wrong where the other bug
+    shows (each alone reads "resembles"); both in force, it agrees: known,
+    the row's bug stacked with the other (DualPipeV on two ranks: the view
+    steal doubling two microbatches beside the split drop of the last)."""
+    from harness.artifacts import corpus
+    from harness.engine.check import check
+
+    case_file = "eager/accumulategrad_stack_alias.json"
+    path = _SecondBug("stacked")
+    sigs = sorted({d.signature for d in check(corpus.load(os.path.join(ROOT, "cases", case_file)).case, path)})
+    cases, led = _ledger_world(tmp_path, case_file, {
+        "id": "steal", "path": "eager.accumulate", "torch": f">={V}", "summary": "view steal", "workaround": "clone-grads"})
+    data = json.load(open(led))
+    data["bugs"][0]["signatures"] = sigs  # a coarse signature both entries record, as 9846c5ed28 is
+    data["bugs"].append({"id": "zeroes", "path": "eager.accumulate", "torch": f">={V}", "summary": "zeroes backward 1",
+                         "cases": [], "signatures": sigs, "workaround": "optimizer-for-loop"})
+    open(led, "w").write(json.dumps(data))
+    report = gate.run_gate([path], corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
+    assert {(r.status, r.bug) for r in report.rows} == {("known", "steal")}, [r.detail for r in report.rows]
+    assert not report.failed and "stacked with zeroes" in report.rows[0].detail
