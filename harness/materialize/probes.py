@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 import textwrap
 import threading
@@ -63,7 +64,36 @@ class Probe:
 
 
 _CACHE: dict[Edit, Any] = {}
-_LOCK = threading.RLock()
+_LOCK = threading.RLock()  # held while torch is being patched or given back, never across a run
+# How to give back each patch in force in this process, oldest first.
+_UNDO: list[Callable[[], None]] = []
+
+
+def _forget_in_child() -> None:
+    """A process forked while a probe was in force (the worker pool's ranks
+    are forked from the harness on CPU, and a pool restarted inside the
+    gate's probed run inherits the patch) starts from torch as shipped: the
+    probes in force in a child are the ones its messages name."""
+    global _LOCK
+    _LOCK = threading.RLock()
+    while _UNDO:
+        _UNDO.pop()()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+@contextmanager
+def _held(undo: Callable[[], None]) -> Iterator[None]:
+    """A patch just made stays until the block ends, then ``undo`` gives it back."""
+    _UNDO.append(undo)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            if undo in _UNDO:  # not in a child that forgot it at fork
+                _UNDO.remove(undo)
+                undo()
 
 
 def _target(edit: Edit) -> tuple[Any, str, Any]:
@@ -136,16 +166,15 @@ def _aliases(module: str, obj: Any) -> list[tuple[ModuleType, str]]:
     return out
 
 
-@contextmanager
-def _swapped(owner: Any, name: str, new: Any, extra: list[tuple[Any, str]]) -> Iterator[None]:
-    old = inspect.getattr_static(owner, name)
-    places = [(owner, name)] + [x for x in extra if not (x[0] is owner and x[1] == name)]
-    saved = [(o, k, inspect.getattr_static(o, k)) for o, k in places]
-    for o, k in places:
-        setattr(o, k, new)
-    try:
-        yield
-    finally:
+def _swapped(owner: Any, name: str, new: Any, extra: list[tuple[Any, str]]) -> ContextManager[None]:
+    with _LOCK:
+        old = inspect.getattr_static(owner, name)
+        places = [(owner, name)] + [x for x in extra if not (x[0] is owner and x[1] == name)]
+        saved = [(o, k, inspect.getattr_static(o, k)) for o, k in places]
+        for o, k in places:
+            setattr(o, k, new)
+
+    def undo() -> None:
         for o, k, v in saved:
             setattr(o, k, v)
         # A module first imported while the probe was in force bound the
@@ -153,12 +182,13 @@ def _swapped(owner: Any, name: str, new: Any, extra: list[tuple[Any, str]]) -> I
         if isinstance(owner, ModuleType):
             for o, k in _aliases(owner.__name__, new):
                 setattr(o, k, old)
-        assert inspect.getattr_static(owner, name) is old
+
+    return _held(undo)
 
 
 @contextmanager
 def _edits_in_force(edits: tuple[Edit, ...]) -> Iterator[None]:
-    with _LOCK, ExitStack() as stack:
+    with ExitStack() as stack:
         for edit in edits:
             owner, name, _ = _target(edit)
             current, made = _rewritten(edit)
@@ -172,7 +202,7 @@ def _function_swapped(module: str, name: str, make: Callable[[Any], Any]) -> Ite
     """``module.name`` (and its aliases) replaced by ``make(original)`` for what runs inside."""
     owner = importlib.import_module(module)
     current = getattr(owner, name)
-    with _LOCK, _swapped(owner, name, make(current), _aliases(module, current)):
+    with _swapped(owner, name, make(current), _aliases(module, current)):
         yield
 
 
@@ -207,11 +237,13 @@ def _registered_swapped(edit: Edit, tables: Callable[[], list[dict[Any, Any]]], 
             raise Unavailable(f"{edit.module}.{edit.function} is not registered for {key} on this torch")
         for t in held:
             t[key] = made
-        try:
-            yield
-        finally:
-            for t in held:
-                t[key] = current
+
+    def undo() -> None:
+        for t in held:
+            t[key] = current
+
+    with _held(undo):
+        yield
 
 
 @contextmanager
@@ -242,11 +274,13 @@ def _entry_removed(tables: Callable[[], list[dict[Any, Any]]], op: Callable[[], 
         held = [(t, t.pop(key)) for t in tables() if key in t]
         if not held:
             raise Unavailable(f"no table holds {key} on this torch")
-        try:
-            yield
-        finally:
-            for t, v in held:
-                t[key] = v
+
+    def undo() -> None:
+        for t, v in held:
+            t[key] = v
+
+    with _held(undo):
+        yield
 
 
 def _inductor_tables() -> list[dict[Any, Any]]:
@@ -386,6 +420,18 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("inductor-embedding-backward-fallback",
           "Inductor runs embedding_dense_backward as the aten kernel instead of its decomposition",
           custom=lambda: _recompiled(_entry_removed(_inductor_tables, _aten("embedding_dense_backward.default")))),
+    Probe("fsdp2-clone-outputs-of-unsharded-params",
+          "FSDP2's post_forward clones a unit's output that shares storage with the unit's unsharded parameters "
+          "before it reshards them (frees that storage)",
+          (Edit("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup.post_forward",
+                (("            if not is_bw():\n                self.reshard()\n",
+                  "            if not is_bw():\n"
+                  "                _held = {fp._unsharded_param.untyped_storage().data_ptr() for fp in self.fsdp_params\n"
+                  "                         if hasattr(fp, \"_unsharded_param\")}\n"
+                  "                output = torch.utils._pytree.tree_map_only(\n"
+                  "                    torch.Tensor, lambda t: t.clone() if t.untyped_storage().data_ptr() in _held else t,\n"
+                  "                    output)\n"
+                  "                self.reshard()\n"),)),)),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "

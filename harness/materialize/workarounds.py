@@ -18,6 +18,7 @@ and reports keep them apart.
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from typing import Iterator
@@ -44,6 +45,15 @@ WORKAROUND = "workaround"
 # Every named effect the gate can put in force: the workarounds, then the fix probes.
 EFFECTS = {**WORKAROUNDS, **{n: p.effect for n, p in probes.PROBES.items()}}
 KINDS = {n: (WORKAROUND if n in WORKAROUNDS else probes.KIND) for n in EFFECTS}
+
+
+def _none_in_child() -> None:
+    """A process forked inside ``in_force`` (a worker pool restarted during
+    the gate's worked-around run) has in force only what its messages name."""
+    ACTIVE.set(frozenset())
+
+
+os.register_at_fork(after_in_child=_none_in_child)
 
 
 @contextmanager

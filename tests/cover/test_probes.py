@@ -50,7 +50,9 @@ ON_RANKS = [
     ("pipeline-keep-grads-through-metadata-inference", "pipeline-fsdp-metadata-cleanup-drops-grads",
      "mesh/pp_dp_fsdp2_prefilled_grad_dropped.json", "mesh.pp_dp.stock"),
     ("pipeline-p2p-dense", "pipeline-p2p-noncontiguous-buffers", "pipeline/noncontiguous_activation_across_ranks.json",
-     "pipeline.GPipe.ranks2.stock"),
+     "mesh.pp_dp.stock"),
+    ("fsdp2-clone-outputs-of-unsharded-params", "fsdp2-unit-output-views-freed-param",
+     "parallel/fsdp2_unit_returns_param_view.json", "fsdp2.stock"),
 ]
 # In the compile flavours' child process (a compile each way: tens of seconds).
 IN_CHILD = [
@@ -125,6 +127,30 @@ def test_a_probe_patches_every_alias_and_restores_the_original():
         assert _backward.stage_backward_weight is not before
     assert _backward.stage_backward_weight is before and stage.stage_backward_weight is before
     assert workarounds.in_force_now() == []
+
+
+def test_a_process_forked_while_a_probe_is_in_force_starts_from_torch_as_shipped():
+    """On CPU the pool's ranks are forked from the harness; a pool restarted
+    inside the gate's probed run (after a rank crashed) must not keep the
+    probe for every later case: a child has in force what its messages name."""
+    from torch.distributed.pipelining import _backward, stage
+
+    shipped = _backward.stage_backward_weight
+    read, write = os.pipe()
+    with workarounds.in_force("split-clamp-every-intermediate"):
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once
+            ok = (_backward.stage_backward_weight is shipped and stage.stage_backward_weight is shipped
+                  and workarounds.in_force_now() == [])
+            with workarounds.in_force("split-clamp-every-intermediate"):
+                ok = ok and _backward.stage_backward_weight is not shipped
+            ok = ok and _backward.stage_backward_weight is shipped
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+        assert _backward.stage_backward_weight is not shipped  # the parent keeps its probe
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert _backward.stage_backward_weight is shipped
 
 
 def test_a_probe_whose_lines_this_torch_lacks_is_refused_not_run(monkeypatch):
