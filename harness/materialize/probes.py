@@ -283,6 +283,21 @@ def _entry_removed(tables: Callable[[], list[dict[Any, Any]]], op: Callable[[], 
         yield
 
 
+@contextmanager
+def _together(*patches: ContextManager[None]) -> Iterator[None]:
+    """Several patches that make one fix, in force together."""
+    with ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        yield
+
+
+def _dtensor_handlers() -> list[dict[Any, Any]]:
+    from torch.distributed.tensor import DTensor
+
+    return [DTensor._op_dispatcher._custom_op_handlers]
+
+
 def _inductor_tables() -> list[dict[Any, Any]]:
     from torch._inductor import decomposition
 
@@ -302,6 +317,24 @@ def _aten(name: str) -> Callable[[], Any]:
 # --- the probes -----------------------------------------------------------------------
 
 _BACKWARD = "torch.distributed.pipelining._backward"
+_CONV_HANDLER = Edit("torch.distributed.tensor._tp_conv", "convolution_handler",
+                     (("    # local propagation\n    local_results = tp_convolution(\n",
+                       "    if output_sharding.needs_redistribute:\n"
+                       "        dtensor.DTensor._op_dispatcher.redistribute_local_args(\n"
+                       "            op_info, output_sharding.redistribute_schema,\n"
+                       "            output_sharding.use_val_from_redistribute_schema)\n"
+                       "    # local propagation\n    local_results = tp_convolution(\n"),))
+_CONV_BACKWARD_HANDLER = Edit(
+    "torch.distributed.tensor._tp_conv", "convolution_backward_handler",
+    (("    # local propagation\n    local_results = tp_convolution_backward(\n",
+      "    _dim_map = op_info.flat_args_schema[0].dim_map\n"
+      "    if output_sharding.needs_redistribute:\n"
+      "        dtensor.DTensor._op_dispatcher.redistribute_local_args(\n"
+      "            op_info, output_sharding.redistribute_schema,\n"
+      "            output_sharding.use_val_from_redistribute_schema)\n"
+      "        _dim_map = output_sharding.redistribute_schema.args_schema[0].dim_map\n"
+      "    # local propagation\n    local_results = tp_convolution_backward(\n"),
+     ("        op_info.flat_args_schema[0].dim_map,\n    )\n", "        _dim_map,\n    )\n")))
 _INDEX_ADD = Edit("torch._inductor.decomposition", "index_add",
                   (("    if not is_fbcode() and x.dtype == torch.bfloat16:\n", "    if True:\n"),))
 
@@ -432,6 +465,12 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                   "                    torch.Tensor, lambda t: t.clone() if t.untyped_storage().data_ptr() in _held else t,\n"
                   "                    output)\n"
                   "                self.reshard()\n"),)),)),
+    Probe("dtensor-conv-redistribute-first",
+          "DTensor's convolution handlers (forward and backward) redistribute the local arguments as sharding "
+          "propagation decided, as every other op's dispatch does, before they run the local convolution",
+          custom=lambda: _together(_registered_swapped(_CONV_HANDLER, _dtensor_handlers, _aten("convolution.default")),
+                                   _registered_swapped(_CONV_BACKWARD_HANDLER, _dtensor_handlers,
+                                                       _aten("convolution_backward.default")))),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "

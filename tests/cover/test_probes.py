@@ -53,6 +53,10 @@ ON_RANKS = [
      "mesh.pp_dp.stock"),
     ("fsdp2-clone-outputs-of-unsharded-params", "fsdp2-unit-output-views-freed-param",
      "parallel/fsdp2_unit_returns_param_view.json", "fsdp2.stock"),
+    ("dtensor-conv-redistribute-first", "dtensor-conv-batch-smaller-than-mesh-labelled-replicate",
+     "dtensor/conv_batch_smaller_than_mesh_labelled_replicate.json", "dtensor.stock"),
+    ("dtensor-conv-redistribute-first", "dtensor-conv3d-depth-sharded-raises",
+     "dtensor/conv3d_depth_sharded_same_padding_raises.json", "dtensor.stock"),
 ]
 # In the compile flavours' child process (a compile each way: tens of seconds).
 IN_CHILD = [
