@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from harness.compare.values import Tolerance
+from harness.engine.check import CaseCheck
 from harness.engine.target import Target
 from harness.paths import resolve
 from oracles.eager import observe
@@ -80,7 +81,8 @@ def main() -> None:
         counts["low precision"] += precision is not None
         oracle = observe(case)
         if not terms_only:
-            tol = tol.with_noise(case, oracle, lambda: eager.run(case) if eager.supports(case) is None else None)
+            tol = tol.with_noise(case, oracle, lambda: eager.run(case) if eager.supports(case) is None else None,
+                                 CaseCheck(case)._eager_low)
         tol = tol.lowered(precision, case, None if terms_only else rounded)
         last = min(case.schedule.microbatches, len(oracle.steps)) - 1
         hidden = _wrongs(tol, oracle, 0, last)

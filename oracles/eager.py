@@ -27,13 +27,17 @@ class OracleError(RuntimeError):
 Cotangents = Callable[[int, list[torch.Tensor]], list[torch.Tensor]]
 
 
-def observe(case: Case, cotangents: Cotangents | None = None) -> Observation:
+def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype | None = None) -> Observation:
     """``cotangents`` (backward, the case's grad outputs) -> the grad outputs
     to use instead: one rank's share, for the grads a data-parallel rank
-    computes before its wrapper reduces them."""
+    computes before its wrapper reduces them. ``low``: the forward and
+    backward in that type instead, grads summed in float32 and no training
+    step, as a mixed-precision engine computes them: not an oracle, but the
+    rounding that type shows on this very case."""
     built = Built(case)
-    obs = Observation(path="oracle")
-    params = {n: t.requires_grad_(p.requires_grad) for (n, t), p in zip(built.params().items(), case.params)}
+    obs = Observation(path="oracle" if low is None else f"eager {low}")
+    to = (lambda t: t) if low is None else (lambda t: t.to(low))
+    params = {n: to(t).requires_grad_(p.requires_grad) for (n, t), p in zip(built.params().items(), case.params)}
     grad_params = [n for n, t in params.items() if t.requires_grad]
     init = case.schedule.grad_init
     acc: Grads = {n: None for n in params}
@@ -42,14 +46,14 @@ def observe(case: Case, cotangents: Cotangents | None = None) -> Observation:
         for n in grad_params:
             acc[n] = torch.zeros_like(params[n]) if init == "zero" else prefill[n]
     sched = case.schedule
-    trainer = Trainer(case, params, oracle=True) if has_step(case) else None
+    trainer = Trainer(case, params, oracle=True) if has_step(case) and low is None else None
     try:
         for k in range(sched.backwards):
             if starts_step(case, k):
                 acc = zeroed(acc, sched.zero_grad)
-            inputs = {x.name: built.inputs(k)[x.name].requires_grad_(x.requires_grad) for x in case.inputs}
+            inputs = {x.name: to(built.inputs(k)[x.name]).requires_grad_(x.requires_grad) for x in case.inputs}
             outs = built.forward({**params, **inputs})
-            cots = built.cotangents(k) if cotangents is None else cotangents(k, built.cotangents(k))
+            cots = [to(c) for c in (built.cotangents(k) if cotangents is None else cotangents(k, built.cotangents(k)))]
             live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
             wrt_names = grad_params + [n for n, t in inputs.items() if t.requires_grad]
             wrt = [params[n] if n in params else inputs[n] for n in wrt_names]
@@ -59,7 +63,7 @@ def observe(case: Case, cotangents: Cotangents | None = None) -> Observation:
                 grads = torch.autograd.grad(
                     [o for o, _ in live], wrt, [c for _, c in live], allow_unused=True
                 )
-                got = dict(zip(wrt_names, grads))
+                got = dict(zip(wrt_names, grads if low is None else [g if g is None else g.float() for g in grads]))
             # Every forward starts from the same seeded state; what the
             # forward drew and the backward did not is where eager leaves it.
             rng = rng_digest() if built.random else None

@@ -13,13 +13,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+import torch
+
 from harness.case.spec import Case
 from harness.compare.values import Tolerance, compare
 from harness.engine.coverage import Meter, machinery_family
 from harness.observation import Divergence, Observation, classify
 from harness.artifacts import corpus
 from harness.paths import Path
-from oracles.eager import observe
+from oracles.eager import OracleError, observe
 
 # A corpus case marked flaky (an order-dependent bug) gets this many tries
 # before replay calls it agreeing; each meets another heap (``_ballast``).
@@ -58,6 +60,7 @@ class CaseCheck:
         self._tol = tol
         self._bases: dict[str, bool] = {}
         self.seen: dict[str, Observation] = {}  # each path's last observation (``gradfuzz versions`` reads refusals)
+        self._low: dict[str, Observation | None] = {}  # eager in a lower type, by its name
 
     @property
     def oracle(self) -> Observation:
@@ -73,7 +76,7 @@ class CaseCheck:
         if self._tol is None:
             t0 = time.process_time()
             self._tol = Tolerance.for_case(self.case, slack=self.slack, lazy=self.lazy).with_noise(
-                self.case, self.oracle, self._eager32)
+                self.case, self.oracle, self._eager32, self._eager_low)
             if self.profile is not None:
                 self.profile.tolerance += time.process_time() - t0
         return self._tol
@@ -93,11 +96,28 @@ class CaseCheck:
             if self.profile is not None:
                 self.profile.tolerance += time.process_time() - t0
 
-    def unjudged(self) -> bool:
+    def _eager_low(self, precision: str) -> Observation | None:
+        """Eager computing in ``precision``: the rounding a path that
+        computes in it may show (None: some op of the case has no kernel
+        in that type)."""
+        if precision in self._low:
+            return self._low[precision]
+        t0 = time.process_time()
+        try:
+            self._low[precision] = observe(self.case, low=getattr(torch, precision))
+        except OracleError:
+            self._low[precision] = None
+        finally:
+            if self.profile is not None:
+                self.profile.tolerance += time.process_time() - t0
+        return self._low[precision]
+
+    def unjudged(self, obs: Observation | None = None) -> bool:
         """Whether a zeroed parameter grad would agree after the first
         backward: the tolerance cannot tell that grad from none, so a pass on
-        this case says nothing about it (counted, never called a pass)."""
-        tol = self.tol
+        this case says nothing about it (counted, never called a pass).
+        ``obs``: a path's observation, judged in the type it computed in."""
+        tol = self.tol if obs is None else self.tol.lowered(obs.precision, self.case, obs.rounded)
         if tol.exact or not self.oracle.steps:
             return False
         first = self.oracle.steps[0]

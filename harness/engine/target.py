@@ -236,9 +236,9 @@ class Target:
                     continue  # the base diverges too: not the injected bug
             if divs:
                 return p, divs
-        if unjudged is not None and any(r is None for _, r in todo) and cc.unjudged():
+        if unjudged is not None:
             for p, reason in todo:
-                if reason is None:
+                if reason is None and cc.unjudged(cc.seen.get(p.name)):
                     unjudged(p)
         return None
 

@@ -95,3 +95,25 @@ def test_an_unjudgeable_case_is_counted_and_shown_never_as_a_plain_pass():
 
     result = Result(paths={"eager.accumulate": Tally(examples=4, run=4, unjudged=3)})
     assert "3 unjudged (a zeroed grad would agree)" in summary(result)
+
+
+def test_a_path_computing_in_bf16_is_capped_by_eager_computing_in_bf16():
+    """A path whose forward and backward run in bfloat16 (DeepSpeed's bf16
+    engine) has no exact account of its rounding: against term sizes alone a
+    zeroed grad agreed; capped by what eager shows computing the same case in
+    bfloat16 (``LOW_NOISE_K``), eager's own bf16 grads agree and a zeroed or
+    halved one does not."""
+    with open(os.path.join(DATA, "bf16_reduce_rms_norm_case.json")) as fh:
+        case = Case.loads(fh.read())
+    cc = CaseCheck(case)
+    plain = Tolerance.for_case(case).lowered("bfloat16", case)
+    capped = Tolerance.for_case(case).with_noise(case, cc.oracle, lambda: None, cc._eager_low).lowered("bfloat16", case)
+    want, twin = cc.oracle.steps[0].grads["g0"], cc._eager_low("bfloat16").steps[0].grads["g0"]
+    at = ("param", "g0", 0)
+
+    def agrees(tol: Tolerance, got: torch.Tensor) -> bool:
+        return bool(((got - want).abs() <= tol.allowed("g0", want.shape, at)).all())
+
+    assert not torch.equal(twin, want)  # bfloat16 really rounds
+    assert agrees(plain, want * 0), "term sizes no longer let the zeroed grad agree: pick another case"
+    assert agrees(capped, twin) and not agrees(capped, want * 0) and not agrees(capped, twin / 2)
