@@ -35,6 +35,13 @@ from harness.materialize.tensors import Built
 
 CACHE_SIZE = 16  # structures whose compiled code stays alive
 RESET_EVERY = 64  # new structures between full dynamo resets
+# Dynamo's recompile limit while a compile path's code runs (``CompilePath.config``;
+# torch's default is 8). After a graph break inside the forward's loop
+# (``retain_grad``: "Tensor.retain_grad() with AOTDispatcher") dynamo skips the
+# frame and compiles each node's call as a frame of its own, and every OpInfo
+# node shares one such code object, guarded on its op: a structure with more
+# distinct OpInfo ops than the limit ran its later ones eagerly.
+RECOMPILE_LIMIT = 64
 
 
 def structure_key(case: Case, shapes: bool = True) -> str:
@@ -106,18 +113,20 @@ class Stats:
         return {**dataclasses.asdict(self), "hit_rate": round(self.hit_rate, 4)}
 
 
-def near_recompile_limit() -> bool:
-    """Is some code dynamo compiled close to its recompile limit?
+def near_recompile_limit(headroom: int = 2) -> bool:
+    """Is some code dynamo compiled within ``headroom`` entries of its
+    recompile limit (``RECOMPILE_LIMIT``)?
 
     Code shared by every structure (the op table's lambdas, which dynamo
-    compiles as frames of their own after a graph break) collects one cache
-    entry per structure; at the limit dynamo silently runs it eagerly, and
-    the path would test eager autograd. A full reset before that keeps every
-    case compiled."""
+    compiles as frames of their own after a graph break) collects up to one
+    cache entry per node of each structure; at the limit dynamo silently
+    runs it eagerly, and the path would test eager autograd. A full reset
+    before a structure that could reach it (``headroom``: its nodes) keeps
+    every case compiled."""
     from torch._dynamo.convert_frame import input_codes
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    limit = max(int(getattr(torch._dynamo.config, "recompile_limit", 8)) - 2, 1)
+    limit = max(RECOMPILE_LIMIT - headroom, 1)
     for ref in list(input_codes.seen):
         code = ref()
         if code is not None and len(_debug_get_cache_entry_list(code)) >= limit:

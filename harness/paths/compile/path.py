@@ -53,7 +53,8 @@ from harness.case.validate import infer_shapes
 from harness.observation import Grads, Observation
 from harness.paths.base import Availability, Options, Repro
 from harness.paths.engine_rules import off_its_devices
-from harness.paths.compile.cache import Artifact, Stats, StructureCache, limit_watch, near_recompile_limit, rss_mb, structure_key
+from harness.paths.compile.cache import (RECOMPILE_LIMIT, Artifact, Stats, StructureCache, limit_watch,
+                                         near_recompile_limit, rss_mb, structure_key)
 from harness.paths.compile.flavors import CONTRACT, FLAVORS, Flavor
 from harness.paths.compile.machinery import machinery
 from harness.paths.workarounds import IN_PROCESS
@@ -112,7 +113,7 @@ class CompilePath:
     def __init__(self, flavor: Flavor, backend: Callable[..., Any] | None = None, name: str | None = None) -> None:
         self.flavor = flavor
         self.name = name or flavor.name
-        self.contract = CONTRACT
+        self.contract = flavor.contract
         self._backend_override = backend  # a callable backend (the canary) instead of flavor.backend
         self.cache = StructureCache()
         self.stats = Stats()
@@ -183,14 +184,16 @@ class CompilePath:
     def config(self) -> contextlib.ExitStack:
         """The settings every call of this flavour's compiled code runs under
         (graphs compile lazily, inside those calls): compiled autograd on or
-        off, and for Inductor ``fallback_random``. Inductor otherwise lowers
+        off, the recompile limit (``cache.RECOMPILE_LIMIT``), and for
+        Inductor ``fallback_random``. Inductor otherwise lowers
         ``torch.rand`` to its own generator, which draws other numbers than
         eager's from the same seed (documented: the flag exists to make them
         match), so every dropout case would differ in its mask, not in its
         autograd; with it, the mask comes from eager's ``aten.rand`` and the
         rest of the graph is still Inductor's code."""
         stack = contextlib.ExitStack()
-        stack.enter_context(torch._dynamo.config.patch(compiled_autograd=self.flavor.compiled_autograd))
+        stack.enter_context(torch._dynamo.config.patch(compiled_autograd=self.flavor.compiled_autograd,
+                                                       recompile_limit=RECOMPILE_LIMIT))
         if self.flavor.backend == "inductor" and self._backend_override is None:
             from torch._inductor import config as inductor_config
 
@@ -204,7 +207,7 @@ class CompilePath:
 
     def artifact(self, case: Case) -> tuple[Artifact, bool]:
         key = structure_key(case, shapes=not self.flavor.other_size_first)
-        if near_recompile_limit():
+        if near_recompile_limit(len(case.nodes) + 2):
             self.cache.reset()
         a = self.cache.get(key)
         if a is not None:
