@@ -54,16 +54,8 @@ def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype |
             inputs = {x.name: to(built.inputs(k)[x.name]).requires_grad_(x.requires_grad) for x in case.inputs}
             outs = built.forward({**params, **inputs})
             cots = [to(c) for c in (built.cotangents(k) if cotangents is None else cotangents(k, built.cotangents(k)))]
-            live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
-            wrt_names = grad_params + [n for n, t in inputs.items() if t.requires_grad]
-            wrt = [params[n] if n in params else inputs[n] for n in wrt_names]
-            got: dict[str, torch.Tensor | None] = {n: None for n in wrt_names}
             built.fired = {}
-            if live and wrt:
-                grads = torch.autograd.grad(
-                    [o for o, _ in live], wrt, [c for _, c in live], allow_unused=True
-                )
-                got = dict(zip(wrt_names, grads if low is None else [g if g is None else g.float() for g in grads]))
+            got = _grads(outs, cots, {n: params[n] for n in grad_params}, inputs, low)
             # Every forward starts from the same seeded state; what the
             # forward drew and the backward did not is where eager leaves it.
             rng = rng_digest() if built.random else None
@@ -90,6 +82,19 @@ def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype |
     except Exception as e:
         raise OracleError(f"eager oracle failed on backward {k}: {type(e).__name__}: {e}") from e
     return obs
+
+
+def _grads(outs: list[torch.Tensor], cots: list[torch.Tensor], params: dict[str, torch.Tensor],
+           inputs: dict[str, torch.Tensor], low: torch.dtype | None) -> dict[str, torch.Tensor | None]:
+    """One ``torch.autograd.grad`` of the outputs that need grad, with
+    respect to every trainable parameter and input (None where unused);
+    float32 where the backward ran in a lower type."""
+    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+    wrt = {**params, **{n: t for n, t in inputs.items() if t.requires_grad}}
+    if not (live and wrt):
+        return {n: None for n in wrt}
+    grads = torch.autograd.grad([o for o, _ in live], list(wrt.values()), [c for _, c in live], allow_unused=True)
+    return {n: g if g is None or low is None else g.float() for n, g in zip(wrt, grads)}
 
 
 def _train(trainer: Trainer, params: dict[str, torch.Tensor], acc: Grads) -> Grads:

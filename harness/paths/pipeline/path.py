@@ -284,8 +284,8 @@ class PipelinePath:
             # unmatched. On gloo that op times out and the rank goes on (the
             # p2p group is replaced, ``pipeline_rank._group``); on NCCL its
             # kernel stays on the GPU, and the next case's new_group blocks
-            # behind it: every case after a failing one hung (18 of 18 NCCL
-            # timeouts on 2 H200s, issue 31). Fresh ranks for the next case,
+            # behind it: every case after a failing one hung (the NCCL
+            # timeouts in docs/multi-gpu.md). Fresh ranks for the next case,
             # unless every rank aborted that group and its case thread ended
             # (``pipeline_rank.free_p2p``): then nothing is left on the GPUs.
             group.close()
