@@ -81,13 +81,14 @@ def opinfo_on_mesh(mesh, place):
     rep = [Replicate()] * mesh.ndim
     op = PARTIAL.get(place)
     split = op in ("sum", "avg")
-    # Older DTensors take no grad_placements; they hand a Partial input's grad back replicated too.
-    grads = {"grad_placements": rep} if "grad_placements" in inspect.signature(DTensor.from_local).parameters else {}
 
     def wrap(t):
         return DTensor.from_local(t, mesh, rep, run_check=False)
 
     def partial(t):
+        # Older DTensors take no grad_placements; they hand a Partial input's grad back replicated too.
+        takes = "grad_placements" in inspect.signature(DTensor.from_local).parameters
+        grads = {"grad_placements": rep} if takes else {}
         n, r = mesh.size(0), mesh.get_local_rank(0)
         if split:
             own = (torch.arange(t.numel(), device=t.device).reshape(t.shape) % n) == r
