@@ -61,7 +61,8 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
             result, extra = _in_process(args, paths, exact, Display)
         else:
             unavailable = {p.name: a.reason for p in paths if not (a := p.availability()).ok}
-            result, extra = _parallel(args, options, n, Display, unavailable)
+            live = [p for p in paths if p.name not in unavailable]
+            result, extra = _parallel(args, options, n, Display, unavailable, planned(live, args.examples))
     except DatabaseError as e:
         raise UsageError(str(e)) from None
     interrupted = extra.get("interrupted", False)
@@ -127,7 +128,8 @@ def _in_process(args: argparse.Namespace, paths: list, exact: bool | None, Displ
     s = sessions.Session(save_dir=args.save, db_spec=args.db, database=open_database(args.db), stop=stop,
                          seed=args.seed, label=labeller(getattr(args, "ledger", None)),
                          coverage=getattr(args, "coverage", None))
-    display = Display(s.snapshot, args.progress, args.progress_every)
+    total = planned([p for p in paths if p.availability().ok], args.examples)
+    display = Display(lambda: {**s.snapshot(), "planned": total}, args.progress, args.progress_every)
     s.on_event = display.event
     got: list[int] = []
     previous = _on_signals(stop, display, got)
@@ -175,8 +177,21 @@ def exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
+def planned(live: list, examples: int | None) -> int | None:
+    """The examples an ``--examples`` budget comes to over every target of
+    ``live``, counted before the run: the progress total is then fixed from
+    the first line, not grown as workers reach targets (640, then 2,960), and
+    its ETA can be trusted. Shards split a target's budget exactly, so their
+    number does not change it. None for a time budget (its end is known)."""
+    if not examples or not live:
+        return None
+    from harness.engine.session import plan
+
+    return sum(examples * t.variants * len(t.paths) for t in plan(live, exact=None, seed=0, examples=examples))
+
+
 def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
-              unavailable: dict[str, str]) -> tuple[Any, dict]:
+              unavailable: dict[str, str], total: int | None = None) -> tuple[Any, dict]:
     from harness.engine import parallel
     from harness.engine.database import open_database
     from harness.engine.session import combine, read_statuses
@@ -189,7 +204,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
         extra_paths=list(options.extra), ledger=getattr(args, "ledger", None), coverage=getattr(args, "coverage", None))
     ctl = parallel.Controller(cmd, run_dir, n)
     ctl.unavailable = unavailable
-    display = Display(ctl.view, args.progress, args.progress_every)
+    display = Display(lambda: {**ctl.view(), "planned": total}, args.progress, args.progress_every)
 
     class _Stop:
         requested = False
@@ -252,7 +267,7 @@ def on_workers(options: Options, n: str, ledger: str | None = None) -> Any:
         args = argparse.Namespace(paths=",".join(p.name for p in live), examples=examples, minutes=minutes, seed=seed,
                                   mode="both", db="none", save=save_dir, shards=1, progress="plain",
                                   progress_every=30.0, keep_run_dir=False, ledger=ledger)
-        result, extra = _parallel(args, options, n, Display, {})
+        result, extra = _parallel(args, options, n, Display, {}, planned(live, examples))
         if extra.get("interrupted"):
             # SIGTERM from a CI timeout stops the workers between examples; what
             # did not run cannot have passed, so the gate fails with the reason.

@@ -28,9 +28,27 @@ def _clock(seconds: float) -> str:
 
 
 def wanted(view: View) -> int:
-    """The cases an examples budget comes to over the view's paths (0: no budget)."""
+    """The cases an examples budget comes to: ``planned`` where the front
+    counted it before the run (every path of every target, fixed), else over
+    the paths the view has met so far (0: no budget), a total that grows as
+    workers start targets."""
+    if view.get("planned"):
+        return int(view["planned"])
     budget = view.get("examples_budget") or 0
     return sum(budget * int(t.get("per_example", 1)) for t in view.get("paths", {}).values())
+
+
+ETA_AFTER = 0.2  # of a fixed total done before an ETA is shown: before that one slow step swings it by minutes
+
+
+def eta(done: float, total: float, elapsed: float, fixed: bool = True) -> float | None:
+    """Seconds left at the rate so far, or None where the figure would
+    mislead: a total still growing (``fixed`` False), less than
+    ``ETA_AFTER`` of it done (the first steps of a phase are its slowest:
+    imports, the heaviest targets first), or nothing left to do."""
+    if not fixed or total <= 0 or elapsed <= 0 or not ETA_AFTER * total <= done < total:
+        return None
+    return elapsed / done * (total - done)
 
 
 def summarize(view: View) -> dict[str, Any]:
@@ -42,10 +60,8 @@ def summarize(view: View) -> dict[str, Any]:
     left = None
     if view.get("deadline"):
         left = max(0.0, view["deadline"] - now)
-    elif view.get("examples_budget") and paths:
-        want = wanted(view)
-        rate = total / elapsed if elapsed > 0 else 0
-        left = (want - total) / rate if rate > 0 and want > total else None
+    elif view.get("examples_budget") or view.get("planned"):
+        left = eta(total, wanted(view), elapsed, fixed=bool(view.get("planned")))
     by_path: dict[str, int] = {}
     for sig, n in view.get("counts", {}).items():
         p = view.get("details", {}).get(sig, {}).get("path", "?")
@@ -100,11 +116,13 @@ def plain_line(view: View, width: int | None = None) -> str:
     workers = f", {view['workers']} workers" if view.get("workers", 1) > 1 else ""
     want = wanted(view)
     done = f"{s['total']}/{want}" if want else f"{s['total']}"
-    head = (f"gradfuzz [fuzz {_clock(s['elapsed'])}{left}{workers}] {done} examples ({s['rate']:.0f}/s); "
+    # Nothing finished yet (workers importing torch, a first compile): say so, not "0/s".
+    rate = f"({s['rate']:.0f}/s)" if s["total"] else "(none finished yet)"
+    head = (f"gradfuzz [fuzz {_clock(s['elapsed'])}{left}{workers}] {done} examples {rate}; "
             f"{s['finds']} finds, {s['signatures']} distinct")
-    rate = lambda t: t["examples"] / max(s["elapsed"], 1e-9)  # noqa: E731
-    slowest = sorted(paths.items(), key=lambda kv: (rate(kv[1]), kv[0]))
-    items = [f"{name} {t['examples']} ({rate(t):.0f}/s)" for name, t in slowest]
+    speed = lambda t: t["examples"] / max(s["elapsed"], 1e-9)  # noqa: E731
+    slowest = sorted(paths.items(), key=lambda kv: (speed(kv[1]), kv[0]))
+    items = [f"{name} {t['examples']} ({speed(t):.0f}/s)" for name, t in slowest]
     room = (width - len(head) - len("; slowest: ")) if width else LOG_LISTING
     if not items or room < 20:
         return fit(head, width)
@@ -114,16 +132,20 @@ def plain_line(view: View, width: int | None = None) -> str:
 LOG_LISTING = 200  # characters of a log line's list of the slowest paths: the few that matter, the rest counted
 
 _COUNT = re.compile(r"^\[(?P<announce>phase\] )?(?P<phase>[a-z][\w-]*)[^\]\d]*?\b(?P<done>\d+)/(?P<total>\d+)")
+# An emitter's own estimate (", ~12s left", ", ~01:30 left"): PhaseLines gives the ETA, by one rule.
+_OWN_ETA = re.compile(r",? ~(?:\d+s|\d+(?::\d\d)+) left")
 
 
 class PhaseLines:
     """The gate's progress callback: every line names its phase (selfcheck,
-    replay, fuzz), done/total where the emitter counted, an ETA where it can
-    be estimated, and fits the terminal. Emitters stay simple: this is the
-    one place that knows how wide a line may be.
+    replay, fuzz), done/total where the emitter counted, an ETA once it is
+    stable (``eta``: a fixed total, enough of it done), and fits the
+    terminal. Emitters stay simple: this is the one place that knows how
+    wide a line may be and when an estimate is worth printing.
 
     ``[NAME i/N]`` reports step i done; ``[phase] NAME ... i/N`` announces
-    step i starting; a line that already says what is ``left`` is kept."""
+    step i starting. A new total within a phase is a new count (the gate's
+    replay counts pairs on its workers, then files): its ETA starts over."""
 
     def __init__(self, stream: IO[str] | None = None, verbose: bool = False, width: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -132,21 +154,24 @@ class PhaseLines:
         self.width = width
         self.clock = clock
         self.phase = ""
-        self.since = clock()  # when the current phase began (or the one before it ended)
+        self.total = -1  # the current count's total
+        self.since = clock()  # when the current count began (or the phase before it ended)
 
     def line(self, text: str) -> str:
         """``text`` as shown: phase, count, ETA, width."""
+        text = _OWN_ETA.sub("", text)
         m = _COUNT.match(text)
         if m is None:
             return fit(f"[{self.phase}] {text}" if self.phase and not text.startswith(f"[{self.phase}") else text,
                        self._width())
         now = self.clock()
-        if m["phase"] != self.phase:
-            self.phase, self.since = m["phase"], now if m["announce"] else self.since
         done, total = int(m["done"]) - (1 if m["announce"] else 0), int(m["total"])
-        if " left" not in text and 0 < done < total:
-            eta = (now - self.since) / done * (total - done)
-            text = f"{text[:m.end()]}, ~{_clock(eta)} left{text[m.end():]}"
+        if m["phase"] != self.phase or total != self.total:
+            started = now if m["announce"] or m["phase"] == self.phase else self.since
+            self.phase, self.total, self.since = m["phase"], total, started
+        left = eta(done, total, now - self.since)
+        if left is not None:
+            text = f"{text[:m.end()]}, ~{_clock(left)} left{text[m.end():]}"
         self.since = self.since if done < total else now  # the next phase starts where this one ends
         return fit(text, self._width())
 

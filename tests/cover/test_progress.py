@@ -44,3 +44,57 @@ def test_plain_lines_when_stdout_is_not_a_terminal():
     text = out.getvalue()
     assert "gradfuzz: [split.stock] divergence split.stock-value-9a39c5b0a8" in text
     assert text.count("gradfuzz [") >= 2
+
+
+def test_an_eta_is_shown_only_once_the_total_is_fixed_and_a_fifth_of_it_is_done():
+    from harness.cli.progress import ETA_AFTER, eta
+
+    assert eta(1, 21, 0.4) is None  # the first canary: its 0.4 s says nothing of a 4.6 s compile to come
+    assert eta(5, 20, 10.0) == 30.0
+    assert eta(5, 20, 10.0, fixed=False) is None  # a total still growing as workers reach targets
+    assert eta(20, 20, 10.0) is None and eta(0, 20, 10.0) is None  # nothing left, or nothing to go on
+    assert ETA_AFTER * 20 <= 5
+
+
+def test_phase_lines_drop_the_emitters_estimates_and_start_a_new_count_afresh():
+    from harness.cli.progress import PhaseLines
+
+    t = [0.0]
+    lines = PhaseLines(width=None, clock=lambda: t[0])
+    shown = []
+    for step, text in [(1, "[selfcheck 1/21] a: caught"), (10, "[selfcheck 10/21] b: caught"),
+                       (11, "[selfcheck 21/21] c: caught"),
+                       (20, "[phase] replay 632/5568 (case, path) pairs on 2 processes, ~45s left"),
+                       (60, "[phase] replay 2000/5568 (case, path) pairs on 2 processes, ~12s left"),
+                       (61, "[phase] replay 1/105 corpus cases on 2 paths, ~0s left"),
+                       (61, "[phase] replay 105/105 corpus cases on 2 paths, ~0s left")]:
+        t[0] = float(step)
+        shown.append(lines.line(text))
+    assert shown[0] == "[selfcheck 1/21] a: caught"  # too early for an estimate
+    assert shown[1] == "[selfcheck 10/21, ~00:11 left] b: caught"
+    assert shown[3] == "[phase] replay 632/5568 (case, path) pairs on 2 processes"  # its own ~45s dropped
+    assert shown[4] == "[phase] replay 2000/5568, ~01:11 left (case, path) pairs on 2 processes"
+    assert shown[5:] == ["[phase] replay 1/105 corpus cases on 2 paths",  # a new total: a new count, no carried ETA
+                         "[phase] replay 105/105 corpus cases on 2 paths"]  # done: no "~0s left"
+    assert not any("~0s" in s or "00:00 left" in s for s in shown)
+
+
+def test_the_fuzz_line_counts_against_a_total_known_in_advance_and_never_reads_0_per_second():
+    view = {"now": 100.0, "started": 40.0, "examples_budget": 20, "planned": 2960, "workers": 2,
+            "paths": {}, "counts": {}, "details": {}}
+    line = plain_line(view, None)
+    assert "0/2960 examples (none finished yet)" in line and "0/s" not in line and "left" not in line
+    view["paths"] = {"split.stock": {"examples": 640, "per_example": 1}}
+    assert "640/2960 examples (11/s)" in plain_line(view, None)  # the total does not grow to what workers met
+    assert "left" in plain_line(view, None)  # a fixed total, over a fifth done
+
+
+def test_the_planned_total_is_the_budget_over_every_targets_paths_and_variants():
+    from harness.cli.fuzz import planned
+    from harness.engine.session import plan
+    from harness.paths import resolve
+
+    live = [p for p in resolve("split.fixed,eager,split.stock") if p.availability().ok]
+    targets = plan(live, exact=None, seed=0, examples=5)
+    assert planned(live, 5) == sum(5 * t.variants * len(t.paths) for t in targets) >= 5 * len(live)
+    assert planned(live, None) is None and planned([], 5) is None  # a time budget ends at its deadline

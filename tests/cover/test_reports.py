@@ -144,7 +144,9 @@ def test_a_progress_line_from_a_long_per_path_status_stays_within_the_width():
         line = plain_line(view, width=width)
         assert len(line) <= width and line.startswith("gradfuzz [fuzz 00:30,"), line
     line = plain_line(view, width=200)
-    assert "11160/40000 examples" in line and "left" in line  # done/total and an ETA
+    assert "11160/40000 examples" in line and "left" not in line  # a total met so far: no ETA from it
+    line = plain_line(dict(view, planned=40000), width=200)
+    assert "11160/40000 examples" in line and "01:17 left" in line  # counted in advance: done/total and an ETA
     assert "slowest: pipeline.Schedule0.stock 100 (3/s)" in line and "more)" in line  # summarised, not dumped
     assert len(fit("x " * 1000, 100)) <= 100
 
@@ -163,6 +165,6 @@ def test_gate_progress_lines_show_phase_count_and_eta_within_the_width():
         shown.append(lines.line(text))
     assert all(len(s) <= 80 for s in shown)
     assert shown[0] == "[selfcheck 1/4, ~00:30 left] split-double-count: caught (120 examples, 3.0s)"
-    assert shown[2] == "[phase] replay 3/90 corpus cases on 40 paths, ~20s left"  # its own ETA kept
+    assert shown[2] == "[phase] replay 3/90 corpus cases on 40 paths"  # its own ETA dropped: 2/90 done is too early
     assert shown[4].startswith("[fuzz] [split.stock] divergence") and CWD not in shown[4]
     assert shown[5] == "[phase] fuzz target 2/5, ~01:20 left: eager (100 examples)"
