@@ -81,6 +81,22 @@ def scrub(text: str) -> str:
     return _ABSOLUTE_DIR.sub(_cut_dir, text)
 
 
+def scrub_tree(tree: Any, keep: frozenset[str] = frozenset({"case"})) -> Any:
+    """A JSON tree with every string ``scrub``bed, except under the keys in
+    ``keep`` (a case is data, read back as it was written). A report file
+    travels (a CI artifact, a pasted gist): a traceback of a crashed child
+    in it must not carry the home or temporary directories of the machine
+    that ran it. One walk at the point of writing covers every field,
+    including ones added later."""
+    if isinstance(tree, str):
+        return scrub(tree)
+    if isinstance(tree, dict):
+        return {k: v if k in keep else scrub_tree(v, keep) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [scrub_tree(v, keep) for v in tree]
+    return tree
+
+
 def _cut_dir(m: re.Match[str]) -> str:
     """An absolute directory as from its corpus folder (``cases/``) on, else ``…/`` and its last part."""
     parts = m.group(0).strip("/").split("/")

@@ -283,7 +283,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.cli import report as cli_report
     from harness.gate import report as gate_report
     from harness.artifacts.corpus import atomic_write
-    from harness.artifacts.text import relative
+    from harness.artifacts.text import relative, scrub_tree
 
     from harness.gate import ledger
 
@@ -310,7 +310,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         print("\n".join(gate.compare_baseline(rep, base, [p.name for p in paths] if args.paths else None)))
     where = {"save_dir": args.save, "full": args.json}  # repro links and "see FILE" in the reports
     # Written before the terminal report, which says where: its "see FILE" names a file that exists.
-    atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
+    atomic_write(args.json, json.dumps(scrub_tree(rep), indent=1) + "\n")  # no path of this machine in a file that travels
     atomic_write(args.markdown, gate_report.markdown(rep, **where, at=args.markdown))
     if args.junit:
         atomic_write(args.junit, gate_report.junit(rep, save_dir=args.save))

@@ -560,3 +560,24 @@ def test_two_ledger_bugs_stacked_in_one_case_are_known_when_both_checks_remove_i
     report = gate.run_gate([path], corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
     assert {(r.status, r.bug) for r in report.rows} == {("known", "steal")}, [r.detail for r in report.rows]
     assert not report.failed and "stacked with zeroes" in report.rows[0].detail
+
+
+def test_the_gate_json_carries_no_path_of_this_machine_in_a_crashed_childs_traceback(tmp_path, monkeypatch):
+    """A SIGSEGV in a replay child lands in an error row with the child's
+    log: the JSON is an artifact others read, so the home and temporary
+    directories go, while a case (data) is written as it was."""
+    from harness.cli.main import main
+
+    home, temp = os.path.expanduser("~"), "/tmp/gradfuzz-replay-k3j2/"
+    trace = (f"Fatal Python error: Segmentation fault\n  File \"{home}/venv/lib/site.py\", line 3\n"
+             f"  File \"{temp}replay-0.log\", line 1\n  File \"{ROOT}/harness/engine/check.py\", line 9")
+    case = {"note": "/data/kept/as/written/"}
+    rep = gate.GateReport(torch.__version__, [gate.Row("error", "replay", trace, source="replay", case=case)])
+    monkeypatch.setattr(gate, "run_gate", lambda *a, **k: rep)
+    monkeypatch.chdir(tmp_path)
+    assert main(["gate", "--paths", "split.fixed", "--corpus", "--no-selfcheck", "--minutes", "0"]) == 1
+    text = (tmp_path / ".gradfuzz" / "gate" / "gate.json").read_text()
+    row = json.loads(text)["rows"][0]
+    assert home not in text and "/tmp/" not in text and ROOT not in text
+    assert 'File "~/venv/lib/site.py"' in row["detail"] and "harness/engine/check.py" in row["detail"]
+    assert "replay-0.log" in row["detail"] and row["case"] == case
