@@ -81,12 +81,24 @@ def in_force_now() -> list[str]:
     return sorted(ACTIVE.get())
 
 
+def _cloned(grad: torch.Tensor) -> torch.Tensor:
+    """A fresh copy of ``grad`` as it arrives. A DTensor grad is copied shard
+    by shard with its placements kept: ``torch.clone`` of a Partial grad
+    would reduce it first (a collective per parameter), which no user's
+    clone hook means and a path's collective count would report."""
+    to_local = getattr(grad, "to_local", None)
+    if to_local is None:
+        return grad.clone()
+    return type(grad).from_local(to_local().clone(), grad.device_mesh, grad.placements, run_check=False,
+                                 shape=grad.shape, stride=grad.stride())
+
+
 def on_params(params: dict[str, torch.nn.Parameter]) -> None:
     """What the workarounds in force do to freshly made parameters."""
     if "clone-grads" in ACTIVE.get():
         for p in params.values():
             if p.requires_grad:
-                p.register_hook(torch.clone)
+                p.register_hook(_cloned)
 
 
 def optimizer_impl(impl: str) -> str:

@@ -46,6 +46,7 @@ from harness.paths.assemble import observation
 from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
+from harness.paths.workarounds import IN_PROCESS
 from harness.case import opinfo
 from harness.case.spec import Case
 from harness.generate import tp_eligible
@@ -78,11 +79,10 @@ def _has_strategy(op: Any) -> bool:
 class DTensorPath(PooledPath):
     contract = Contract(retained_grads=True, draws=(PLACEMENTS,), model_parts=True,
                         blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED))
-    # The pool's request carries the gate's workaround to the ranks' trainer.
-    # Not clone-grads: torch.clone of a Partial grad redistributes it (an
-    # all_reduce per parameter), which this path's collective check reports,
-    # so the worked-around run would show a difference of the harness's making.
-    workarounds = ("optimizer-for-loop",)
+    # The pool's request carries the gate's workaround to the ranks' parameters
+    # and trainer (clone-grads copies a DTensor grad shard by shard, placements
+    # kept: no collective of the harness's making).
+    workarounds = IN_PROCESS
 
     def __init__(self, name: str, impl: str, world_size: int = 2, timeout: float = 10.0,
                  backend: str | None = None) -> None:

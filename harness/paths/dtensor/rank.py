@@ -40,6 +40,7 @@ from harness.workers.collectives import CollectiveCounter
 from harness.paths.rankfacts import code, encode, layout_facts, rank_failure, shard_piece, share
 from harness.case.spec import Case
 from harness.materialize.schedule import ends_step, has_step, starts_step, zero_grad
+from harness.materialize import workarounds
 from harness.materialize.train import Trainer
 
 STOCK = "stock"  # no grad-layout handling of our own: torch as installed
@@ -231,6 +232,7 @@ def run_case(ctx: Rank, case: Case, impl_spec: str) -> dict[str, Any]:
         values = built.params()
         tp = {p.name: p.placement for p in case.params if p.placement in TP_STYLES}
         params, linears = _parameters(case, values, tp, mode, ctx, built.dtype)
+        workarounds.on_params(params)  # the gate's outside workaround, when one is in force
         sched = case.schedule
         if sched.grad_init != "none":
             _prefill(case, built, params, tp, mode, ctx)

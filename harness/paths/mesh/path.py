@@ -48,6 +48,7 @@ from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, p
 from harness.paths.mesh.redistribute import shard_to_partial
 from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
 from harness.paths.pooled import PooledPath
+from harness.paths.workarounds import IN_PROCESS
 
 WORLD = 4
 STOCK = "stock"
@@ -72,6 +73,11 @@ class MeshPath(PooledPath):
         self.kind = kind
         self.impl = impl
         self.broken = ""  # why the 4-rank group could not start, once it failed to
+        # The pool's request carries the gate's workaround to the ranks: the
+        # trainer takes the for-loop optimizer; clone-grads reaches parameters
+        # the rank makes itself (FSDP2 accumulates into unsharded parameters
+        # of its own, which no hook on the sharded ones sees).
+        self.workarounds = {"dtensor2d": IN_PROCESS, "fsdp_tp": ("optimizer-for-loop",)}.get(kind, ())
 
     def availability(self) -> Availability:
         if self.broken:

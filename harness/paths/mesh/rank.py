@@ -38,6 +38,7 @@ from harness.case.spec import Case
 from harness.materialize.names import attribute
 from harness.materialize.schedule import ends_step, has_step, starts_step, zero_grad
 from harness.materialize.tensors import Built
+from harness.materialize import workarounds
 from harness.materialize.train import Trainer
 from harness.objects import load_object
 from harness.paths.mesh.data import DIM_SIZES, MESH_DIMS, STYLES, partial_dp, placements, split
@@ -275,6 +276,7 @@ def _steps_dtensor2d(case: Case, built: Built, mesh: Any, ctx: Rank, impl: Any, 
     params = {p.name: torch.nn.Parameter(distribute_tensor(values[p.name].to(ctx.device, built.dtype), mesh,
                                                            [_placement(x) for x in pls[p.name]]),
                                          requires_grad=p.requires_grad) for p in case.params}
+    workarounds.on_params(params)  # the gate's outside workaround, when one is in force
     sched = case.schedule
     if sched.grad_init != "none":
         start = _prefill_values(case, built)
