@@ -169,8 +169,8 @@ class PhaseLines:
         if m["phase"] != self.phase or total != self.total:
             started = now if m["announce"] or m["phase"] == self.phase else self.since
             self.phase, self.total, self.since = m["phase"], total, started
-        left = eta(done, total, now - self.since)
-        if left is not None:
+        left = eta(done, total, now - self.since) if int(m["done"]) < total else None
+        if left is not None and left >= 1:  # "~00:00 left" says nothing
             text = f"{text[:m.end()]}, ~{_clock(left)} left{text[m.end():]}"
         self.since = self.since if done < total else now  # the next phase starts where this one ends
         return fit(text, self._width())

@@ -115,3 +115,29 @@ def test_a_schedule_script_clips_as_the_case_does(tmp_path, path, verdict):
     run = subprocess.run([sys.executable, str(file)], capture_output=True, text=True, timeout=120)
     assert f": {verdict} (" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     assert run.returncode == (1 if verdict == "DIVERGES" else 0)
+
+
+def test_a_gate_with_a_fuzz_budget_piped_to_a_log_shows_whole_lines_and_says_where_its_reports_are(tmp_path):
+    """The gate as CI runs it: stdout and stderr to pipes, no $COLUMNS, a
+    fuzz phase after the replay. No line is cut, each row's bug id is in
+    the log, the reports it names exist, and no progress line claims an
+    ETA it cannot know or reads "0/s"."""
+    from harness.artifacts.text import ELLIPSIS
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-m", "harness", "gate", "--paths", "split.fixed", "--examples", "2",
+                        "--no-selfcheck"], cwd=tmp_path, env={**env, "PYTHONPATH": ROOT},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    out, err = r.stdout.splitlines(), r.stderr.splitlines()
+    assert not [ln for ln in out + err if ln.rstrip().endswith(ELLIPSIS)]
+    rep = json.loads((tmp_path / ".gradfuzz" / "gate" / "gate.json").read_text())
+    assert rep["examples"]["split.fixed"] > 2  # the replay's cases and the fuzz phase's examples
+    for bug in {row["bug"] for row in rep["rows"] if row.get("bug")}:
+        assert f"[{bug}]" in r.stdout, bug
+    reports = next(ln for ln in out if ln.startswith("reports: "))
+    for name in (".gradfuzz/gate/gate.json", ".gradfuzz/gate/gate.md"):
+        assert name in reports and (tmp_path / name).exists()
+    assert out[-1].startswith("=") and ("PASSED" in out[-1] or "FAILED" in out[-1])
+    assert any(ln.startswith("[phase] fuzz target 1/1") for ln in err), err
+    assert not [ln for ln in err if "0/s" in ln or "~0s left" in ln or "00:00 left" in ln]
