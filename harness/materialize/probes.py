@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
 import textwrap
 import threading
+import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -224,6 +226,74 @@ def _rms_norm_add_out_of_place(original: Any) -> Any:
     return rms_norm
 
 
+def _norm_backward(g: Any, x: Any, p: float, y: Any, dim: Any, keepdim: bool) -> Any:
+    """ATen's ``norm_backward`` (FunctionsManual.cpp) op for op, with its
+    in-place ``masked_fill_`` and ``pow_`` made out of place: a DTensor keeps
+    ``x / norm`` Partial when ``x`` is, and refuses an in-place op that would
+    change that placement."""
+    if not keepdim and x.dim() != 0 and dim:
+        for d in sorted(d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)):
+            g, y = g.unsqueeze(d), y.unsqueeze(d)
+    if p == 0.0:
+        return None
+    if p == 1.0:
+        return x.sgn() * g
+    if p == 2.0:
+        return g * (x / y).masked_fill(y == 0, 0)
+    if math.isinf(p):
+        a = x.abs()
+        mask = a.eq(y).logical_or(a.isnan())
+        return x.sgn() * ((g / mask.sum(dim if dim else tuple(range(x.dim())), True)) * mask)
+    if p < 1.0:
+        return x.sgn() * x.abs().pow(p - 1).masked_fill(x == 0, 0) * g * y.pow(1 - p)
+    scaled = x.sgn() * x.abs().pow(p - 1) if p < 2.0 else x * x.abs().pow(p - 2)
+    return scaled * (g / y.pow(p - 1)).masked_fill(y == 0, 0)
+
+
+def _vector_norm_kernel() -> Callable[..., Any]:
+    """An autograd kernel for ``aten::linalg_vector_norm`` whose backward is
+    ``_norm_backward``; the forward is torch's own, below autograd."""
+    import torch
+
+    class VectorNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, ord: Any, dim: Any, keepdim: bool, dtype: Any) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                y = torch.ops.aten.linalg_vector_norm.default(x, ord, dim, keepdim, dtype=dtype)
+            ctx.save_for_backward(x, y)
+            ctx.args = (float(ord), dim, keepdim)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> tuple[Any, ...]:
+            x, y = ctx.saved_tensors
+            p, dim, keepdim = ctx.args
+            return _norm_backward(g, x, p, y, dim, keepdim), None, None, None, None
+
+    def kernel(x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+        return VectorNorm.apply(x, ord, dim, keepdim, dtype)
+
+    return kernel
+
+
+@contextmanager
+def _autograd_swapped(op: str, make: Callable[[], Callable[..., Any]]) -> Iterator[None]:
+    """``make()`` as aten ``op``'s autograd kernel for what runs inside: a
+    derivative torch writes in C++ (derivatives.yaml) has no Python function
+    to edit, but the dispatcher takes a Python kernel in its place, and
+    dropping the registration gives torch's own back."""
+    import torch
+
+    if not hasattr(torch.ops.aten, op):
+        raise Unavailable(f"aten::{op} is not an operator of this torch")
+    with _LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": what the probe is
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl(op, make(), "Autograd")
+    with _held(lib._destroy):
+        yield
+
+
 @contextmanager
 def _registered_swapped(edit: Edit, tables: Callable[[], list[dict[Any, Any]]], op: Callable[[], Any]) -> Iterator[None]:
     """The edited function in force where it is registered, not only where it
@@ -403,6 +473,10 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "F.rms_norm on CPU runs torch's composite with the eps added out of place (torch adds it in place into "
           "the mean's output)",
           custom=lambda: _function_swapped("torch.nn.functional", "rms_norm", _rms_norm_add_out_of_place)),
+    Probe("norm-backward-out-of-place",
+          "linalg_vector_norm's backward is ATen's norm_backward with its in-place masked_fill_ made out of place "
+          "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",
+          custom=lambda: _autograd_swapped("linalg_vector_norm", _vector_norm_kernel)),
     Probe("pipeline-keep-grads-through-metadata-inference",
           "the schedule's first step gives back every parameter .grad that PipelineStage's cleanup after metadata "
           "inference set to None, as it was before the inference",

@@ -55,6 +55,8 @@ ON_RANKS = [
      "parallel/fsdp2_unit_returns_param_view.json", "fsdp2.stock"),
     ("dtensor-conv-redistribute-first", "dtensor-conv-batch-smaller-than-mesh-labelled-replicate",
      "dtensor/conv_batch_smaller_than_mesh_labelled_replicate.json", "dtensor.stock"),
+    ("norm-backward-out-of-place", "dtensor-norm-backward-partial-input-raises",
+     "dtensor/norm_partial_sum_input_backward_raises.json", "dtensor.stock"),
     ("dtensor-conv-redistribute-first", "dtensor-conv3d-depth-sharded-raises",
      "dtensor/conv3d_depth_sharded_same_padding_raises.json", "dtensor.stock"),
 ]
@@ -218,3 +220,28 @@ def test_the_ledger_refuses_an_unknown_probe_and_a_probe_beside_its_absence(tmp_
             {"id": "b", "path": "split.stock", "torch": ">=2.0", "summary": "s", **place}]}))
         with pytest.raises(CorpusError, match=f"bugs\\[0\\].{field}"):
             ledger.load(str(led))
+
+
+@pytest.mark.parametrize("ord", [0, 1, 2, 3, 0.5, 1.5, float("inf"), float("-inf")])
+def test_the_norm_probe_is_torchs_own_backward_out_of_place(ord):
+    """The probe's autograd kernel for linalg_vector_norm gives, bit for bit,
+    the grads torch's C++ formula gives on plain tensors (it only moves the
+    in-place fills out of place), and torch's own kernel is back after it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 2, dtype=torch.float64, generator=g)
+    x[0, 1, 0] = 0.0
+    x[2, 3, 1] = x[2, 3, 0]  # a tie for the inf norms
+    for dim, keepdim in ((None, False), (1, False), ((0, 2), True), ((-1,), False)):
+        cot = torch.randn(torch.linalg.vector_norm(x, ord, dim, keepdim).shape, dtype=torch.float64, generator=g)
+
+        def grad() -> torch.Tensor:
+            t = x.clone().requires_grad_()
+            (torch.linalg.vector_norm(t, ord, dim, keepdim) * cot).sum().backward()
+            return torch.zeros_like(x) if t.grad is None else t.grad
+
+        want = grad()
+        with workarounds.in_force("norm-backward-out-of-place"):
+            got = grad()
+        assert torch.equal(got, want), (ord, dim, keepdim, (got - want).abs().max())
+    t = x.clone().requires_grad_()
+    assert type(torch.linalg.vector_norm(t).grad_fn).__name__ == "LinalgVectorNormBackward0"
