@@ -358,6 +358,8 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
     shown, kept = {d.shape for d in plain}, {d.shape for d in left}
     if is_probe:
         def probed_apart(d: Divergence) -> bool:  # another bug's divergence, which this probe is not about
+            if d.signature in bug.signatures:  # recorded under this bug too: its probe removing it is evidence for it
+                return False
             b = led.match(d.path, d.signature, version=version)
             return other_bug(d) and b is not None and b.check != wa
 

@@ -209,6 +209,20 @@ def test_a_probe_that_also_removes_another_bugs_divergence_is_not_a_check_of_its
     assert rows["bug1"].status == "known" and not report.failed
 
 
+def test_a_divergence_the_bug_records_itself_is_not_another_bugs(tmp_path):
+    """Coarse signatures are shared: where the row's own bug records the
+    signature of the second divergence its probe removed, that divergence is
+    evidence for the bug, not another bug's (the first bug in ledger order
+    that records it can be any of them)."""
+    alias = {"signatures": ["split.stock-error-bad799480d"], "workaround": "split-clone-adopted"}
+    layout = {"signatures": ["split.stock-layout-efd8561325", "split.stock-error-bad799480d"],
+              "probe": "split-grad-like-param"}
+    report = _gate(tmp_path, [alias, layout], "split/expanded_grad_adopted.json")
+    rows = {r.bug: r for r in report.rows}
+    assert rows["bug1"].status == "known_probe", rows["bug1"].detail
+    assert not report.failed
+
+
 def test_the_ledger_refuses_an_unknown_probe_and_a_probe_beside_its_absence(tmp_path):
     from harness.artifacts.corpus import CorpusError
 
