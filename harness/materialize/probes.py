@@ -276,20 +276,36 @@ def _vector_norm_kernel() -> Callable[..., Any]:
     return kernel
 
 
-@contextmanager
-def _autograd_swapped(op: str, make: Callable[[], Callable[..., Any]]) -> Iterator[None]:
-    """``make()`` as aten ``op``'s autograd kernel for what runs inside: a
-    derivative torch writes in C++ (derivatives.yaml) has no Python function
-    to edit, but the dispatcher takes a Python kernel in its place, and
-    dropping the registration gives torch's own back."""
+def _tensor_split_kernel() -> Callable[..., Any]:
+    """``aten::tensor_split.tensor_indices_or_sections`` as ATen's composite
+    (TensorShape.cpp) writes it, reading the indices with ``item``/``tolist``
+    instead of their data pointer, which a torch.func wrapper has none of."""
     import torch
 
-    if not hasattr(torch.ops.aten, op):
+    def kernel(self: Any, tensor_indices_or_sections: Any, dim: int = 0) -> Any:
+        t = tensor_indices_or_sections
+        if t.dim() == 0:
+            return torch.ops.aten.tensor_split.sections(self, int(t.item()), dim)
+        return torch.ops.aten.tensor_split.indices(self, t.tolist(), dim)
+
+    return kernel
+
+
+@contextmanager
+def _kernel_swapped(op: str, make: Callable[[], Callable[..., Any]], key: str) -> Iterator[None]:
+    """``make()`` as aten ``op``'s kernel at dispatch ``key`` for what runs
+    inside: a derivative (derivatives.yaml) or composite torch writes in C++
+    has no Python function to edit, but the dispatcher takes a Python kernel
+    in its place, and dropping the registration gives torch's own back."""
+    import torch
+
+    name, _, overload = op.partition(".")
+    if not hasattr(getattr(torch.ops.aten, name, None), overload or "default"):
         raise Unavailable(f"aten::{op} is not an operator of this torch")
     with _LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel": what the probe is
         lib = torch.library.Library("aten", "IMPL")
-        lib.impl(op, make(), "Autograd")
+        lib.impl(op, make(), key)
     with _held(lib._destroy):
         yield
 
@@ -476,7 +492,12 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("norm-backward-out-of-place",
           "linalg_vector_norm's backward is ATen's norm_backward with its in-place masked_fill_ made out of place "
           "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",
-          custom=lambda: _autograd_swapped("linalg_vector_norm", _vector_norm_kernel)),
+          custom=lambda: _kernel_swapped("linalg_vector_norm", _vector_norm_kernel, "Autograd")),
+    Probe("tensor-split-indices-as-list",
+          "tensor_split with a tensor of indices reads them with tolist() (or item() for a section count) and "
+          "splits by the list, as ATen's composite does through their data pointer",
+          custom=lambda: _kernel_swapped("tensor_split.tensor_indices_or_sections", _tensor_split_kernel,
+                                         "CompositeImplicitAutograd")),
     Probe("pipeline-keep-grads-through-metadata-inference",
           "the schedule's first step gives back every parameter .grad that PipelineStage's cleanup after metadata "
           "inference set to None, as it was before the inference",

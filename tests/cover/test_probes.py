@@ -38,6 +38,8 @@ IN_PROCESS = [
      "pipeline.InterleavedZeroBubble.stock"),
     ("split-keep-outputs-attached", "pipeline-split-detached-output-needed",
      "pipeline/output_computed_from_output_detached.json", "pipeline.ZBVZeroBubble.stock"),
+    ("tensor-split-indices-as-list", "func-tensor-split-tensor-indices", "func/tensor_split_tensor_indices.json",
+     "func.vmap"),
     ("rms-norm-add-eps-out-of-place", "rms-norm-cpu-eps-added-in-place", "checkpoint/sac_rms_norm_cached_mean_mutated.json",
      "checkpoint.selective.inverse.stock"),
 ]
