@@ -32,6 +32,7 @@ from harness.engine.runner import Result, fuzz
 from harness.paths import Options, Path, close_paths, split_available
 from harness.paths.workarounds import WorkedAround, apply
 from harness.materialize import probes
+from harness.materialize.workarounds import WORKAROUNDS
 from harness.gate.selfcheck import CanaryResult, selfcheck
 
 from harness.gate.status import FAILING, ORDER
@@ -365,6 +366,10 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
 
         also = [d for d in plain if d.shape not in kept and probed_apart(d)]
         if also:
+            others = [b for d in also if (b := led.match(d.path, d.signature, version=version)) is not None]
+            isolated = _isolated_verdict(bug, others, path, row, slack)
+            if isolated is not None:
+                return isolated
             return Verdict("known_signature_only", f"{what} removes it but also another bug's divergence "
                            f"({also[0].detail[:120]}): not a check of {bug.id} alone, by signature only")
     exposed = [d for d in left if d.shape not in shown and not other_bug(d)]
@@ -374,6 +379,38 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
         return Verdict("known_probe", f"confirmed by {what}: it removes it, nothing else changes "
                        "(a check, not advice: no outside workaround)", wa, exposed)
     return Verdict("known", f"confirmed: {wa} removes it", wa, exposed)
+
+
+def _isolated_verdict(bug: ledger_mod.Site, others: list[ledger_mod.Site], path: Path | None, row: Row,
+                      slack: float | None) -> Verdict | None:
+    """A fix probe that removed another bug's divergence besides the row's
+    (a transposed grad adopted by the split W pass that a fused optimizer
+    then steps wrong: the layout probe removes both) is tried again with an
+    outside workaround in force on both sides, one that takes the other
+    divergence away and leaves the row's: the probe then removing the row's
+    divergence, and nothing else, is the evidence a case of this bug alone
+    gives. The other bugs' own workarounds are tried first, then the path's
+    others (signatures are coarse: the bug a signature names first may not
+    be the one that showed). None where no workaround isolates it."""
+    if path is None or row.case is None:
+        return None
+    case = Case.from_json(row.case)
+    shape = (row.divergence or {}).get("shape")
+    tried = [o.check for o in others] + list(getattr(path, "workarounds", ()))
+    for wa in dict.fromkeys(c for c in tried if c in WORKAROUNDS):
+        base = apply(path, wa)
+        if base is None or base.supports(case) is not None:
+            continue
+        cc = CaseCheck(case, slack=slack)
+        plain = cc.run(base)
+        if {d.shape for d in plain} != {shape}:
+            continue  # the workaround leaves another divergence, or takes the row's away too
+        if cc.run(WorkedAround(base, bug.check)):
+            return None  # the probe leaves something wrong: not this bug's check
+        return Verdict("known_probe", f"confirmed by fix probe {bug.check} with the workaround {wa} in force (which "
+                       "takes the other divergence away): it removes it, nothing else changes (a check, not advice: "
+                       "no outside workaround)", bug.check)
+    return None
 
 
 def _stacked_verdict(bug: ledger_mod.Site, other: ledger_mod.Site, path: Path | None, row: Row,

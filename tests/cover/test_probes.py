@@ -225,6 +225,28 @@ def test_a_divergence_the_bug_records_itself_is_not_another_bugs(tmp_path):
     assert not report.failed
 
 
+def test_a_probe_is_isolated_by_a_workaround_that_takes_the_other_divergence_away(tmp_path):
+    """The layout probe also removes a fused optimizer's after-step
+    difference, which a coarse signature files under another bug whose own
+    workaround removes the layout divergence too. With optimizer-for-loop in
+    force the case shows the layout divergence alone, and the probe removes
+    exactly it: known_probe, saying which workaround isolated it."""
+    src = os.path.join(ROOT, "tests", "data", "split_layout_fused_adam_case.json")
+    (tmp_path / "cases" / "split").mkdir(parents=True)
+    (tmp_path / "cases" / "split" / "layout_fused_adam.json").write_text(open(src).read())
+    layout = {"signatures": ["split.stock-layout-efd8561325"], "probe": "split-grad-like-param"}
+    alias = {"signatures": ["split.stock-value-93e28b7921"], "workaround": "split-clone-adopted"}
+    bugs = [{"id": f"bug{i}", "path": "split.stock", "torch": f">={V}", "summary": "s",
+             "cases": ["split/layout_fused_adam.json"], **place} for i, place in enumerate([layout, alias])]
+    led = tmp_path / "cases" / "ledger.json"
+    led.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": bugs}))
+    report = gate.run_gate(resolve("split.stock"), corpus_dirs=[str(tmp_path / "cases")], ledger_file=str(led),
+                           minutes=0, run_selfcheck=False)
+    rows = {r.bug: r for r in report.rows}
+    assert rows["bug0"].status == "known_probe", rows["bug0"].detail
+    assert "with the workaround optimizer-for-loop in force" in rows["bug0"].detail
+
+
 def test_the_ledger_refuses_an_unknown_probe_and_a_probe_beside_its_absence(tmp_path):
     from harness.artifacts.corpus import CorpusError
 
