@@ -51,8 +51,33 @@ def eta(done: float, total: float, elapsed: float, fixed: bool = True) -> float 
     return elapsed / done * (total - done)
 
 
-def summarize(view: View) -> dict[str, Any]:
-    """The numbers both displays show, from a view."""
+class Steady:
+    """An ETA shown only while it holds: each estimate is compared with the
+    end the one before it projected, and shown when the two agree (within a
+    quarter of the time left, or ``SLACK_S``). Work that is not uniform (the
+    replay's heavy compile pairs first, then thousands of light ones at
+    once) gives estimates that disagree, and then none is printed: an ETA
+    of 07:32 with 24 s to go is worse than no ETA."""
+
+    SLACK_S = 10.0
+
+    def __init__(self) -> None:
+        self.total: float = -1
+        self.end: float | None = None  # when the last estimate said the count would end
+
+    def __call__(self, done: float, total: float, elapsed: float, now: float, fixed: bool = True) -> float | None:
+        if total != self.total:
+            self.total, self.end = total, None
+        left = eta(done, total, elapsed, fixed)
+        if left is None:
+            return None
+        before, self.end = self.end, now + left
+        return left if before is not None and abs(self.end - before) <= max(self.SLACK_S, left / 4) else None
+
+
+def summarize(view: View, steady: Steady | None = None) -> dict[str, Any]:
+    """The numbers both displays show, from a view (``steady``: the display's
+    ETA across views; without it, any estimate ``eta`` gives)."""
     now = view.get("now") or time.time()
     elapsed = now - view["started"]
     paths = view.get("paths", {})
@@ -61,7 +86,9 @@ def summarize(view: View) -> dict[str, Any]:
     if view.get("deadline"):
         left = max(0.0, view["deadline"] - now)
     elif view.get("examples_budget") or view.get("planned"):
-        left = eta(total, wanted(view), elapsed, fixed=bool(view.get("planned")))
+        fixed = bool(view.get("planned"))
+        left = (steady(total, wanted(view), elapsed, now, fixed) if steady is not None
+                else eta(total, wanted(view), elapsed, fixed))
     by_path: dict[str, int] = {}
     for sig, n in view.get("counts", {}).items():
         p = view.get("details", {}).get(sig, {}).get("path", "?")
@@ -106,11 +133,11 @@ def _listing(items: list[str], room: int) -> str:
     return ", ".join(shown)
 
 
-def plain_line(view: View, width: int | None = None) -> str:
+def plain_line(view: View, width: int | None = None, steady: Steady | None = None) -> str:
     """The fuzz phase in one line within ``width``: time, done/total, ETA,
     finds; then the slowest paths first, as many as fit, the rest counted
     (no ``width``, a log line: the slowest within ``LOG_LISTING`` characters)."""
-    s = summarize(view)
+    s = summarize(view, steady)
     paths = view.get("paths", {})
     left = f", {_clock(s['left'])} left" if s["left"] is not None else ""
     workers = f", {view['workers']} workers" if view.get("workers", 1) > 1 else ""
@@ -139,7 +166,8 @@ _OWN_ETA = re.compile(r",? ~(?:\d+s|\d+(?::\d\d)+) left")
 class PhaseLines:
     """The gate's progress callback: every line names its phase (selfcheck,
     replay, fuzz), done/total where the emitter counted, an ETA once it is
-    stable (``eta``: a fixed total, enough of it done), and fits the
+    stable (``eta``: a fixed total, enough of it done; ``Steady``: the
+    estimate agrees with the one before it), and fits the
     terminal. Emitters stay simple: this is the one place that knows how
     wide a line may be and when an estimate is worth printing.
 
@@ -156,6 +184,7 @@ class PhaseLines:
         self.phase = ""
         self.total = -1  # the current count's total
         self.since = clock()  # when the current count began (or the phase before it ended)
+        self.steady = Steady()
 
     def line(self, text: str) -> str:
         """``text`` as shown: phase, count, ETA, width."""
@@ -169,7 +198,8 @@ class PhaseLines:
         if m["phase"] != self.phase or total != self.total:
             started = now if m["announce"] or m["phase"] == self.phase else self.since
             self.phase, self.total, self.since = m["phase"], total, started
-        left = eta(done, total, now - self.since) if int(m["done"]) < total else None
+            self.steady = Steady()
+        left = self.steady(done, total, now - self.since, now) if int(m["done"]) < total else None
         if left is not None and left >= 1:  # "~00:00 left" says nothing
             text = f"{text[:m.end()]}, ~{_clock(left)} left{text[m.end():]}"
         self.since = self.since if done < total else now  # the next phase starts where this one ends
@@ -257,6 +287,7 @@ class Display:
         self._events: list[str] = []
         self._lock = threading.Lock()
         self._seen: set[str] = set()
+        self._steady = Steady()
         self.stopping = False
 
     def event(self, line: str) -> None:
@@ -304,7 +335,7 @@ class Display:
                 print(fit(f"gradfuzz: {line}", line_width(self.stream)), file=self.stream, flush=True)
             if time.monotonic() >= next_line:
                 next_line += self.every
-                print(plain_line(v, line_width(self.stream)), file=self.stream, flush=True)
+                print(plain_line(v, line_width(self.stream), self._steady), file=self.stream, flush=True)
 
     def _live(self) -> None:
         from rich.console import Console
@@ -341,6 +372,6 @@ class Display:
             self._thread.join(timeout=5)
         if self.mode == "plain":
             try:
-                print(plain_line(self._view(), line_width(self.stream)), file=self.stream, flush=True)
+                print(plain_line(self._view(), line_width(self.stream), self._steady), file=self.stream, flush=True)
             except Exception:
                 pass

@@ -56,25 +56,30 @@ def test_an_eta_is_shown_only_once_the_total_is_fixed_and_a_fifth_of_it_is_done(
     assert ETA_AFTER * 20 <= 5
 
 
-def test_phase_lines_drop_the_emitters_estimates_and_start_a_new_count_afresh():
+def test_phase_lines_drop_the_emitters_estimates_and_show_one_only_when_it_holds():
     from harness.cli.progress import PhaseLines
 
     t = [0.0]
     lines = PhaseLines(width=None, clock=lambda: t[0])
     shown = []
-    for step, text in [(1, "[selfcheck 1/21] a: caught"), (10, "[selfcheck 10/21] b: caught"),
-                       (11, "[selfcheck 21/21] c: caught"),
+    for step, text in [(1, "[selfcheck 1/21] a: caught"), (5, "[selfcheck 5/21] b: caught"),
+                       (10, "[selfcheck 10/21] c: caught"), (11, "[selfcheck 21/21] d: caught"),
                        (20, "[phase] replay 632/5568 (case, path) pairs on 2 processes, ~45s left"),
                        (60, "[phase] replay 2000/5568 (case, path) pairs on 2 processes, ~12s left"),
-                       (61, "[phase] replay 1/105 corpus cases on 2 paths, ~0s left"),
-                       (61, "[phase] replay 105/105 corpus cases on 2 paths, ~0s left")]:
+                       (80, "[phase] replay 3000/5568 (case, path) pairs on 2 processes"),
+                       (82, "[phase] replay 5111/5568 (case, path) pairs on 2 processes"),
+                       (83, "[phase] replay 1/105 corpus cases on 2 paths, ~0s left"),
+                       (83, "[phase] replay 105/105 corpus cases on 2 paths, ~0s left")]:
         t[0] = float(step)
         shown.append(lines.line(text))
     assert shown[0] == "[selfcheck 1/21] a: caught"  # too early for an estimate
-    assert shown[1] == "[selfcheck 10/21, ~00:11 left] b: caught"
-    assert shown[3] == "[phase] replay 632/5568 (case, path) pairs on 2 processes"  # its own ~45s dropped
-    assert shown[4] == "[phase] replay 2000/5568, ~01:11 left (case, path) pairs on 2 processes"
-    assert shown[5:] == ["[phase] replay 1/105 corpus cases on 2 paths",  # a new total: a new count, no carried ETA
+    assert shown[1] == "[selfcheck 5/21] b: caught"  # a first estimate: nothing to hold it against
+    assert shown[2] == "[selfcheck 10/21, ~00:11 left] c: caught"  # the same end as the one before
+    assert shown[4] == "[phase] replay 632/5568 (case, path) pairs on 2 processes"  # its own ~45s dropped
+    assert shown[5] == "[phase] replay 2000/5568 (case, path) pairs on 2 processes"
+    assert shown[6] == "[phase] replay 3000/5568, ~00:51 left (case, path) pairs on 2 processes"
+    assert shown[7] == "[phase] replay 5111/5568 (case, path) pairs on 2 processes"  # a jump: no ETA it belies
+    assert shown[8:] == ["[phase] replay 1/105 corpus cases on 2 paths",  # a new total: a new count, no carried ETA
                          "[phase] replay 105/105 corpus cases on 2 paths"]  # done: no "~0s left"
     assert not any("~0s" in s or "00:00 left" in s for s in shown)
 
@@ -87,6 +92,12 @@ def test_the_fuzz_line_counts_against_a_total_known_in_advance_and_never_reads_0
     view["paths"] = {"split.stock": {"examples": 640, "per_example": 1}}
     assert "640/2960 examples (11/s)" in plain_line(view, None)  # the total does not grow to what workers met
     assert "left" in plain_line(view, None)  # a fixed total, over a fifth done
+    from harness.cli.progress import Steady
+
+    steady = Steady()
+    assert "left" not in plain_line(view, None, steady)  # a display's first estimate is held back
+    view.update(now=130.0, paths={"split.stock": {"examples": 960, "per_example": 1}})
+    assert "03:07 left" in plain_line(view, None, steady)  # the same rate: the same end, shown
 
 
 def test_the_planned_total_is_the_budget_over_every_targets_paths_and_variants():
