@@ -1,0 +1,56 @@
+"""A session's findings get the gate's causal check: known by what, or new."""
+
+import json
+import os
+
+import torch
+
+from harness.artifacts import corpus
+from harness.engine.check import CaseCheck
+from harness.gate.confirm import confirm
+from harness.paths import resolve
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+V = torch.__version__.split("+")[0]
+CASE = "split/scale_hook_applied_twice.json"
+
+
+def _findings():
+    (path,) = [p for p in resolve("split.stock") if p.name == "split.stock"]
+    case = corpus.load(os.path.join(ROOT, "cases", CASE)).case
+    divs = CaseCheck(case).run(path)
+    for d in divs:
+        d.case = case.to_json()
+    assert divs
+    return path, divs
+
+
+def _ledger(tmp_path, probe: str) -> str:
+    sig = _findings()[1][0].signature
+    led = tmp_path / "ledger.json"
+    led.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [
+        {"id": "hook-twice", "path": "split.stock", "torch": f">={V}", "summary": "s", "signatures": [sig],
+         "probe": probe}]}))
+    return str(led)
+
+
+def test_a_finding_its_bugs_probe_removes_is_called_known(tmp_path):
+    path, divs = _findings()
+    said: list[str] = []
+    done, left = confirm(divs, [path], _ledger(tmp_path, "split-clamp-every-intermediate"), 60, said.append)
+    (got,) = done.values()
+    assert (got.status, got.bug, left) == ("known_probe", "hook-twice", 0)
+    assert "split-clamp-every-intermediate" in got.label() and said and "[confirm] 1/1" in said[0]
+
+
+def test_a_finding_its_bugs_probe_leaves_wrong_is_not_called_known(tmp_path):
+    path, divs = _findings()
+    done, _ = confirm(divs, [path], _ledger(tmp_path, "split-param-groups-apart"), 60)
+    (got,) = done.values()
+    assert got.status == "resembles" and got.label().startswith("NEW? resembles hook-twice")
+
+
+def test_the_check_stops_at_its_time_budget_and_counts_what_it_left(tmp_path):
+    path, divs = _findings()
+    done, left = confirm(divs, [path], _ledger(tmp_path, "split-clamp-every-intermediate"), 0)
+    assert done == {} and left == 1
