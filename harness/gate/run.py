@@ -358,20 +358,12 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
                        f"{here[0].detail[:160]}")
     shown, kept = {d.shape for d in plain}, {d.shape for d in left}
     if is_probe:
-        def probed_apart(d: Divergence) -> bool:  # another bug's divergence, which this probe is not about
-            if d.signature in bug.signatures:  # recorded under this bug too: its probe removing it is evidence for it
-                return False
-            b = led.match(d.path, d.signature, version=version)
-            return other_bug(d) and b is not None and b.check != wa
-
-        also = [d for d in plain if d.shape not in kept and probed_apart(d)]
+        also = [d for d in plain if d.shape not in kept and _apart(led, bug, d, version)]
         if also:
             others = [b for d in also if (b := led.match(d.path, d.signature, version=version)) is not None]
-            isolated = _isolated_verdict(bug, others, path, row, slack)
-            if isolated is not None:
-                return isolated
-            return Verdict("known_signature_only", f"{what} removes it but also another bug's divergence "
-                           f"({also[0].detail[:120]}): not a check of {bug.id} alone, by signature only")
+            return _isolated_verdict(bug, others, path, row, slack) or Verdict(
+                "known_signature_only", f"{what} removes it but also another bug's divergence "
+                f"({also[0].detail[:120]}): not a check of {bug.id} alone, by signature only")
     exposed = [d for d in left if d.shape not in shown and not other_bug(d)]
     for d in exposed:
         d.case = row.case
@@ -379,6 +371,17 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
         return Verdict("known_probe", f"confirmed by {what}: it removes it, nothing else changes "
                        "(a check, not advice: no outside workaround)", wa, exposed)
     return Verdict("known", f"confirmed: {wa} removes it", wa, exposed)
+
+
+def _apart(led: ledger_mod.Ledger, bug: ledger_mod.Site, d: Divergence, version: str) -> bool:
+    """Whether a divergence a fix probe removed is another bug's, which the
+    probe is not about: filed under another bug affecting this version whose
+    check differs. One whose signature ``bug`` records itself is evidence
+    for it (signatures are coarse; ledger order picks the first that fits)."""
+    if d.signature in bug.signatures:
+        return False
+    b = led.match(d.path, d.signature, version=version)
+    return b is not None and b.id != bug.id and b.relation(version) == "in" and b.check != bug.check
 
 
 def _isolated_verdict(bug: ledger_mod.Site, others: list[ledger_mod.Site], path: Path | None, row: Row,
