@@ -372,6 +372,7 @@ class Display:
             self._thread.join(timeout=5)
         if self.mode == "plain":
             try:
-                print(plain_line(self._view(), line_width(self.stream), self._steady), file=self.stream, flush=True)
+                # The closing line: the run is over, so no estimate (a fresh Steady shows none).
+                print(plain_line(self._view(), line_width(self.stream), Steady()), file=self.stream, flush=True)
             except Exception:
                 pass

@@ -109,3 +109,14 @@ def test_the_planned_total_is_the_budget_over_every_targets_paths_and_variants()
     targets = plan(live, exact=None, seed=0, examples=5)
     assert planned(live, 5) == sum(5 * t.variants * len(t.paths) for t in targets) >= 5 * len(live)
     assert planned(live, None) is None and planned([], 5) is None  # a time budget ends at its deadline
+
+
+def test_the_closing_fuzz_line_gives_no_eta():
+    view = {"now": 130.0, "started": 40.0, "examples_budget": 20, "planned": 2960, "workers": 2,
+            "paths": {"split.stock": {"examples": 2900, "per_example": 1}}, "counts": {}, "details": {}}
+    assert "left" in plain_line(view, None)  # an estimate a running display could show
+    out = io.StringIO()
+    d = Display(lambda: dict(view), mode="plain", every=3600, stream=out).start()
+    d.close()
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("gradfuzz [fuzz 01:30, 2 workers] 2900/2960 examples") and "left" not in last
