@@ -36,7 +36,14 @@ def add_arguments(f: argparse.ArgumentParser) -> None:
                         "and report it in the summary; 'guide' also steers Hypothesis towards examples that reach "
                         "new machinery lines (local sessions: docs/fuzzing.md). Off by default: tracing slows "
                         "every example")
+    add_confirm_argument(f)
     f.add_argument("--keep-run-dir", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_confirm_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--confirm-seconds", type=float, default=120.0, metavar="S",
+                   help="at the end, run the gate's causal check (the bug's workaround or fix probe) on each finding "
+                        "the ledger fits, for at most S seconds, and say known or new (default 120; 0: off)")
 
 
 def _option_overrides(options: Options) -> dict[str, Any]:
@@ -72,10 +79,11 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     counts = extra.get("counts", {})
     coverage = extra.get("coverage") or {}
     print(text + _tail(result, extra, args.save), flush=True)
+    confirmed = confirm_findings(result, paths, args) if not interrupted else {}
     if args.json:
         data = report.to_json(result)
         data.update(interrupted=interrupted, signal=signal.Signals(extra.get("signal", signal.SIGINT)).name if interrupted else None,
-                    counts=counts, findings=extra.get("details", {}),
+                    counts=counts, findings=extra.get("details", {}), confirmed=confirmed or None,
                     workers=extra.get("workers", 1),
                     coverage={f: {"lines": len(c.lines), "of": c.total, "files": c.files, "arcs": len(c.arcs),
                                   "traced_runs": c.examples, "reached": c.to_json()["lines"]}
@@ -89,6 +97,29 @@ def run(args: argparse.Namespace, options: Options, exact: bool | None, paths: l
     if result.divergences:
         return 1
     return 2 if result.errors else 0
+
+
+def confirm_findings(result: Any, paths: list, args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The gate's causal check, once per finding the ledger fits (a fuzzing
+    session's own labels say only "resembles"), printed as it runs; what it
+    said per "path signature", for the JSON report."""
+    budget = getattr(args, "confirm_seconds", 0.0)
+    if not result.divergences or not budget or budget <= 0:
+        return {}
+    from harness import project
+    from harness.gate.confirm import confirm
+
+    live = [p for p in paths if p.availability().ok]
+    done, left = confirm(result.divergences, live, project.ledger_file(getattr(args, "ledger", None)), budget,
+                         lambda line: print(line, file=sys.stderr, flush=True))
+    if not done and not left:
+        return {}
+    print(f"known or new (the gate's check of each finding the ledger fits; {len(done)} checked"
+          f"{f', {left} left: time budget spent (--confirm-seconds {budget:g}); `gradfuzz gate` checks all' if left else ''}):")
+    for (path, sig), c in done.items():
+        print(f"  {path} [{sig}]: {c.label()}")
+    sys.stdout.flush()
+    return {f"{path} {sig}": {"status": c.status, "bug": c.bug, "note": c.note} for (path, sig), c in done.items()}
 
 
 def _tail(result: Any, extra: dict, save: str | None) -> str:

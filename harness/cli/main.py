@@ -194,6 +194,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                            each=tally)
     print(report.summary(result, verb=f"replayed {len(files)} case(s),", verdicts=per_path))
     print(verdict.line(counts, len(result.unavailable)))
+    from harness.cli.fuzz import confirm_findings
+
+    confirm_findings(result, paths, args)
     if args.json:
         report.write_json(result, args.json)
     return 1 if result.divergences else 0
@@ -494,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--migrate", action="store_true",
                    help="first rewrite corpus files of an older case schema in the current one (they load either way)")
+    from harness.cli.fuzz import add_confirm_argument
+
+    add_confirm_argument(r)
     r.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("repro", help="re-run one corpus case and show the divergence")

@@ -54,3 +54,29 @@ def test_the_check_stops_at_its_time_budget_and_counts_what_it_left(tmp_path):
     path, divs = _findings()
     done, left = confirm(divs, [path], _ledger(tmp_path, "split-clamp-every-intermediate"), 0)
     assert done == {} and left == 1
+
+
+def test_a_fuzzing_session_ends_with_the_check(tmp_path):
+    """``gradfuzz fuzz`` says known or new for what it found, not only
+    "resembles": split.stock's hook bug is confirmed by its fix probe."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--paths", "split.stock", "--examples", "30",
+                          "--seed", "1", "--db", "none", "--save", str(tmp_path / "found")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "[confirm] 1/" in out.stderr
+    tail = out.stdout[out.stdout.index("known or new"):]
+    assert "split.stock [split.stock-value-b2774e4ce6]: known (fix probe) split-hook-applied-twice" in tail
+
+
+def test_no_check_with_confirm_seconds_zero(capsys):
+    import argparse
+
+    from harness.cli.fuzz import confirm_findings
+
+    path, divs = _findings()
+    confirm_findings(type("R", (), {"divergences": divs})(), [path], argparse.Namespace(confirm_seconds=0.0))
+    out = capsys.readouterr()
+    assert "known or new" not in out.out and "[confirm]" not in out.err
