@@ -328,16 +328,18 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
     if broken:
         lines.append(_fit("self-check: " + "; ".join(broken), width))
     lines += [_fit(line, width) for line in skipped_canaries(rep)]
-    every = groups(rep)
-    shown = every[:MAX_ROWS]
+    every, absent = _apart(groups(rep))
+    lines += [_fit(_unavailable_line(g), width) for g in absent]  # what did not run here, beside the canaries
+    room = max(MAX_ROWS - len(absent), 0)
+    shown = every[:room]
     for g in reversed([g for g in shown if not misuse(g)]):  # the worst last, next to the verdict
         lines += _terminal_group(g, repros, width)
     if any(misuse(g) for g in shown):
         lines.append(_fit(MISUSE_HEADING + ":", width))
         for g in reversed([g for g in shown if misuse(g)]):
             lines += _terminal_group(g, repros, width)
-    if len(every) > MAX_ROWS:  # after the rows it counts the rest of
-        lines.append(_overflow(len(every) - MAX_ROWS, full))
+    if len(every) > room:  # after the rows it counts the rest of
+        lines.append(_overflow(len(every) - room, full))
     lines += [_fit(n, width) for n in notes]
     lines.append(verdict(rep))
     return "\n".join(lines)
@@ -355,11 +357,25 @@ def skipped_canaries(rep: dict[str, Any]) -> list[str]:
             for why, names in by_reason.items()]
 
 
+def _apart(every: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The groups of rows, and apart from them the unavailable paths' (one
+    per reason): those are always listed, beside the skipped canaries and
+    within the row limit, never left in "… and N more rows", so "32
+    unavailable" always comes with its reasons (a line per missing package
+    or device)."""
+    return [g for g in every if g["status"] != "unavailable"], [g for g in every if g["status"] == "unavailable"]
+
+
+def _unavailable_line(g: dict[str, Any]) -> str:
+    """The reason and every path it keeps out, on one line."""
+    times = f" x{g['count']}" if g["count"] > 1 else ""
+    return f"{label(g)}{times} ({scrub(g['first']['detail'])}): {', '.join(g['paths'])}"
+
+
 def _terminal_group(g: dict[str, Any], repros: Repros, width: int | None) -> list[str]:
     r = g["first"]
-    if g["status"] == "unavailable":  # the reason and every path it keeps out, on one line
-        times = f" x{g['count']}" if g["count"] > 1 else ""
-        return [_fit(f"{label(g)}{times} ({scrub(r['detail'])}): {', '.join(g['paths'])}", width)]
+    if g["status"] == "unavailable":
+        return [_fit(_unavailable_line(g), width)]
     times = f" x{g['count']}" if g["count"] > 1 else ""
     ident = f" [{g['what']}]" if g["what"] else ""
     out = [_fit(f"{label(g)}{times}:{ident} on {_paths_text(g)}", width)]
@@ -419,19 +435,20 @@ def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
         "| status | bug / finding | paths | detail |",
         "| --- | --- | --- | --- |",
     ]
-    shown = groups(rep)
+    shown, absent = _apart(groups(rep))
 
     def table_row(g: dict[str, Any]) -> str:
         paths = ", ".join(f"`{p}`" for p in g["paths"][:4]) + (f" and {len(g['paths']) - 4} more" if len(g["paths"]) > 4 else "")
         return f"| {_cell(label(g))} | {_md_ident(g, repros)} | {paths} | {_cell(g['first']['detail'])} |"
 
-    out += [table_row(g) for g in shown[:MAX_ROWS] if not misuse(g)]
-    if any(misuse(g) for g in shown[:MAX_ROWS]):
+    room = max(MAX_ROWS - len(absent), 0)  # the unavailable paths' rows always shown, within the limit
+    out += [table_row(g) for g in shown[:room] if not misuse(g)] + [table_row(g) for g in absent]
+    if any(misuse(g) for g in shown[:room]):
         out += ["", f"### {MISUSE_HEADING[0].upper()}{MISUSE_HEADING[1:]}", "",
                 "| status | bug / finding | paths | detail |", "| --- | --- | --- | --- |"]
-        out += [table_row(g) for g in shown[:MAX_ROWS] if misuse(g)]
-    if len(shown) > MAX_ROWS:
-        out += ["", _overflow(len(shown) - MAX_ROWS, full, repros.base)]
+        out += [table_row(g) for g in shown[:room] if misuse(g)]
+    if len(shown) > room:
+        out += ["", _overflow(len(shown) - room, full, repros.base)]
     if any(_needs_repro(g) for g in shown):
         out += ["", "Each linked repro runs alone: `python FILE.py`, or `gradfuzz repro FILE.json` on this harness."]
     return "\n".join(out) + "\n"

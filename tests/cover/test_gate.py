@@ -581,3 +581,23 @@ def test_the_gate_json_carries_no_path_of_this_machine_in_a_crashed_childs_trace
     assert home not in text and "/tmp/" not in text and ROOT not in text
     assert 'File "~/venv/lib/site.py"' in row["detail"] and "harness/engine/check.py" in row["detail"]
     assert "replay-0.log" in row["detail"] and row["case"] == case
+
+
+def test_unavailable_paths_are_listed_by_reason_however_many_rows_overflow():
+    """The README gate on 2 cores had 57 groups: the 40 shown were bugs, and
+    "32 unavailable" came with no reason at all, left in "… and 17 more rows"."""
+    from harness.gate.run import GateReport, Row
+
+    cuda, ds = "needs CUDA: a CPU-only build", "deepspeed is not installed here"
+    rows = [Row("known", "split.stock", "d", bug=f"bug-{i:03d}") for i in range(gate_report.MAX_ROWS + 5)]
+    rows += [Row("unavailable", "graphed.stock", cuda), Row("unavailable", "deepspeed.zero1.stock", ds),
+             Row("unavailable", "deepspeed.zero2.stock", ds)]
+    rep = GateReport("2.13.0", rows).to_json()
+    lines = gate_report.terminal(rep, full="gate.json").splitlines()
+    assert f"path unavailable x2 ({ds}): deepspeed.zero1.stock, deepspeed.zero2.stock" in lines[:5]
+    assert f"path unavailable ({cuda}): graphed.stock" in lines[:5]
+    assert sum(ln.startswith("known bug") for ln in lines) == gate_report.MAX_ROWS - 2  # within the limit
+    assert "… and 7 more rows: see gate.json" in lines
+    md = gate_report.markdown(rep, full="gate.json").splitlines()
+    assert len([ln for ln in md if ln.startswith("| path unavailable")]) == 2
+    assert len([ln for ln in md if ln.startswith("| ")]) - 2 == gate_report.MAX_ROWS  # header and rule aside
