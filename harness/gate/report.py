@@ -298,13 +298,19 @@ def verdict(rep: dict[str, Any]) -> str:
     return text.center(max(len(text) + 8, 79), "=")
 
 
-def _overflow(n: int, full: str | None, at: str | None = None) -> str:
-    """The rows not shown, counted, and the report that has them: named as
-    a reader at ``at`` (a report file's folder; None: the working directory) finds it."""
+def _overflow(rest: list[dict[str, Any]], full: str | None, at: str | None = None) -> str:
+    """The groups not shown, counted, the report that has them (named as a
+    reader at ``at`` finds it: a report file's folder; None: the working
+    directory), then the ids of their bugs: a log searched for a bug id
+    finds it even when its row is past the limit."""
+    n = len(rest)
     if not full:
-        return f"{ELLIPSIS} and {n} more rows: see the JSON report (gate --json FILE)"
-    where = os.path.relpath(os.path.abspath(full), os.path.abspath(at)) if at is not None else relative(full)
-    return f"{ELLIPSIS} and {n} more rows: see {where}"
+        head = f"{ELLIPSIS} and {n} more rows: see the JSON report (gate --json FILE)"
+    else:
+        where = os.path.relpath(os.path.abspath(full), os.path.abspath(at)) if at is not None else relative(full)
+        head = f"{ELLIPSIS} and {n} more rows: see {where}"
+    ids = list(dict.fromkeys(g["first"]["bug"] for g in rest if g["first"].get("bug")))
+    return head + (f"; their bugs: {', '.join(f'[{i}]' for i in ids)}" if ids else "")
 
 
 def _shows_detail(g: dict[str, Any]) -> bool:
@@ -339,7 +345,7 @@ def terminal(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
         for g in reversed([g for g in shown if misuse(g)]):
             lines += _terminal_group(g, repros, width)
     if len(every) > room:  # after the rows it counts the rest of
-        lines.append(_overflow(len(every) - room, full))
+        lines.append(_fit(_overflow(every[room:], full), width))
     lines += [_fit(n, width) for n in notes]
     lines.append(verdict(rep))
     return "\n".join(lines)
@@ -448,7 +454,7 @@ def markdown(rep: dict[str, Any], *, save_dir: str | None = None, full: str | No
                 "| status | bug / finding | paths | detail |", "| --- | --- | --- | --- |"]
         out += [table_row(g) for g in shown[:room] if misuse(g)]
     if len(shown) > room:
-        out += ["", _overflow(len(shown) - room, full, repros.base)]
+        out += ["", _overflow(shown[room:], full, repros.base)]
     if any(_needs_repro(g) for g in shown):
         out += ["", "Each linked repro runs alone: `python FILE.py`, or `gradfuzz repro FILE.json` on this harness."]
     return "\n".join(out) + "\n"
@@ -589,7 +595,7 @@ def html_page(rep: dict[str, Any], *, save_dir: str | None = None, full: str | N
         parts.append(_html_row(g, anchors.get(id(g)), repros))
     parts.append("</table>")
     if len(grouped) > MAX_ROWS:
-        parts.append(f"<p>{html.escape(_overflow(len(grouped) - MAX_ROWS, full))}</p>")
+        parts.append(f"<p>{html.escape(_overflow(grouped[MAX_ROWS:], full))}</p>")
     paths: dict[str, Any] = {}
     try:
         for g in (g for g in shown if id(g) in anchors):
