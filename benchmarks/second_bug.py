@@ -502,8 +502,7 @@ def _temp_world(row: Row, directory: str) -> tuple[str, str]:
         places = [p for p in places_of(b) if any(covers(p["path"], x) for x in row.paths)]
         if b["id"] != row.bug or not places:
             continue
-        cut = {k: v for k, v in b.items() if k not in ("places", "path", "torch", "packages", "signatures",
-                                                         "workaround", "claims", "cases")}
+        cut = {k: v for k, v in b.items() if k not in ("places", "cases", *PLACE_FIELDS)}
         cut["places"] = [{**{k: p[k] for k in PLACE_FIELDS if k in p},
                           "cases": [c for c in dict.fromkeys([*b.get("cases", []), *p.get("cases", [])]) if c in row.cases]}
                          for p in places]

@@ -548,6 +548,15 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("inductor-embedding-backward-fallback",
           "Inductor runs embedding_dense_backward as the aten kernel instead of its decomposition",
           custom=lambda: _recompiled(_entry_removed(_inductor_tables, _aten("embedding_dense_backward.default")))),
+    Probe("fsdp2-own-storage-for-adopted-grads",
+          "FSDPParam.to_accumulated_grad_if_needed (FSDP2 runs it after a backward it does not reduce, a no-sync "
+          "window) gives each unsharded parameter's .grad a storage of its own, so a view AccumulateGrad adopted "
+          "(two parameters' grads in one expanded buffer) is not written through by the next microbatch's sum",
+          (Edit("torch.distributed.fsdp._fully_shard._fsdp_param", "FSDPParam.to_accumulated_grad_if_needed",
+                (("        # prefer to reshard before upcasting the gradient to save memory\n",
+                  "        # prefer to reshard before upcasting the gradient to save memory\n"
+                  "        if self._unsharded_param.grad is not None:\n"
+                  "            self._unsharded_param.grad = self._unsharded_param.grad.clone()\n"),)),)),
     Probe("fsdp2-clone-outputs-of-unsharded-params",
           "FSDP2's post_forward clones a unit's output that shares storage with the unit's unsharded parameters "
           "before it reshards them (frees that storage)",

@@ -53,6 +53,8 @@ ON_RANKS = [
      "mesh/pp_dp_fsdp2_prefilled_grad_dropped.json", "mesh.pp_dp.stock"),
     ("pipeline-p2p-dense", "pipeline-p2p-noncontiguous-buffers", "pipeline/noncontiguous_activation_across_ranks.json",
      "mesh.pp_dp.stock"),
+    ("fsdp2-own-storage-for-adopted-grads", "accumulategrad-steals-views", "parallel/fsdp2_no_sync_stack_alias.json",
+     "fsdp2.stock"),
     ("fsdp2-clone-outputs-of-unsharded-params", "fsdp2-unit-output-views-freed-param",
      "parallel/fsdp2_unit_returns_param_view.json", "fsdp2.stock"),
     ("dtensor-conv-redistribute-first", "dtensor-conv-batch-smaller-than-mesh-labelled-replicate",
