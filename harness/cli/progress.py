@@ -39,14 +39,16 @@ def wanted(view: View) -> int:
 
 
 ETA_AFTER = 0.2  # of a fixed total done before an ETA is shown: before that one slow step swings it by minutes
+ETA_MIN_S = 5.0  # seconds of a count before an ETA: skipped steps first (canaries that cannot run) are instant
 
 
 def eta(done: float, total: float, elapsed: float, fixed: bool = True) -> float | None:
     """Seconds left at the rate so far, or None where the figure would
     mislead: a total still growing (``fixed`` False), less than
     ``ETA_AFTER`` of it done (the first steps of a phase are its slowest:
-    imports, the heaviest targets first), or nothing left to do."""
-    if not fixed or total <= 0 or elapsed <= 0 or not ETA_AFTER * total <= done < total:
+    imports, the heaviest targets first) or under ``ETA_MIN_S`` spent, or
+    nothing left to do."""
+    if not fixed or total <= 0 or elapsed < ETA_MIN_S or not ETA_AFTER * total <= done < total:
         return None
     return elapsed / done * (total - done)
 

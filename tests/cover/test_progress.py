@@ -120,3 +120,17 @@ def test_the_closing_fuzz_line_gives_no_eta():
     d.close()
     last = out.getvalue().splitlines()[-1]
     assert last.startswith("gradfuzz [fuzz 01:30, 2 workers] 2900/2960 examples") and "left" not in last
+
+
+def test_instant_skipped_steps_give_no_eta():
+    """The gate's self-check on 2 workers reports its 8 skipped canaries
+    within 3 s, then takes 20 s over the 13 that run."""
+    from harness.cli.progress import PhaseLines
+
+    t = [0.0]
+    lines = PhaseLines(width=None, clock=lambda: t[0])
+    shown = []
+    for i in range(1, 9):
+        t[0] = 3.0
+        shown.append(lines.line(f"[selfcheck {i}/21] c{i}: skipped (unavailable here: needs CUDA)"))
+    assert not any("left" in s for s in shown)
