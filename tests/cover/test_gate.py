@@ -498,7 +498,7 @@ def test_a_fuzz_phase_stopped_by_sigterm_fails_the_gate(tmp_path, monkeypatch):
     from harness.cli import fuzz as fuzz_command
     from harness.engine.result import Result, Tally
 
-    def stopped(args, options, n, display, unavailable):
+    def stopped(args, options, n, display, unavailable, total=None):
         r = Result()
         r.paths["split.fixed"] = Tally(examples=3)
         return r, {"interrupted": True, "signal": signal.SIGTERM}
