@@ -30,7 +30,7 @@ IN_PROCESS = [
      "split.twin"),
     ("split-group-unreached-weights", "split-weights-never-meet-an-input", "split/gelu_gate_weights_never_meet_input.json",
      "split.twin"),
-    ("split-group-unreached-weights", "pipeline-zero-bubble-weight-never-meets-stage-input",
+    ("split-group-unreached-weights", "pipeline-zero-bubble-stage-without-input-grad",
      "pipeline/zero_bubble_stage_input_needs_no_grad_zero_expected.json", "pipeline.InterleavedZeroBubble.stock"),
     ("split-grad-like-param", "split-weight-grad-ignores-layout", "split/weight_grad_keeps_transposed_layout.json",
      "split.stock"),
