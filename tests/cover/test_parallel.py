@@ -184,10 +184,11 @@ def test_standalone_script_runs_under_torchrun(tmp_path, kind, parallel, diverge
 
 
 def test_the_gates_workaround_reaches_the_ranks(paths):
-    """The pool's message carries the workaround in force: DDP's ranks put
-    clone-grads on their parameters, so the view steal seen through clipping
-    goes away with it; FSDP2 (sharded grads of its own) and DTensor (a clone
-    of a Partial grad all-reduces it) take only optimizer-for-loop."""
+    """The pool's message carries the workaround in force: DDP's and
+    DTensor's ranks put clone-grads on their parameters (DTensor's copies a
+    grad shard by shard, placements kept: no all-reduce of a Partial grad),
+    so the view steal goes away with it; FSDP2 (sharded grads of its own)
+    takes only optimizer-for-loop."""
     import os
 
     from harness.artifacts.corpus import load
@@ -200,7 +201,9 @@ def test_the_gates_workaround_reaches_the_ranks(paths):
     assert check(entry.case, ddp) != [] and check(entry.case, worked) == [] and check(entry.case, ddp) != []
     assert apply(paths["fsdp2.stock"], "clone-grads") is None and apply(paths["fsdp2.stock"], "optimizer-for-loop")
     (dt,) = resolve("dtensor.stock")
-    assert apply(dt, "clone-grads") is None and apply(dt, "optimizer-for-loop") is not None
+    steal = load(os.path.join(os.path.dirname(__file__), "..", "..", "cases", "eager", "accumulategrad_stack_alias.json"))
+    assert check(steal.case, dt) != [] and check(steal.case, apply(dt, "clone-grads")) == []
+    assert apply(dt, "optimizer-for-loop") is not None
 
 
 def test_fused_adagrad_off_cpu_is_refused_only_where_torch_documents_it_cpu_only(monkeypatch):
