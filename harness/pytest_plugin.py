@@ -308,8 +308,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's load scheduling starts a worker only once it holds two items
     (the running one needs its successor), and hands out consecutive or
     round-robin items: the second item of the worker that got the heaviest
-    target waited behind it (an H100 host, -n 16: split.fixed started 3
-    minutes into the gate's fuzzing, queued behind a compile flavour). Ours
+    target waited behind it (on 16 workers split.fixed started minutes
+    into the gate's fuzzing, queued behind a compile flavour). Ours
     starts each worker on one of the first items (heaviest first) with one of
     the last queued behind it (``first_round``), then schedules like ``load``."""
     if config.getoption("gradfuzz_paths") is None or config.getvalue("dist") != "load":

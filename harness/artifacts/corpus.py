@@ -118,7 +118,7 @@ def _microbatch(v: Any, where: str) -> Any:
         return v
     if type(v) is int and v < 0:
         raise SpecError(where, f"{v} is not a backward number: a divergence seen outside any backward has "
-                               "microbatch null (gradfuzz before issue 28 wrote -1 there: set it to null, or delete "
+                               "microbatch null (older gradfuzz wrote -1 there: set it to null, or delete "
                                "the file and let the next run save the finding again)")
     return sc.integer(v, where, 0, 2**20)
 

@@ -158,7 +158,7 @@ def _dropout(t: list[torch.Tensor], a: dict) -> torch.Tensor:
     return t[0] * keep.to(t[0].device, t[0].dtype) * 2
 
 
-# --- model parts (issue 14) -------------------------------------------------
+# --- model parts ----------------------------------------------------------------
 # Integer indices live in the case as attributes (``idx``, ``target``) or as a
 # seed that draws them (``gather``, ``scatter_add``), so every case stays
 # plain data and every path builds the same index tensors on its device.
@@ -266,7 +266,7 @@ def _cached(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     # region is a graph output, which under mode="reduce-overhead" lives in
     # the CUDA-graph pool, and the next run overwrites it ("accessing tensor
     # output of CUDAGraphs that has been overwritten", raised in the next
-    # case's trace: the 2.11 H100 gate's graphed.compile-error-f1a75e4745).
+    # case's trace: graphed.compile-error-f1a75e4745 on torch 2.11).
     # Nor inside a torch.func transform, read or written: a tensor made there is
     # the transform's wrapper (kept, it leaks a dead level), and one made outside
     # would hide what the transform does to a tensor the forward builds, so a

@@ -39,7 +39,7 @@ SLACK = 128  # rounding steps allowed per unit of term magnitude
 # Observation.precision. A reduction rounds each grad a few times (the cast,
 # the sums, the cast back); DeepSpeed's bf16 engine (forward and backward in
 # bfloat16, fp32 master grads) needed at most 1.79 steps per unit of term size
-# on 584 runs of drawn cases (session 13, benchmarks/bf16_rounding.py). So the slack is small: 8 bf16 steps are 3% of the term size,
+# on drawn cases (benchmarks/bf16_rounding.py; numbers in docs/benchmarks.md). So the slack is small: 8 bf16 steps are 3% of the term size,
 # while the bugs this harness looks for are of order one (a microbatch lost
 # or counted twice in a window of up to 8). After a training step, relative
 # to the largest element as for the case's own dtype.

@@ -1,4 +1,4 @@
-"""The observation probe: one small case per observation (issue 33 item 1),
+"""The observation probe: one small case per observation,
 run on a path to see which observations it makes. A test holds every family
 to its contract with it; ``benchmarks/observations.py`` counts them per
 family in this checkout or an older one."""
@@ -14,7 +14,7 @@ from harness.paths.base import Options
 
 try:
     from harness.observation import GRAD_NONE
-except ImportError:  # a checkout before issue 33, measured by benchmarks/observations.py
+except ImportError:  # an older checkout, measured by benchmarks/observations.py
     GRAD_NONE = "None versus zeros"
 
 
@@ -129,7 +129,7 @@ def survey(path: Any) -> dict[str, str]:
 
 
 def _blind(path: Any) -> frozenset[str]:
-    """What the contract declares blind (nothing in checkouts before issue 33)."""
+    """What the contract declares blind (nothing in checkouts older than Contract.blind_to)."""
     return path.contract.blind_to() if hasattr(path.contract, "blind_to") else frozenset()
 
 

@@ -46,8 +46,8 @@ def units(live: list[Path], n_files: int, workers: int) -> dict[str, tuple[list[
     indices)``. A group is one unit, except a heavy one (the compile
     flavours, the graphed paths) on more than two processes: its cases are
     dealt out to several parts, or the replay waits on one process running
-    that group while the others are idle (an H100 host, -n 16: the last
-    ~800 of ~5,100 pairs ran on 2 processes). Results do not depend on the
+    that group while the others are idle (measured in docs/benchmarks.md:
+    the last sixth of the pairs ran on 2 processes). Results do not depend on the
     split: every (case, path) is replayed on its own and handed back in the
     one-process order."""
     groups: dict[str, list[Path]] = {}

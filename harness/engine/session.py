@@ -46,8 +46,8 @@ def plan(paths: list[Path], *, exact: bool | None, seed: int, shards: int = 1,
         groups.setdefault(strategy_flags(p) + ((p.name,) if in_child(p) else ()), []).append(p)
     # Heaviest first (a target's seed is its own, so the order changes only who waits at the end),
     # and shard by shard: with S shards per target on S workers, target-major order gave every
-    # worker a shard of the heaviest target, and the light targets waited for all of them (an
-    # H100 host, -n 16: split.fixed ran no example in the first 140 s while compile shards ran).
+    # worker a shard of the heaviest target, and the light targets waited for all of them (on
+    # 16 workers split.fixed ran no example for minutes while compile shards ran).
     ordered = sorted(groups.values(), key=lambda ps: -max(heaviness(p) for p in ps))
     counts = [shards_for(ps, shards, examples) for ps in ordered]
     return [Target(ps, exact=exact, seed=seed, shard=s, shards=n, slack=slack)

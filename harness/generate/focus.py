@@ -1,5 +1,5 @@
 """Pair targets: what each drawn case is made to contain, so that pairs of
-features turn up within a few hundred examples (issue 33 item 2).
+features turn up within a few hundred examples.
 
 A case's features fall into four classes: the families' knobs, the op
 classes present, the schedule (mode, microbatches, steps, grad_init, tying)

@@ -27,7 +27,7 @@ NO_RECOMPUTATION = (RECOMPUTATION, "the machinery runs no user forward a second 
 PLAIN_GRADS = (PLACEMENT, "one process and plain tensors: a grad has no placements and accumulating it issues no "
                           "collective")
 RNG_NOT_COMPARED = (RNG_STATE, "not compared yet: this family's loop does not record the RNG state after its call "
-                              "(issue 33 item 3; the eager, split and checkpoint paths do)")
+                              "(the eager, split and checkpoint paths do)")
 # Parameter hooks are drawn only with lifetime schedules (``engine_rules.lifetime_schedule``).
 NO_PARAM_HOOKS = (HOOK_KEPT, "parameter hooks come with lifetime schedules, drawn for the graphed paths only "
                              "(lifetime_schedule refuses them here)")
@@ -112,7 +112,7 @@ class Contract:
     # The case's tensor hooks and retain_grad can be drawn. False (a machinery
     # that traces the forward with fullgraph=True refuses both) gives the
     # path a target of its own whose cases have neither: torchtitan's
-    # compiled blocks refused 72% of a shared target's draws (session 16).
+    # compiled blocks refused most of a shared target's draws.
     tensor_hooks: bool = True
     grad_layout: bool = True
     graph_freed: bool = False

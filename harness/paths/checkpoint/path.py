@@ -86,7 +86,7 @@ class CheckpointContract(Contract):
     judged_against: str = "eager.accumulate"
     blind: tuple[tuple[str, str], ...] = (
         PLAIN_GRADS,
-        (LIFETIME, "not watched yet: graph_freed is off, so a recomputed graph kept alive goes unseen (issue 33)"))
+        (LIFETIME, "not watched yet: graph_freed is off, so a recomputed graph kept alive goes unseen"))
 
 
 @dataclass(frozen=True)
