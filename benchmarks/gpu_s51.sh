@@ -5,15 +5,52 @@
 #   bash benchmarks/gpu_s51.sh final    # both in one call: the scripts, the gate, the fixed runs in what is left
 #   bash benchmarks/gpu_s51.sh triage   # torch-only scripts of the graphed and pipeline findings, fixed paths
 #   N=gloo SCALE=tiny bash benchmarks/gpu_s51.sh gate   # dry run on a CPU machine
-# Logs, JSON reports and findings go to $W, re-tarred into $OUT/all.tgz every 20 s.
+# Logs, JSON reports and findings go to $W, re-tarred into $OUT/all.tgz every 20 s, with the pools'
+# trace (GRADFUZZ_POOL_TRACE), summed into summary.txt at the end. GATE_LIMIT: the gate's seconds
+# (555); LEDGER_FALLBACK: a ledger to use if the tree's does not load; SPY_AFTER: from when the
+# gate's stacks are dumped, if py-spy is carried as .h51/py_spy*.whl.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 N=${N:-nccl}; SCALE=${SCALE:-full}; CALL=${1:?gate or triage}
 W=${W:-/tmp/s51}; mkdir -p "$W"; S=${OUT:?}/summary.txt
 . benchmarks/device_steps.sh
+# Where the pools' time goes: one line per group start and per request (harness/workers/trace.py),
+# and the fuzz workers' status files (per path: examples, seconds) copied as they change.
+export GRADFUZZ_POOL_TRACE="$W/pool"
+statuses() { while :; do sleep 10; mkdir -p "$W/runs"; cp .gradfuzz/runs/*/status-*.json "$W/runs/" 2>/dev/null; done; }
+# Which lines of the gate's log came when, the process tree, and (py-spy carried as .h51/py_spy*.whl)
+# the gate's Python stacks from SPY_AFTER seconds on: what a phase that logs nothing is waiting for.
+watcher() {
+    local spy=""
+    for w in .h51/py_spy*.whl; do
+        [ -f "$w" ] && python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); open('/tmp/py-spy', 'wb').write(z.read([n for n in z.namelist() if n.endswith('/py-spy')][0]))" "$w" \
+            && chmod +x /tmp/py-spy && spy=/tmp/py-spy
+    done
+    mkdir -p "$W/ps"
+    while :; do
+        sleep 5
+        [ -f "$W/gate.log" ] && echo "$SECONDS $(wc -l <"$W/gate.log")" >>"$W/gate.lines"
+        if [ $((SECONDS % 20)) -lt 5 ]; then
+            ps -eo pid,ppid,etimes,time,pcpu,rss,args --forest | cut -c1-220 >"$W/ps/$SECONDS.txt"
+            local gate; gate=$(pgrep -of "^python -m harness gate --backend $N")  # not the timeout around it
+            if [ -n "$spy" ] && [ -n "$gate" ] && [ $SECONDS -ge "${SPY_AFTER:-360}" ]; then
+                timeout 15 "$spy" dump --nonblocking --pid "$gate" --subprocesses >"$W/ps/spy-$SECONDS.txt" 2>&1
+            fi
+        fi
+    done
+}
 packer & PACK=$!
+statuses & STAT=$!
+watcher & WATCH=$!
 { python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())"
   echo "cores $(nproc) call $CALL N=$N SCALE=$SCALE"; nvidia-smi -L 2>/dev/null; } >>"$S" 2>&1
+# Others edit the ledger in the same tree: a half-edited one that does not load would cost the call,
+# so then the ledger in LEDGER_FALLBACK (the last committed one, carried) is used, and said so.
+LEDGER=()
+if ! python -c "from harness.gate import ledger; ledger.load('cases/ledger.json')" >/dev/null 2>&1 \
+        && [ -f "${LEDGER_FALLBACK:-}" ]; then
+    LEDGER=(--ledger "$LEDGER_FALLBACK"); echo "cases/ledger.json does not load: the gate uses $LEDGER_FALLBACK" >>"$S"
+fi
 if [ "$SCALE" = tiny ]; then
     GATE="--paths pipeline.ZBVZeroBubble.ranks2.stock,pipeline.DualPipeV.ranks2.stock,ddp.fixed --corpus --no-selfcheck --examples 1 -n 2"; DEADLINE=${DEADLINE:-200}
     EX_DP=4; EX_PIPE=1; FIXED_LIMIT=60
@@ -51,21 +88,38 @@ for r in d.get("rows") or []:
         print(" ", r.get("status"), r.get("path"), r.get("signature"), str(r.get("detail") or r.get("title") or "")[:300])
 PY
 }
+pool_summary() {  # the pool trace, summed: per phase (replay slots, fuzz workers) and request kind
+    python - "$W/pool" >>"$S" 2>&1 <<'PY'
+import collections, glob, os, sys
+tot = collections.defaultdict(lambda: [0, 0.0, 0, 0])  # count, seconds, failed, not ok
+for f in glob.glob(os.path.join(sys.argv[1], "pool-*.tsv")):
+    phase = "fuzz" if "-gw" in f else "main" if "-slot-" in f else "children"
+    for line in open(f):
+        t, event, backend, what, status, secs, note = (line.rstrip("\n").split("\t") + [""] * 7)[:7]
+        key = (phase, event, backend, what if event in ("request", "case") else "")
+        row = tot[key]
+        row[0] += 1; row[1] += float(secs or 0); row[2] += "failed" in note; row[3] += event == "request" and status != "ok"
+print("pool and child trace: phase / event / backend / what: count, seconds, failed, not ok")
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1][1])[:40]:
+    print(f"  {' / '.join(k)}: {v[0]}, {v[1]:.1f} s, {v[2]}, {v[3]}")
+PY
+}
 case $CALL in
 final)  # one call: the triage scripts, the gate, then the fixed references in what time is left
     DEADLINE=${DEADLINE:-585}
     triage_scripts
-    step gate $((DEADLINE - SECONDS - 25)) python -m harness gate --backend "$N" --world-size 2 --seed 0 $GATE \
+    step gate $((DEADLINE - SECONDS - 25)) python -m harness gate --backend "$N" --world-size 2 --seed 0 $GATE "${LEDGER[@]}" \
         --save "$W/found-gate" --json "$W/gate.json" --markdown "$W/gate.md"
     gate_summary
     left=$((DEADLINE - SECONDS - 15))
     if [ $left -ge 45 ]; then fixed_runs $left; else echo "no time left for the fixed runs ($left s)" >>"$S"; fi ;;
 gate)
-    step gate 570 python -m harness gate --backend "$N" --world-size 2 --seed 0 $GATE \
+    step gate ${GATE_LIMIT:-555} python -m harness gate --backend "$N" --world-size 2 --seed 0 $GATE "${LEDGER[@]}" \
         --save "$W/found-gate" --json "$W/gate.json" --markdown "$W/gate.md"
     gate_summary ;;
 triage)
     triage_scripts
     fixed_runs $FIXED_LIMIT ;;
 esac
-kill $PACK 2>/dev/null; tar -czf "$OUT/all.tgz" -C "$W" . 2>/dev/null
+pool_summary
+kill $PACK $STAT $WATCH 2>/dev/null; tar -czf "$OUT/all.tgz" -C "$W" . 2>/dev/null

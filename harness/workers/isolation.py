@@ -41,7 +41,7 @@ from harness.materialize.lifetime import FrozenHeap
 from harness.objects import load_object
 from harness.observation import Observation, Violation
 from harness.case.spec import Case
-from harness.workers import zygote
+from harness.workers import trace, zygote
 from harness.workers.wire import dumps
 from harness.workers.interpreter import one_thread_env
 from harness.workers.placement import one_gpu_env
@@ -135,7 +135,10 @@ class IsolatedPath:
 
     def _await_ready(self) -> None:
         self._booting = False
+        t0 = time.monotonic()
         reply = self._recv(STARTUP_TIMEOUT)
+        trace.record("start", "child", self.name, "ready" if isinstance(reply, tuple) else str(reply),
+                     time.monotonic() - t0, "waited for (the start may have overlapped other work)")
         if not (isinstance(reply, tuple) and reply[:1] == ("ready",)):
             detail = self._log_tail()
             self._kill()
@@ -270,6 +273,9 @@ class IsolatedPath:
             reply = self._recv(self._left(ahead)) if ahead is not None else None  # None: the send failed
         except (BrokenPipeError, OSError):
             reply = None
+        if ahead is not None:
+            trace.record("case", "child", ahead[1] or self.name, "obs" if isinstance(reply, tuple) else str(reply),
+                         time.monotonic() - ahead[2], f"starts {self.starts}")
         return self._reply(reply)
 
     def _reply(self, reply: Any) -> Observation:

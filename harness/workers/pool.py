@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 
 from harness.machinery_coverage import deposit, slowdown
 from harness.materialize import workarounds
-from harness.workers import abort, host
+from harness.workers import abort, host, trace
 from harness.workers.placement import first_gpu
 from harness.workers.stillness import POLL, WINDOW, Stillness
 
@@ -167,6 +167,7 @@ class WorkerPool:
             self.procs.append(proc)
             self.conns.append(here)
         self.starts += 1
+        trace.record("starting", self.backend, note=f"{self.world_size} ranks")
         ready = self._gather({"op": None}, START_TIMEOUT, send=False)
         if ready.status != "ok" or not all(r.get("ready") for r in ready.replies.values()):
             errors = [r.get("error", "") for r in ready.replies.values() if not r.get("ready")]
@@ -174,6 +175,7 @@ class WorkerPool:
             self.close()
             raise PoolError(f"the {self.backend} process group of {self.world_size} ranks did not start: {detail}")
         self.start_seconds.append(time.monotonic() - t0)
+        trace.record("start", self.backend, seconds=self.start_seconds[-1], note=f"start {self.starts}")
 
     def request(self, msg: dict[str, Any], timeout: float) -> Outcome:
         """Send ``msg`` to every rank; wait up to ``timeout`` seconds for all replies."""
@@ -185,6 +187,7 @@ class WorkerPool:
             if isinstance(reply, dict):
                 deposit(reply)
         outcome, lost = lost_device(outcome)
+        trace.request(self.backend, msg, outcome, _failed, self._signalled, lost)
         if outcome.status != "ok" or lost or self._signalled:  # an aborted communicator stays broken
             self.close()
         return outcome
@@ -348,6 +351,8 @@ class WorkerPool:
 
     def close(self) -> None:
         """Kill every worker, wait for each, remove the rendezvous dir. Idempotent."""
+        if self.procs:
+            trace.record("close", self.backend)
         for conn in self.conns:
             try:
                 conn.close()

@@ -41,6 +41,7 @@ dead rank are findings, as on every path.
 
 from __future__ import annotations
 
+import atexit
 import weakref
 from typing import Any
 
@@ -114,8 +115,90 @@ def _ask(world_size: int, msg: dict[str, Any], what: str, timeout: float, backen
 def probe(world_size: int, timeout: float = 120.0, backend: str | None = None) -> dict[str, Any]:
     """The layouts of every schedule with this many ranks (cached per process and backend)."""
     if (world_size, backend) not in _probed:
-        _probed[(world_size, backend)] = _ask(world_size, {"what": "probe"}, "the schedules", timeout, backend)
+        inherited = _inherited("probe", (world_size, backend))
+        if inherited is not None:
+            _probed[(world_size, backend)] = inherited
+        else:
+            _probed[(world_size, backend)] = _ask(world_size, {"what": "probe"}, "the schedules", timeout, backend)
+            _share(world_size, backend)
     return _probed[(world_size, backend)]
+
+
+# What an NCCL probe found, for this process's children (the gate's replay children and fuzz
+# workers): the file of the process that probed first, named in the environment they inherit.
+SHARED_ENV = "GRADFUZZ_PIPELINE_PROBES"
+
+
+def _inherited(kind: str, key: tuple) -> Any:
+    """A probe result that a parent process found on NCCL, or None.
+
+    Each harness process used to probe for itself: on NCCL every one of the
+    gate's sixteen fuzz workers started a one-rank and a two-rank group
+    (a CUDA context and a communicator per rank, several seconds each while
+    the others did the same) only to learn what its parent already knew, a
+    fuzz worker that runs compile cases included. The result is a function
+    of the installed torch and the machine, both the parent's, so it is
+    taken as found. Only from another process: in the one that probed, the
+    dicts above are the cache, as before. On gloo nothing is shared (a fork
+    costs milliseconds), so CPU runs probe as they always did."""
+    import os
+    import pickle
+
+    file = os.environ.get(SHARED_ENV)
+    if not file:
+        return None
+    try:
+        with open(file, "rb") as fh:
+            shared = pickle.load(fh)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError):
+        return None
+    if shared.get("pid") == os.getpid() or shared.get("torch") != torch.__version__:
+        return None
+    return shared.get(kind, {}).get(key)
+
+
+def _share(world_size: int, backend: str | None) -> None:
+    """Write this process's probe results for its children, where its
+    groups of this size run on NCCL (``_inherited``)."""
+    import os
+    import pickle
+    import tempfile
+
+    if (backend or pool_backend(world_size)) != "nccl":
+        return
+    file = os.environ.get(SHARED_ENV)
+    mine = {"pid": os.getpid(), "torch": torch.__version__, "probe": dict(_probed), "same_rank": dict(_same_rank)}
+    try:
+        if not file or _owner(file) != os.getpid():
+            fd, file = tempfile.mkstemp(prefix="gradfuzz-probes-", suffix=".pkl")
+            os.close(fd)
+            atexit.register(_remove, file)
+        tmp = f"{file}.{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            pickle.dump(mine, fh)
+        os.replace(tmp, file)  # a child reading it sees the old or the new file, never half of one
+    except OSError:
+        return
+    os.environ[SHARED_ENV] = file
+
+
+def _remove(file: str) -> None:
+    import os
+
+    try:
+        os.remove(file)
+    except OSError:
+        pass
+
+
+def _owner(file: str) -> int | None:
+    import pickle
+
+    try:
+        with open(file, "rb") as fh:
+            return pickle.load(fh).get("pid")
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError):
+        return None
 
 
 _same_rank: dict[tuple, dict[str, Any]] = {}  # (world size, stage class[, backend given by --backend])
@@ -132,8 +215,13 @@ def same_rank_self_send(schedule: str, impl: str = STOCK, world_size: int = 1, t
     which does not)."""
     key: tuple = (world_size, impl) if backend is None else (world_size, impl, backend)
     if key not in _same_rank:
-        reply = _ask(world_size, {"what": "same_rank", "impl": impl}, "two stages on one rank", timeout, backend)
-        _same_rank[key] = {"works": reply.get("works", []), "self_send": reply.get("self_send", {})}
+        inherited = _inherited("same_rank", key)
+        if inherited is not None:
+            _same_rank[key] = inherited
+        else:
+            reply = _ask(world_size, {"what": "same_rank", "impl": impl}, "two stages on one rank", timeout, backend)
+            _same_rank[key] = {"works": reply.get("works", []), "self_send": reply.get("self_send", {})}
+            _share(world_size, backend)
     return _same_rank[key]["self_send"].get(schedule)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from typing import Any
 
 import torch
@@ -514,5 +515,7 @@ def _run_watched(ctx: Any, args: tuple) -> dict[str, Any]:
         out = {"rank": ctx.rank, "steps": [], "mutations": [], "failure": {
             "step": -1, "type": "PeerFailed", "message": "stopped waiting: another rank raised", "waited": True}}
     if float(flags[0]) > 0 and ctx.device.type == "cuda":
+        t0 = time.monotonic()
         out["p2p_freed"] = free_p2p(ctx, args[-1] if args else None, t)
+        out["p2p_seconds"] = round(time.monotonic() - t0, 3)  # what freeing cost (harness.workers.trace)
     return out
