@@ -140,12 +140,13 @@ def run_gate(
     seen_by: dict[tuple[str, str], set[str]] = {}
     shapes: set[tuple[str, str]] = set()
     try:
-        if workers > 1 and options is not None and slack is None and live and entries:
-            # The same (case, path) results in the one-process order: the verdict does not depend on N.
+        gathered = bool(workers > 1 and options is not None and slack is None and live and entries)
+        if gathered:  # the same (case, path) results in the one-process order: the verdict does not depend on N
             results: Iterable[Replayed] = replay_on_workers(entries, live, workers, options, progress)
         else:
             results = replay_entries(entries, live, slack)
-        seen_as, seen_by, shapes = _replay(live, results, led, version, report, progress, len(entries))
+        seen_as, seen_by, shapes = _replay(live, results, led, version, report, progress, len(entries),
+                                           count=not gathered)
     except ReplayError as e:  # what did not replay cannot be classified: fixed or not_reproduced would be guesses
         report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
     finally:
@@ -472,10 +473,12 @@ def _row(status: str, d: Divergence, bug: ledger_mod.Site | None, source: str) -
 
 
 def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
-            progress, n_entries: int
+            progress, n_entries: int, count: bool = True
             ) -> tuple[dict[tuple[str, str], ledger_mod.Site], dict[tuple[str, str], set[str]], set[tuple[str, str]]]:
     """Returns, per (path, signature), the bug the replay filed it under
-    and every bug whose own cases showed it; and (bug, shape) pairs seen."""
+    and every bug whose own cases showed it; and (bug, shape) pairs seen.
+    ``count`` False: the results were gathered already (the workers counted
+    the replay as it ran), so walking them is not shown as a second count."""
     reproduced: dict[str, list[Divergence]] = {}
     ran: set[str] = set()
     unmatched: list[tuple[Divergence, str]] = []
@@ -486,7 +489,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         if entry.file != last_file:
             last_file, done = entry.file, done + 1
             now = time.monotonic()
-            if now - shown >= 5 or done == n_entries:
+            if count and (now - shown >= 5 or done == n_entries):
                 shown = now
                 left = (now - started) / done * (n_entries - done)
                 progress(f"[phase] replay {done}/{n_entries} corpus cases on {len(live)} paths, ~{left:.0f}s left")
