@@ -46,10 +46,11 @@ observation: the shape it gives, which must be the known bug's shape for
 the row to test the rule at all.
 
 Rows are grouped: ``causal`` (the entry's workaround is one the path
-applies: the gate must say resembles/new, never known), ``signature`` (the
-entry has workaround none, or the path runs in worker processes and cannot
-apply it: the honest verdict is known_signature_only, which passes the gate;
-counted apart, they are what the causal rule cannot reach), ``masking``
+applies: the gate must say resembles/new, never known), ``signature`` (no
+outside workaround the path applies: the entry's fix probe is the check,
+and the gate must say resembles; where the entry has neither, the honest
+verdict is known_signature_only, which passes the gate: counted apart,
+they are what the causal rule cannot reach), ``masking``
 (probes where the second bug lands on the known bug's own tensor, so stock
 shows one combined divergence whose shape changes once the workaround is in
 force, or where the known bug hides the second one entirely on the path the
@@ -355,6 +356,9 @@ class Injected:
 STACK = "eager/accumulategrad_stack_alias.json"
 SGD = "dtensor/sgd_nesterov_foreach_writes_grad.json"
 SGD_W0 = "w0.grad after optimizer.step()"
+NORM_MSG = ("rank 0: aten.masked_fill_.Scalar: in-place operations that require placement changes are not supported. "
+            "The input has placement (Partial(sum),), but no valid strategy preserves this placement. Please use the "
+            "out-of-place version of this operation instead.")
 CLONE_MSG = ("unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
              "Please clone() the tensor before performing the operation.")
 
@@ -411,18 +415,18 @@ def rows() -> list[Row]:
             Raise("RuntimeError", "Tensor cached during selective activation checkpoint has been mutated", 0),
             note="workaround none"),
         Row("signature", "accumulategrad-steals-views", ("dtensor.stock",), (STACK,), Recount(("w0",), 1),
-            note="clone-grads: not applied on a worker path"),
+            note="clone-grads reaches the ranks (a shard-by-shard clone)"),
         Row("signature", "optim-sgd-nesterov-foreach-writes-grad", ("dtensor.stock",), (SGD,),
-            Skew("after step", SGD_W0, 0, 1.9), note="optimizer-for-loop: not applied on a worker path"),
+            Skew("after step", SGD_W0, 0, 1.9), note="optimizer-for-loop reaches the ranks' trainer"),
         Row("signature", "accumulategrad-steals-views", ("ddp.stock",), (STACK,), Recount(("w0",), 1),
-            note="clone-grads: not applied on a worker path"),
+            note="clone-grads reaches the ranks"),
         Row("signature", "ddp-static-graph-no-sync-first-backward", ("ddp.stock",),
             ("parallel/ddp_static_graph_no_sync_first_backward.json",),
             Raise("RuntimeError", 'rank 0: expect_autograd_hooks_ INTERNAL ASSERT FAILED at "reducer.cpp":1732, '
                   "please report a bug to PyTorch.", 0), note="workaround none"),
         Row("signature", "accumulategrad-steals-views", ("fsdp2.stock",),
             ("parallel/fsdp2_no_sync_stack_alias.json",), Recount(("w1",), 1),
-            note="clone-grads: not applied on a worker path"),
+            note="fix probe on the ranks (no hook sees FSDP2's unsharded grads)"),
         Row("signature", "fsdp2-param-passed-to-unit-gets-zero-grad", ("fsdp2.stock",),
             ("parallel/fsdp2_param_passed_to_unit_gets_zero_grad.json",), Skew("after step", "u2", 1, 1.0, 0.2),
             note="workaround none"),
@@ -436,6 +440,15 @@ def rows() -> list[Row]:
         Row("signature", "compiled-autograd-hook-on-compiled-output", ("compile.autograd",),
             ("compile/compiled_autograd_hook_on_compiled_output.json",),
             Raise("TorchRuntimeError", "RuntimeError when making fake tensor call", 0), note="workaround none"),
+        Row("signature", "dtensor-norm-backward-partial-input-raises", ("dtensor.stock",),
+            ("dtensor/norm_partial_sum_input_backward_raises.json",),
+            Raise("RuntimeError", NORM_MSG, 0), note="fix probe (a Python autograd kernel) on the ranks"),
+        Row("signature", "accumulategrad-steals-views", ("mesh.dtensor2d.stock",), (STACK,), Recount(("w0",), 1),
+            note="clone-grads reaches the 2-D mesh's four ranks"),
+        Row("signature", "func-tensor-split-tensor-indices", ("func.grad", "func.vjp", "func.vmap"),
+            ("func/tensor_split_tensor_indices.json",),
+            Raise("RuntimeError", "Cannot access data pointer of Tensor that doesn't have storage", 0),
+            note="fix probe (a Python composite kernel)"),
         Row("signature", "graphed-static-grad-alias", ("graphed.stock",),
             ("graphed/make_graphed_callables_static_grad_alias.json",), Recount(("w0",), 1), note="needs CUDA"),
         # -- masking: the second bug on the known bug's own tensor ---------------------------
