@@ -37,17 +37,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from packaging.version import Version
 
 from harness.observation import Observation
 from harness.generate import PLACEMENTS
+from harness.paths import dtensor_rules
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.assemble import observation
 from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.dtensor.data import Machinery
 from harness.paths.pooled import PooledPath
 from harness.paths.workarounds import IN_PROCESS
-from harness.case import opinfo
 from harness.case.spec import Case
 from harness.generate import tp_eligible
 
@@ -60,7 +59,6 @@ STOCK = "stock"
 # torch 2.11's DTensor raises on an in-place op whose output placement differs
 # from its input's (relu_ on a Partial value); found on dtensor.fixed with NCCL
 # and reproduced with gloo on 2.11; 2.13 agrees on the same cases.
-_REFUSES_INPLACE_REDISTRIBUTION = Version(torch.__version__.split("+")[0]) < Version("2.13")
 
 
 def _has_strategy(op: Any) -> bool:
@@ -121,36 +119,17 @@ class DTensorPath(PooledPath):
     def _placed_refusal(self, case: Case) -> str | None:
         """Why a case whose parameters are placed DTensors (its forward runs
         on DTensors) is outside the contract; None: inside."""
-        from harness.case.ops import OPS
-
         s = case.schedule
-        plain = sorted({n.op for n in case.nodes if OPS[n.op].plain_tensors})
-        if plain:
-            return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
-                    f"mixed operands (a DTensor model distributes those too; the to_local pattern takes them)")
-        if why := opinfo.mesh_refusal(case):
+        if why := dtensor_rules.refusal(case):
             return why
         world = self._world()
         if case.exact and world & (world - 1) and any(n.op == "opinfo" and n.attr("place") == -3 for n in case.nodes):
             return (f"an OpInfo input as Partial(avg) on {world} ranks: its pieces are {world} times the value, "
                     f"which rounds, and exact mode allows no rounding (tolerance-mode cases take it)")
-        inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
-        if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
-            return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops "
-                    f"that change a placement (Partial to Replicate: 'in-place operations that require "
-                    f"placement changes are not supported'); 2.13 takes them")
-        if any(n.op == "sdpa" for n in case.nodes):
-            # On every backend: on CUDA too, shapes the fused kernels do not take (fp32, causal, tiny heads)
-            # fall back to the math kernel, and one rule keeps the cases drawn the same under gloo and NCCL.
-            return ("scaled_dot_product_attention falls back to the math kernel (always on CPU, on CUDA for "
-                    "shapes the fused kernels do not take), which builds a plain attention bias: DTensor "
-                    "refuses mixed operands")
         if any((p.placement or "partial") == "partial" for p in case.params):
             return "mixes to_local/Partial parameters with DTensor-placed ones"
         if any(p.placement in ("colwise", "rowwise") and not tp_eligible(case, p.name) for p in case.params):
             return "a tensor-parallel style needs a weight used only as the right operand of a matmul (h @ w)"
-        if any(n.op == "layout_matmul" and n.attr("layout") == "buffer_view" for n in case.nodes):
-            return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
         sharded = [p.name for p in case.params if p.placement.startswith("shard") or p.placement in ("colwise", "rowwise")]
         thin = [p.name for p in case.params if p.placement.startswith("shard")
                 and p.shape[int(p.placement[5:])] < self._world()]
@@ -164,9 +143,8 @@ class DTensorPath(PooledPath):
         if thin and writes:
             return ("a parameter is sharded on a dim with fewer elements than ranks: DTensor has no in-place "
                     "strategy for it, so accumulating into its .grad raises (torch bug, see cases/dtensor/)")
-        if sharded and any(n.op == "reshape" for n in case.nodes):
-            return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
-                    "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
+        if why := dtensor_rules.uneven_view(case, sharded):
+            return why
         if _unused_function_output(case):
             return ("an autograd.Function output is unused: torch materializes its grad as a plain "
                     "tensor, not a DTensor, and the Function's backward raises (torch bug, see cases/dtensor/)")

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from packaging.version import Version
 
-from harness.case import opinfo
 from harness.case.spec import Case
 from harness.generate import tp_eligible
 from harness.observation import PLACEMENT, Observation
 from harness.paths.assemble import observation
+from harness.paths import dtensor_rules
 from harness.paths.base import (NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, RANK_LOOP, RNG_NOT_COMPARED, Availability,
                                 Contract, Options, Repro)
 from harness.paths.engine_rules import lifetime_schedule, off_its_devices, replay_only
@@ -56,7 +56,6 @@ FIXED = {"fsdp_tp": "oracles.mesh_fixed", "dtensor2d": "oracles.dtensor_fixed"}
 # A 4-rank case on a loaded machine takes seconds: a hang is told from slowness by a longer wait.
 MIN_TIMEOUT = 60.0
 
-_REFUSES_INPLACE_REDISTRIBUTION = Version(torch.__version__.split("+")[0]) < Version("2.13")
 # Before 2.13 DTensor cannot redistribute Shard to Partial, which an add can ask for on a 2-d mesh (redistribute.py).
 _NO_SHARD_TO_PARTIAL = Version(torch.__version__.split("+")[0]) < Version("2.13")
 
@@ -113,23 +112,9 @@ class MeshPath(PooledPath):
         if s.optimizer == "rprop":
             return ("rprop on sharded DTensor parameters: its foreach form needs _foreach_copy_, its loop form an "
                     "in-place index_put_, neither with a sharding strategy that keeps the shards")
-        from harness.case.ops import OPS
-
-        plain = sorted({n.op for n in case.nodes if OPS[n.op].plain_tensors})
-        if plain:
-            return (f"{', '.join(plain)} build(s) a plain index or mask tensor inside the forward: DTensor refuses "
-                    f"mixed operands (the forward runs on DTensors)")
-        if why := opinfo.mesh_refusal(case):
+        if why := dtensor_rules.refusal(case):
             return why
-        inplace = sorted({n.op for n in case.nodes if n.op.endswith("_")})
-        if inplace and _REFUSES_INPLACE_REDISTRIBUTION:
-            return (f"{', '.join(inplace)} in place on a DTensor: this torch's DTensor refuses in-place ops that "
-                    f"change a placement; 2.13 takes them")
-        if any(n.op == "sdpa" for n in case.nodes):
-            return ("scaled_dot_product_attention falls back to the math kernel, which builds a plain attention "
-                    "bias: DTensor refuses mixed operands")
-        if any(n.op == "layout_matmul" and n.attr("layout") == "buffer_view" for n in case.nodes):
-            return "a buffer_view grad copies a DTensor into a plain buffer (DTensor refuses mixed operands)"
+        inplace = dtensor_rules.inplace_ops(case)
         codes = dict(zip((p.name for p in case.params), placements(case)))
         styled = [p.name for p in case.params if split(codes[p.name])[1] in STYLES]
         if any(not tp_eligible(case, n) for n in styled):
@@ -145,9 +130,8 @@ class MeshPath(PooledPath):
             return (f"{', '.join(inplace)} in place with sharded parameters: a value can be Partial (sum, or avg "
                     f"from a mean over a sharded dim), and DTensor refuses in-place ops that would change it ('in-place "
                     f"operations that require placement changes are not supported', raised on 2.13 on the fixed path too)")
-        if sharded and any(n.op == "reshape" for n in case.nodes):
-            return ("a reshape with sharded parameters: DTensor refuses views that would shard a dim unevenly "
-                    "(\"Please redistribute the tensor before this operation\", pytorch/pytorch#143372)")
+        if why := dtensor_rules.uneven_view(case, sharded):
+            return why
         if self.kind == "dtensor2d":
             return _dtensor2d_refusal(case, codes, self.impl)
         return None
