@@ -31,7 +31,6 @@ last stage what the loss was handed per microbatch. The parent
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -44,6 +43,7 @@ from harness.objects import load_object
 from harness.paths.mesh.data import DIM_SIZES, PP_DP_DIMS, dp_wrapper, pp_schedule
 from harness.paths.rankfacts import encode, layout_facts, rank_failure, shard_piece, share
 from harness.workers.host import Rank
+from harness.paths.stage_loss import target_rows, vjp_loss
 
 STOCK = "stock"
 WORLD = DIM_SIZES[0] * DIM_SIZES[1]
@@ -126,38 +126,10 @@ def _prefill(case: Case, built: Built, specs: list, pp: int) -> dict[str, torch.
             for n in specs[pp].params if n not in frozen}
 
 
-def _loss(case: Case, built: Built, seen: dict[int, list[Any]]) -> Any:
-    """A loss whose backward is the case's vector-Jacobian product with this
-    replica's grad outputs: the target row of a microbatch holds its number
-    and its grad outputs, flattened (a loss function sees one microbatch)."""
-    from harness.observation import snap
-
-    shapes = [built.output_shape(u) for u in case.outputs]
-    sizes = [math.prod(s) for s in shapes]
-
-    def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
-        outs = output if isinstance(output, (tuple, list)) else (output,)
-        row = target.reshape(-1)
-        k = int(row[0])
-        seen[k] = [snap(o) for o in outs]
-        cots, at = [], 1
-        for shape, size in zip(shapes, sizes):
-            cots.append(row[at:at + size].reshape(shape))
-            at += size
-        terms = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
-        if not terms:
-            raise ValueError("no output of the last stage requires grad")
-        return sum(terms[1:], terms[0])
-
-    return loss_fn
-
-
 def _target(case: Case, built: Built, ks: range, dp: int, device: Any) -> torch.Tensor:
-    rows = []
-    for k in ks:
-        flat = [dp_cotangent(case, c, dp, k, i).reshape(-1) for i, c in enumerate(built.cotangents(k))]
-        rows.append(torch.cat([torch.tensor([float(k)], dtype=torch.float64), *flat]))
-    return torch.stack(rows).to(device, built.dtype)
+    """This replica's target rows: its share of each microbatch's grad outputs."""
+    return target_rows(lambda k: [dp_cotangent(case, c, dp, k, i) for i, c in enumerate(built.cotangents(k))],
+                       ks).to(device, built.dtype)
 
 
 def _record(step_no: int, ks: range, params: dict[str, Any],
@@ -203,7 +175,7 @@ def _stock(ctx: Rank, case: Case, built: Built, mesh: Any, out: dict[str, Any]) 
     params = module.weights
     stage = PipelineStage(submod, pp, n_stages, ctx.device, group=mesh.get_group("pp"))
     seen: dict[int, list[Any]] = {}
-    schedule = schedule_class(pp_schedule(case))(stage, M, loss_fn=_loss(case, built, seen), scale_grads=False)
+    schedule = schedule_class(pp_schedule(case))(stage, M, loss_fn=vjp_loss(case, built, seen), scale_grads=False)
     for step_no in range(case.schedule.steps):
         ks = range(step_no * M, (step_no + 1) * M)
         out["k"] = ks[0]

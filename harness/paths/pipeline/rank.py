@@ -24,7 +24,6 @@ exception if one was raised. Judging is the parent's job
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from typing import Any
 
@@ -39,6 +38,7 @@ from harness.case.spec import Case
 from harness.materialize.stages import StageModule, StageSpec, cut
 from harness.paths.pipeline.data import stage_cuts
 from harness.paths.pipeline.inflight import watched
+from harness.paths.stage_loss import target_rows, vjp_loss
 
 STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
@@ -220,31 +220,6 @@ def _start_grads(case: Case, built: Built, specs: list[StageSpec], modules: list
                 p.grad = torch.zeros_like(p)
 
 
-def _loss_fn(case: Case, built: Built, seen: dict[int, list[torch.Tensor | None]]) -> Any:
-    """The loss whose backward is the case's vector-Jacobian product: a loss
-    function sees one microbatch at a time, so its target carries the
-    microbatch number and that microbatch's grad outputs, flattened. What
-    it was handed goes into ``seen`` by microbatch."""
-    shapes = [built.output_shape(u) for u in case.outputs]
-    sizes = [math.prod(s) for s in shapes]
-
-    def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
-        outs = output if isinstance(output, (tuple, list)) else (output,)
-        row = target.reshape(-1)
-        k = int(row[0])
-        seen[k] = [snap(o) for o in outs]  # the real call comes after any metadata inference
-        cots, at = [], 1
-        for shape, size in zip(shapes, sizes):
-            cots.append(row[at:at + size].reshape(shape))
-            at += size
-        terms = [(o * c).sum() for o, c in zip(outs, cots) if o.requires_grad]
-        if not terms:
-            raise ValueError("no output of the last stage requires grad")
-        return sum(terms[1:], terms[0])
-
-    return loss_fn
-
-
 def _stacked_inputs(case: Case, built: Built, ks: range, step_no: int, held: Held,
                     device: torch.device) -> list[torch.Tensor]:
     """The first stage's inputs: the step's microbatches stacked on dim 0,
@@ -259,12 +234,8 @@ def _stacked_inputs(case: Case, built: Built, ks: range, step_no: int, held: Hel
 
 
 def _target(built: Built, ks: range, step_no: int, held: Held, device: torch.device) -> torch.Tensor:
-    """The last stage's target: per microbatch, its number and its grad outputs (see ``_loss_fn``)."""
-    rows = []
-    for k in ks:
-        flat = [c.reshape(-1) for c in built.cotangents(k)]
-        rows.append(torch.cat([torch.tensor([float(k)], dtype=torch.float64), *flat]))
-    target = torch.stack(rows).to(device, built.dtype)
+    """The last stage's target: per microbatch, its number and its grad outputs (``stage_loss``)."""
+    target = target_rows(built.cotangents, ks).to(device, built.dtype)
     held.hold(f"target of step {step_no}", target)
     return target
 
@@ -307,7 +278,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
         _start_grads(case, built, specs, modules, device)
         stages = [Stage(mod, mod.spec.index, len(specs), device, group=group) for mod in modules]
         seen: dict[int, list[torch.Tensor | None]] = {}
-        schedule_obj = _make_schedule(cls, stages, M, _loss_fn(case, built, seen))
+        schedule_obj = _make_schedule(cls, stages, M, vjp_loss(case, built, seen))
         held = Held()
         params = [(mod.spec.index, n, p) for mod in modules for n, p in mod.weights.items()]
         for idx, n, p in params:
