@@ -19,7 +19,8 @@ CPU columns add up to the process's CPU time of the run. The stages:
 - ``build``: ``Built`` (parameters, inputs and cotangents from the case);
 - ``path``: the path's ``run`` beyond everything else listed;
 - ``oracle``: the float64 eager oracle (``oracles.eager.observe``);
-- ``tol+cmp``: ``Tolerance.for_case`` and ``compare``;
+- ``tol+cmp``: ``Tolerance.for_case``, ``compare`` and ``CaseCheck.unjudged``
+  (with the float32 eager run the tolerance's noise cap may make there);
 - ``gc``: ``gc.collect`` (the ``empty_cache`` lifetime event);
 - ``ipc``: waiting on other processes: ``WorkerPool.request`` (send, the
   ranks' own work, the replies) and ``IsolatedPath``'s send and receive.
@@ -103,6 +104,7 @@ def instrument(clock: Clock) -> None:
     check.observe = clock.wrap("oracle", check.observe)
     check.compare = clock.wrap("tol+cmp", check.compare)
     _patch_method(Tolerance, "for_case", "tol+cmp", clock)
+    _patch_method(check.CaseCheck, "unjudged", "tol+cmp", clock)
     _patch_method(Built, "__init__", "build", clock)
     _patch_method(WorkerPool, "request", "ipc", clock)
     _patch_method(IsolatedPath, "_send", "ipc", clock)

@@ -234,9 +234,21 @@ def _inplace(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
     return b.node("mul_", Use(h), Use(g))
 
 
+# The OpInfo pool, built once per op table: ``opinfo.draws`` walks the whole
+# table on every call, which cost a millisecond per opinfo block drawn.
+_POOL: list = [None, ()]
+
+
+def _opinfo_pool() -> tuple[tuple[str, int], ...]:
+    table = opinfo.table()
+    if _POOL[0] is not table:
+        _POOL[:] = [table, opinfo.draws()]
+    return _POOL[1]
+
+
 def _opinfo(b: _Builder, h: str, block: str, slot: int, variant: int) -> str:
     # An op of torch's OpInfo database (tolerance mode: its values are not integers).
-    pool = opinfo.draws()
+    pool = _opinfo_pool()
     if b.exact or not pool:
         return h
     key, i = pool[variant % len(pool)]

@@ -49,6 +49,21 @@ def test_the_noise_caps_the_term_bound_never_below_the_largest_grad_s_rounding()
     assert float(near_zero.allowed("w", bound.shape, ("param", "w", 0))[0]) == pytest.approx(near_zero.eps * 3.0)
 
 
+def test_covers_agrees_with_allowed_and_measures_the_noise_only_where_the_term_bound_covers():
+    bound = torch.tensor([1e3, 1.0, 1e-3])
+    by_terms = 2.0**-23 * 128 * (bound + 1e-3 * float(bound.max()))
+    for err in (1e-7, 1e-3):
+        tol, runs = _tol(bound, err=err, top=2.0, largest=2.0), []
+        noise = tol.noise
+        object.__setattr__(tol, "_noise_of", lambda: runs.append(1) or noise)
+        at = ("param", "w", 0)
+        assert not tol.covers("w", by_terms * 2, at) and runs == []  # past the term bound: no eager run
+        for magnitude in (by_terms * 2, by_terms / 2, torch.zeros(3)):
+            assert tol.covers("w", magnitude, at) == bool((magnitude <= tol.allowed("w", bound.shape, at)).all())
+        assert runs == [1]
+    assert Tolerance(True, 0.0, {}, 0.0).covers("w", torch.zeros(2)) is True
+
+
 def _hidden(n: int, terms_only: bool) -> tuple[int, int]:
     """(tolerance cases, cases where a zeroed, halved or flipped grad after
     the first backward would agree) over n eager.accumulate draws, seed 1."""
