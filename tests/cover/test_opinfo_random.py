@@ -59,3 +59,17 @@ def test_the_fixed_recomputation_agrees_and_the_canary_that_forgets_the_rng_is_c
     assert not check(case, fixed)
     found = check(case, CheckpointPath("canary.checkpoint_forgets_rng", forgets_rng))
     assert any(d.kind in ("value", "rng") for d in found), [d.detail for d in found]
+
+
+def test_seed_global_draws_what_torch_manual_seed_draws():
+    """Random ops in a case draw from the global generator; the harness seeds
+    it without torch.manual_seed's per-accelerator queue, to the same state."""
+    import torch
+
+    from harness.materialize.tensors import seed_global
+
+    seed_global(1234)
+    a = (torch.rand(5), torch.randn(3, dtype=torch.float64), torch.bernoulli(torch.full((8,), 0.5)))
+    torch.manual_seed(1234)
+    b = (torch.rand(5), torch.randn(3, dtype=torch.float64), torch.bernoulli(torch.full((8,), 0.5)))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
