@@ -7,18 +7,19 @@ from dataclasses import dataclass, replace
 from harness.generate import PLACEMENTS
 from harness.observation import LIFETIME, RECOMPUTATION
 from harness.paths.base import PLAIN_GRADS, RNG_NOT_COMPARED, Contract
-from harness.paths.compile.strategy import INDUCTOR_OPS, OPS
+from harness.paths.compile.strategy import INDUCTOR_OPS, JUDGEABLE, OPS
 
 # The compile paths promise everything eager does (retained grads too), and
 # want parameter hooks (drawn with the lifetime schedules) and training steps
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
 # draws are ignored here), and the model parts (dropout included: see
 # ``CompilePath.config`` and ``structure_key``), with OpInfo ops placed among
-# them by the family's own draw (``strategy``). A drawn structure is checked
+# them by the family's own draw (``strategy``), a float64 structure then kept
+# within what its term bounds can judge (``judgeable``). A drawn structure is checked
 # with ``DATA_VARIANTS`` data (``Contract.data_variants``): a compile costs 0.3
 # to 2 s, a case on a compiled structure 10 to 20 ms.
 DATA_VARIANTS = 16
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(OPS, PLACEMENTS), model_parts=True,
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(OPS, PLACEMENTS, JUDGEABLE), model_parts=True,
                     data_variants=DATA_VARIANTS, blind=(
     PLAIN_GRADS, RNG_NOT_COMPARED,
     (RECOMPUTATION, "what a compiled graph recomputes is the partitioner's choice (AOTAutograd's min-cut partitioner "
@@ -26,7 +27,7 @@ CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(OPS, PL
     (LIFETIME, "not watched: graph_freed is off for the compile family")))
 # Inductor pays seconds per OpInfo op (``strategy.INDUCTOR_SLOTS``): its
 # flavours draw fewer per structure, a case stream of their own.
-INDUCTOR_CONTRACT = replace(CONTRACT, draws=(INDUCTOR_OPS, PLACEMENTS))
+INDUCTOR_CONTRACT = replace(CONTRACT, draws=(INDUCTOR_OPS, PLACEMENTS, JUDGEABLE))
 # Off the CPU every OpInfo node is refused (``engine_rules.off_its_devices``):
 # a CUDA flavour draws no dense ops, which it would only throw away.
 DEVICE_CONTRACT = replace(CONTRACT, draws=(PLACEMENTS,))

@@ -31,6 +31,7 @@ from harness.case.spec import Case, Node, Use
 from harness.case.validate import infer_shapes
 from harness.generate import Draw
 from harness.paths.compile import lowering
+from harness.paths.compile.judgeable import within_budget
 
 # Ops drawn into one structure, by backend. Measured on 2.13 CPU: a structure
 # of 12 OpInfo ops costs aot_eager about 5.5 CPU seconds (its trace and
@@ -141,3 +142,5 @@ def dense_ops(draw, case: Case, slots: int = SLOTS) -> Case:
 
 OPS = Draw("compile", (dense_ops,), (SLOTS,))
 INDUCTOR_OPS = Draw("compile", (dense_ops,), (INDUCTOR_SLOTS,))
+# After the training steps (which make a case float64): see ``judgeable``.
+JUDGEABLE = Draw("compile-judgeable", (within_budget,))
