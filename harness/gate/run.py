@@ -377,9 +377,12 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
 def _apart(led: ledger_mod.Ledger, bug: ledger_mod.Site, d: Divergence, version: str) -> bool:
     """Whether a divergence a fix probe removed is another bug's, which the
     probe is not about: filed under another bug affecting this version whose
-    check differs. One whose signature ``bug`` records itself is evidence
-    for it (signatures are coarse; ledger order picks the first that fits)."""
-    if d.signature in bug.signatures:
+    check differs. One whose signature ``bug`` records itself, or a bug with
+    the same fix records, is evidence for it (signatures are coarse; ledger
+    order picks the first that fits, and one fix removing both is no sign
+    of a probe wider than its bug)."""
+    if d.signature in bug.signatures or any(d.signature in s.signatures and s.check == bug.check
+                                            for s in led.for_path(d.path)):
         return False
     b = led.match(d.path, d.signature, version=version)
     return b is not None and b.id != bug.id and b.relation(version) == "in" and b.check != bug.check

@@ -227,6 +227,18 @@ def test_a_divergence_the_bug_records_itself_is_not_another_bugs(tmp_path):
     assert not report.failed
 
 
+def test_a_divergence_a_bug_with_the_same_probe_records_is_not_another_bugs(tmp_path):
+    """Two entries whose one fix probe removes both (forms of one mechanism)
+    do not make each other's rows 'signature only', even where ledger order
+    files the second divergence under a third bug with another check."""
+    alias = {"signatures": ["split.stock-error-bad799480d"], "workaround": "split-clone-adopted"}
+    twin = {"signatures": ["split.stock-error-bad799480d"], "probe": "split-grad-like-param"}
+    layout = {"signatures": ["split.stock-layout-efd8561325"], "probe": "split-grad-like-param"}
+    report = _gate(tmp_path, [alias, twin, layout], "split/expanded_grad_adopted.json")
+    rows = {r.bug: r for r in report.rows}
+    assert rows["bug2"].status == "known_probe", rows["bug2"].detail
+
+
 def test_a_probe_is_isolated_by_a_workaround_that_takes_the_other_divergence_away(tmp_path):
     """The layout probe also removes a fused optimizer's after-step
     difference, which a coarse signature files under another bug whose own
