@@ -3,7 +3,7 @@
 A CUDA error such as an illegal memory access is sticky: every later kernel
 in the process fails with it. Left alone, one case that corrupts device
 memory makes every later case in that process fail, fixed paths included
-(4x H100, torch 2.11: an FSDP2 use-after-free, after which ddp.fixed and
+(seen on torch 2.11: an FSDP2 use-after-free, after which ddp.fixed and
 fsdp2.fixed "failed" on the same ranks). Every worker that runs cases on a
 GPU (the rank host, the isolated compile/graphed worker) asks this after each
 case, so the case that broke the device is the one blamed and the worker is

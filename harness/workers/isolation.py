@@ -410,7 +410,7 @@ def worker() -> int:
             # Freeze what survives each case (``FrozenHeap``), so the full collections of
             # allocator-pressure events walk only what the next case makes: after the first,
             # every lazy initialisation (CUDA context, cuBLAS, compiled kernels' modules; 54 ms
-            # a collection, 70% of graphed.fixed's time on an H100), after each later one what
+            # a collection, most of graphed.fixed's time on a GPU), after each later one what
             # it compiled (dynamo's graphs and guards of a new structure: two thirds of a
             # compile flavour's time on cases of a compiled structure).
             if heap is None:

@@ -3,8 +3,8 @@
 The gate and ``fuzz -n`` run many harness processes at once: pytest-xdist
 workers (``gw<n>``) and the gate's replay and canary children (their slot,
 ``jobs.SLOT_ENV``). Left to torch's defaults every one of them works on GPU 0:
-four H200s, ``gate -n 32``, session 17: 78 processes and 62.3 GB on GPU 0
-while GPUs 2 and 3 held 6 MiB. Each process's index picks a block instead.
+on four GPUs ``gate -n 32`` put every process and all its memory on GPU 0
+while GPUs 2 and 3 held almost none (docs/benchmarks.md). Each process's index picks a block instead.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def first_gpu(world_size: int) -> int:
     """The GPU a harness-started group's rank 0 takes: groups of different
     processes spread over the machine's GPUs in blocks of ``world_size``
     (process n takes block n mod blocks), instead of every group's rank r
-    sitting on GPU r. With -n 32 on four H200s every group put its ranks on
-    GPUs 0 and 1 and ran GPU 0 out of memory (session 13); the 4-rank mesh
+    sitting on GPU r. With -n 32 on four GPUs every group put its ranks on
+    GPUs 0 and 1 and ran GPU 0 out of memory; the 4-rank mesh
     groups still take all four."""
     import torch
 

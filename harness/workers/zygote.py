@@ -56,7 +56,7 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.pipelining", "torch.dist
            "harness.engine.replay_pool", "harness.workers.isolation", "harness.paths.compile.path")
 # Only where torch has no CUDA: on a CUDA build importing Inductor asks the
 # driver for devices, which starts a driver thread and poisons CUDA for every
-# forked child ("Cannot re-initialize CUDA in forked subprocess"; an H100 host, torch 2.11).
+# forked child ("Cannot re-initialize CUDA in forked subprocess", seen on torch 2.11).
 PRELOAD_WITHOUT_CUDA = ("torch._inductor.compile_fx",)
 # Read at run time, not at import: a child may differ from the zygote in these.
 RUN_TIME_PREFIXES = ("GRADFUZZ_", "PYTEST_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_", "RANK", "WORLD_SIZE",

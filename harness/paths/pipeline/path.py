@@ -90,7 +90,7 @@ def _warm(group: Any, wait: float) -> None:
 
     NCCL makes a communicator on its first use, and on NCCL the ranks are
     replaced after every case that raised: the next case paid for the new
-    group inside its 10 s. On four loaded H100s the fixed path after a raising
+    group inside its 10 s. On four loaded GPUs the fixed path after a raising
     stock case hung past that (a false finding on
     pipeline.InterleavedZeroBubble.ranks2.fixed in the gate); alone, the same
     pair takes 1.6 s instead of 0.01 s."""
