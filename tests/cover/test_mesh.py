@@ -342,3 +342,23 @@ class SkipsDpReduce:
                 if step_grads[n] is not None:
                     p = params[n]
                     p.grad = step_grads[n].clone() if p.grad is None else p.grad + step_grads[n]
+
+
+def test_clone_grads_reaches_a_ddp_stage_and_refuses_an_fsdp2_one(paths):
+    """mesh.pp_dp takes the gate's clone-grads on a DDP stage (the view steal
+    of interleaved_1f1b_two_ranks_stolen_views goes away); an FSDP2 stage's
+    unsharded grads are out of any hook's reach, so such a case is outside
+    the worked-around path, which says why."""
+    import os
+
+    from harness.artifacts import corpus
+    from harness.paths.workarounds import apply
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "cases")
+    p = paths["mesh.pp_dp.stock"]
+    worked = apply(p, "clone-grads")
+    steal = corpus.load(os.path.join(root, "pipeline", "interleaved_1f1b_two_ranks_stolen_views.json")).case
+    assert check(steal, p) != [] and check(steal, worked) == []
+    fsdp2 = corpus.load(os.path.join(root, "mesh", "pp_dp_fsdp2_prefilled_grad_dropped.json")).case
+    assert "FSDP2" in (worked.supports(fsdp2) or "") and p.supports(fsdp2) is None
+    assert apply(p, "optimizer-for-loop") is None

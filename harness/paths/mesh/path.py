@@ -48,7 +48,7 @@ from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, p
 from harness.paths.mesh.redistribute import shard_to_partial
 from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
 from harness.paths.pooled import PooledPath
-from harness.paths.workarounds import IN_PROCESS
+from harness.paths.workarounds import IN_PROCESS, WorkedAround
 
 WORLD = 4
 STOCK = "stock"
@@ -191,12 +191,27 @@ NOT_2D_PP = (PLACEMENT, "mesh.pp_dp reports full values only (each stage's grads
                         "AccumulateGrad placement and collective rules are written for a 1-d mesh (dtensor.*)")
 
 
+class _DdpStagesOnly(WorkedAround):
+    """mesh.pp_dp with clone-grads: the hooks sit on a DDP stage's parameters,
+    which the rank makes; an FSDP2 stage accumulates into unsharded
+    parameters of its own that no hook on them sees, so its cases are
+    outside this worked-around path (the gate then says so)."""
+
+    def supports(self, case: Case) -> str | None:
+        if dp_wrapper(case) != "ddp":
+            return "clone-grads reaches a DDP stage's parameters only, not FSDP2's unsharded ones"
+        return self.path.supports(case)
+
+
 class PpDpPath(MeshPath):
     """``mesh.pp_dp.*``: two pipeline stages over "pp", each replicated (DDP)
     or sharded (FSDP2) over "dp" (``harness.paths.mesh.pp_dp``)."""
 
     contract = Contract(retained_grads=False, draws=(PP_DP,), model_parts=True, random_ops=False,
                         blind=(*RANK_LOOP, NO_RECOMPUTATION, RNG_NOT_COMPARED, NOT_2D_PP, NO_STEP_AFTER_SCHEDULE))
+
+    def with_workaround(self, name: str) -> Any | None:
+        return _DdpStagesOnly(self, name) if name == "clone-grads" else None
 
     def availability(self) -> Availability:
         if self.broken:

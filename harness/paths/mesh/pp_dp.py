@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from harness.case.spec import Case
+from harness.materialize import workarounds
 from harness.materialize.schedule import starts_step, zero_grad
 from harness.materialize.stages import StageModule, cut, requires_grad
 from harness.materialize.tensors import Built
@@ -159,6 +160,7 @@ def _stock(ctx: Rank, case: Case, built: Built, mesh: Any, out: dict[str, Any]) 
 
         for n, g in start.items():
             module.weights[n].grad = g.to(ctx.device, built.dtype).clone()
+        workarounds.on_params(module.weights)  # the gate's outside workaround, when one is in force
         submod: Any = DistributedDataParallel(
             module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             process_group=mesh.get_group("dp"), find_unused_parameters=True)
