@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import torch
 
 from harness.gate import ledger as ledger_mod
-from harness.gate.run import Fits, Row, confirm_known
+from harness.gate.run import Fits, Row, confirm_known, row_of
 from harness.observation import Divergence
 from harness.paths import Path
 
@@ -51,9 +51,7 @@ def confirm(divergences: Iterable[Divergence], paths: list[Path], ledger_file: s
         bug = led.match(d.path, d.signature, version=version)
         if bug is None or bug.relation(version) != "in" or d.case is None or d.path not in by_name:
             continue
-        todo.setdefault((d.path, d.signature), Row("known", d.path, d.detail, bug.id, d.signature, "session", d.case,
-                                                   {k: v for k, v in d.to_json().items() if k != "case"},
-                                                   bug.upstream, d.finding_class))
+        todo.setdefault((d.path, d.signature), row_of("known", d, bug, "session"))
     done: dict[tuple[str, str], Confirmed] = {}
     deadline = time.monotonic() + seconds
     for i, (key, row) in enumerate(todo.items()):

@@ -136,21 +136,7 @@ def run_gate(
         lap("self-check")
     live, unavailable = split_available(paths)
     report.rows.extend(Row("unavailable", name, why) for name, why in unavailable.items())
-    seen_as: dict[tuple[str, str], ledger_mod.Site] = {}
-    seen_by: dict[tuple[str, str], set[str]] = {}
-    shapes: set[tuple[str, str]] = set()
-    try:
-        gathered = bool(workers > 1 and options is not None and slack is None and live and entries)
-        if gathered:  # the same (case, path) results in the one-process order: the verdict does not depend on N
-            results: Iterable[Replayed] = replay_on_workers(entries, live, workers, options, progress)
-        else:
-            results = replay_entries(entries, live, slack)
-        seen_as, seen_by, shapes = _replay(live, results, led, version, report, progress, len(entries),
-                                           count=not gathered)
-    except ReplayError as e:  # what did not replay cannot be classified: fixed or not_reproduced would be guesses
-        report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
-    finally:
-        close_paths(live)
+    seen_as, seen_by, shapes = _replay_phase(entries, live, led, version, report, progress, slack, workers, options)
     lap("replay")
     if live and (examples or minutes):
         # --examples: the same cases on every machine whatever its load (the CI form); --minutes: local use.
@@ -167,6 +153,28 @@ def run_gate(
     report.rows = one_row_per_bug(report.rows)
     report.seconds = time.monotonic() - start
     return report
+
+
+def _replay_phase(entries: list[corpus.Entry], live: list[Path], led: ledger_mod.Ledger, version: str,
+                  report: GateReport, progress: Callable[[str], None], slack: float | None, workers: int,
+                  options: Options | None
+                  ) -> tuple[dict[tuple[str, str], ledger_mod.Site], dict[tuple[str, str], set[str]], set[tuple[str, str]]]:
+    """The corpus replay on every live path (on ``workers`` processes where
+    it can: the same (case, path) results in the one-process order, so the
+    verdict does not depend on N), its rows added to ``report``; what
+    ``_replay`` returns, empty where the replay failed."""
+    try:
+        gathered = bool(workers > 1 and options is not None and slack is None and live and entries)
+        if gathered:
+            results: Iterable[Replayed] = replay_on_workers(entries, live, workers, options, progress)
+        else:
+            results = replay_entries(entries, live, slack)
+        return _replay(live, results, led, version, report, progress, len(entries), count=not gathered)
+    except ReplayError as e:  # what did not replay cannot be classified: fixed or not_reproduced would be guesses
+        report.rows.append(Row("error", "replay", str(e)[:4000], source="replay"))
+        return {}, {}, set()
+    finally:
+        close_paths(live)
 
 
 class _Lap:
@@ -210,7 +218,7 @@ def _fuzz_rows(divergences: list[Divergence], rows: list[Row], led: ledger_mod.L
         if bug is not None and bug.id in fixed_here:
             bug = None
         bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
-        out.append(_row(_classify(bug, version, True) if bug else "new", d, bug, "fuzz"))
+        out.append(row_of(_classify(bug, version, True) if bug else "new", d, bug, "fuzz"))
     return out
 
 
@@ -273,7 +281,7 @@ def confirm_known(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, sla
             for d in v.exposed:
                 if (d.path, d.signature) not in seen:
                     seen.add((d.path, d.signature))
-                    rows.append(_row("new", d, None, f"{r.source}, with {v.workaround} in force"))
+                    rows.append(row_of("new", d, None, f"{r.source}, with {v.workaround} in force"))
         v, bug = verdicts[key]
         r.status, r.detail, r.bug, r.upstream = v.status, f"{r.detail} [{v.note}]", bug.id, bug.upstream
     claim_new(rows, by_name, led, slack, version)
@@ -349,9 +357,8 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
     d0 = row.divergence or {}
     place = (d0.get("kind"), d0.get("param"), d0.get("microbatch"))
 
-    def other_bug(d: Divergence) -> bool:  # recorded under another ledger bug of this path: not this one's
-        b = led.match(d.path, d.signature, version=version)
-        return b is not None and b.id != bug.id and b.relation(version) == "in"
+    def other_bug(d: Divergence) -> bool:
+        return _other_bug(led, bug, d, version)
 
     here = [d for d in left if d.shape == d0.get("shape") or (d.kind, d.param, d.microbatch) == place and not other_bug(d)]
     if here:
@@ -384,8 +391,16 @@ def _apart(led: ledger_mod.Ledger, bug: ledger_mod.Site, d: Divergence, version:
     if d.signature in bug.signatures or any(d.signature in s.signatures and s.check == bug.check
                                             for s in led.for_path(d.path)):
         return False
+    return _other_bug(led, bug, d, version, other_check=True)
+
+
+def _other_bug(led: ledger_mod.Ledger, bug: ledger_mod.Site, d: Divergence, version: str,
+               other_check: bool = False) -> bool:
+    """Whether ``d`` is recorded under another ledger bug of its path that
+    affects this version (with another check, where ``other_check``)."""
     b = led.match(d.path, d.signature, version=version)
-    return b is not None and b.id != bug.id and b.relation(version) == "in" and b.check != bug.check
+    return (b is not None and b.id != bug.id and b.relation(version) == "in"
+            and not (other_check and b.check == bug.check))
 
 
 def _isolated_verdict(bug: ledger_mod.Site, others: list[ledger_mod.Site], path: Path | None, row: Row,
@@ -470,7 +485,7 @@ def one_row_per_bug(rows: list[Row]) -> list[Row]:
     return out
 
 
-def _row(status: str, d: Divergence, bug: ledger_mod.Site | None, source: str) -> Row:
+def row_of(status: str, d: Divergence, bug: ledger_mod.Site | None, source: str) -> Row:
     return Row(status, d.path, d.detail, bug.id if bug else None, d.signature, source, d.case,
                {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "", d.finding_class)
 
@@ -530,7 +545,7 @@ def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledge
         if b is not None:
             reproduced[b.id].append(d)
         else:  # the ledger is the gate's authority; a case's own meta.expect is not
-            report.rows.append(_row("new", d, None, f"corpus {file}"))
+            report.rows.append(row_of("new", d, None, f"corpus {file}"))
     report.rows.extend(_bug_rows(led, {p.name for p in live}, reproduced, ran, version))
     return seen_as, seen_by, shapes
 
@@ -549,7 +564,7 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
         status = _classify(b, version, bool(divs))
         if divs:
             for d in divs:  # one row per path stays (one_row_per_bug)
-                rows.append(_row(status, d, b, f"corpus {', '.join(b.cases)}"))
+                rows.append(row_of(status, d, b, f"corpus {', '.join(b.cases)}"))
         else:
             word = {"fixed": f"fixed on torch {version}: drop your workaround", "not_reproduced":
                     f"ledger says {b.range} is affected, but its cases agree here"}[status]
