@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Any, Callable
 
 from harness.engine.check import Replayed, replay_entries
@@ -70,7 +69,6 @@ def replay_on_workers(entries: list[corpus.Entry], live: list[Path], workers: in
     # once, and counting those made the count jump by thousands at the end.
     total = sum(1 for e in entries for p in live if p.supports(e.case) is None)
     with tempfile.TemporaryDirectory(prefix="gradfuzz-replay-") as d:
-        started = time.monotonic()
         ends: list[Ended] = []
 
         def tick(pending: list[str], running: list[str]) -> None:
