@@ -195,13 +195,8 @@ class WorkerPool:
     def _gather(self, msg: dict[str, Any], timeout: float, send: bool) -> Outcome:
         t0 = time.monotonic()
         replies: dict[int, Any] = {}
-        if send:
-            data = pickle.dumps(msg)
-            for rank, conn in enumerate(self.conns):
-                try:
-                    conn.send_bytes(data)
-                except OSError:
-                    return Outcome("crash", replies, self._death_report([rank]), time.monotonic() - t0)
+        if send and (broken := self._send_all(msg)) is not None:
+            return Outcome("crash", replies, self._death_report([broken]), time.monotonic() - t0)
         pending = set(range(self.world_size))
         deadline = t0 + timeout
         failed: int | None = None  # the first rank that replied with a failure while others were still running
@@ -217,31 +212,14 @@ class WorkerPool:
             left = deadline - time.monotonic()
             stuck = failed is not None and still is not None and still.blocked([self.procs[r].pid for r in pending])
             if left <= 0 or stuck:
-                why = self._hang_report(sorted(pending), timeout if failed is None else time.monotonic() - t0)
-                if failed is not None:
-                    waited = (f"were blocked for good (no thread runnable, no CPU used for {WINDOW:g}s)" if stuck
-                              else f"did not finish within {self._grace(msg):g}s")
-                    why = f"rank {failed} failed and its peers {waited}: {why}"
-                return Outcome("timeout", replies, why, time.monotonic() - t0)
+                return Outcome("timeout", replies, self._stop_reason(pending, failed, stuck, msg, timeout, t0),
+                               time.monotonic() - t0)
             if abort_at is not None and not signalled and time.monotonic() >= abort_at:
-                signalled = set(pending)
-                abort.request([self.procs[r].pid for r in signalled if self.procs[r].pid is not None])
-                self._signalled = True
-                self.aborts += 1
+                signalled = self._abort(pending)
             poll = left if failed is None or (still is None and abort_at is None) else min(left, POLL)
             ready = wait([self.conns[r] for r in pending] + list(sentinels), timeout=poll)
-            dead = []
-            for obj in ready:
-                if obj in sentinels:
-                    continue
-                rank = self.conns.index(obj)
-                try:
-                    reply = pickle.loads(obj.recv_bytes())
-                except (EOFError, OSError):
-                    dead.append(rank)
-                    continue
-                if send and reply.get("id") != msg.get("id"):
-                    continue  # a late answer to an earlier request
+            got, dead = self._received(ready, sentinels, msg, send)
+            for rank, reply in got:
                 pending.discard(rank)
                 if rank in signalled:
                     # An answer once its communicators were aborted (the NCCL error that
@@ -268,12 +246,66 @@ class WorkerPool:
                 # Let the others finish or fail (they often raise once a peer is gone).
                 self._drain(replies, pending, msg, min(2.0, max(deadline - time.monotonic(), 0)))
                 return Outcome("crash", replies, self._death_report(sorted(set(dead))), time.monotonic() - t0)
+        return self._answered(replies, failed, freed, time.monotonic() - t0)
+
+    def _send_all(self, msg: dict[str, Any]) -> int | None:
+        """``msg`` to every rank; the first rank whose connection broke, else None."""
+        data = pickle.dumps(msg)
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                return rank
+        return None
+
+    @staticmethod
+    def _answered(replies: dict[int, Any], failed: int | None, freed: list[int], took: float) -> Outcome:
+        """Every rank answered or was let go: ok, or a timeout naming the
+        ranks freed by aborting their communicators after a peer failed."""
         if freed:
-            took = time.monotonic() - t0
             return Outcome("timeout", replies, f"rank {failed} failed and its peers did not answer within "
                            f"{ABORT_AFTER:g}s: rank(s) {', '.join(map(str, sorted(freed)))} freed by aborting their "
                            f"NCCL communicators ({took:.2f}s in all)", took)
-        return Outcome("ok", replies, "", time.monotonic() - t0)
+        return Outcome("ok", replies, "", took)
+
+    def _received(self, ready: list[Any], sentinels: dict[Any, int], msg: dict[str, Any],
+                  send: bool) -> tuple[list[tuple[int, Any]], list[int]]:
+        """The answers to ``msg`` on the ready connections, by rank, in order;
+        and the ranks whose connection broke."""
+        got, dead = [], []
+        for obj in ready:
+            if obj in sentinels:
+                continue
+            rank = self.conns.index(obj)
+            try:
+                reply = pickle.loads(obj.recv_bytes())
+            except (EOFError, OSError):
+                dead.append(rank)
+                continue
+            if send and reply.get("id") != msg.get("id"):
+                continue  # a late answer to an earlier request
+            got.append((rank, reply))
+        return got, dead
+
+    def _stop_reason(self, pending: set[int], failed: int | None, stuck: bool, msg: dict[str, Any], timeout: float,
+                     t0: float) -> str:
+        """Why a request stopped waiting: the ranks still pending, and, once one
+        failed, whether its peers were blocked for good or ran past the grace."""
+        why = self._hang_report(sorted(pending), timeout if failed is None else time.monotonic() - t0)
+        if failed is None:
+            return why
+        waited = (f"were blocked for good (no thread runnable, no CPU used for {WINDOW:g}s)" if stuck
+                  else f"did not finish within {self._grace(msg):g}s")
+        return f"rank {failed} failed and its peers {waited}: {why}"
+
+    def _abort(self, pending: set[int]) -> set[int]:
+        """Ask the pending ranks to abort their communicators (a failed peer
+        left them in a collective); the ranks signalled."""
+        signalled = set(pending)
+        abort.request([self.procs[r].pid for r in signalled if self.procs[r].pid is not None])
+        self._signalled = True
+        self.aborts += 1
+        return signalled
 
     @staticmethod
     def _grace(msg: dict[str, Any]) -> float:
