@@ -482,13 +482,8 @@ def _add_gate_parser(sub: Any, found_dir: str) -> None:
     g.set_defaults(func=cmd_gate)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from harness.artifacts.findings import DEFAULT_DIR as DEFAULT_FOUND
-
-    parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_fuzz_parsers(sub, DEFAULT_FOUND)
+def _add_replay_parser(sub: Any) -> None:
+    from harness.cli.fuzz import add_confirm_argument
 
     r = sub.add_parser("replay", help="replay corpus cases on every available path", epilog=EXIT_REPLAY)
     _add_path_args(r)
@@ -497,10 +492,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--migrate", action="store_true",
                    help="first rewrite corpus files of an older case schema in the current one (they load either way)")
-    from harness.cli.fuzz import add_confirm_argument
-
     add_confirm_argument(r)
     r.set_defaults(func=cmd_replay)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness.artifacts.findings import DEFAULT_DIR as DEFAULT_FOUND
+
+    parser = argparse.ArgumentParser(prog="gradfuzz", description="Differential gradient fuzzing for PyTorch machinery.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_fuzz_parsers(sub, DEFAULT_FOUND)
+
+    _add_replay_parser(sub)
 
     p = sub.add_parser("repro", help="re-run one corpus case and show the divergence")
     _add_path_args(p)
