@@ -9,13 +9,13 @@ pay for a line event. Every other Python call still pays one call event
 (Python 3.11 has no ``sys.monitoring``), which is the overhead measured in
 ``benchmarks/coverage_guided.py``.
 
-It sits at the bottom of the layers and imports nothing of gradfuzz, so the
+It sits near the bottom of the layers and imports only the registry, so the
 engine and a rank process can both use it.
 
-The machinery of each built-in family is the table ``MACHINERY`` (module
-names, a package meaning every ``.py`` file under it); a third-party
-``Family`` may carry its own as a ``machinery`` attribute. Modules that do
-not import here (deepspeed not installed) are left out of the count.
+Each family declares its machinery (``Family.machinery``: module names, a
+package meaning every ``.py`` file under it); ``MACHINERY`` reads those of
+every registered family. Modules that are not installed here (deepspeed)
+are left out of the count.
 """
 
 from __future__ import annotations
@@ -27,26 +27,27 @@ import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import CodeType, FrameType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-# family -> the modules whose code its paths exercise (not the harness's own
-# code around them, and not the fixed references under oracles/).
-MACHINERY: dict[str, tuple[str, ...]] = {
-    "eager": ("torch.autograd", "torch._tensor"),
-    "split": ("torch.distributed.pipelining._backward",),
-    "checkpoint": ("torch.utils.checkpoint", "torch.autograd.graph"),
-    "compile": ("torch._functorch.aot_autograd", "torch._functorch._aot_autograd", "torch._functorch.partitioners",
-                "torch._dynamo.compiled_autograd", "torch._dynamo.backends.common"),
-    "graphed": ("torch.cuda.graphs",),
-    "pipeline": ("torch.distributed.pipelining",),
-    "dtensor": ("torch.distributed.tensor",),
-    "parallel": ("torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.algorithms.ddp_comm_hooks"),
-    "mesh": ("torch.distributed.tensor", "torch.distributed.device_mesh", "torch.distributed.fsdp",
-             "torch.distributed.pipelining"),
-    "deepspeed": ("deepspeed.runtime.zero", "deepspeed.runtime.pipe", "deepspeed.runtime.engine"),
-    "megatron": ("megatron.core.distributed", "megatron.core.pipeline_parallel", "megatron.core.optimizer"),
-    "torchtitan": ("torchtitan.distributed", "torch.distributed.fsdp", "torch.distributed.algorithms"),
-}
+from harness import registry
+
+
+class _Declared(Mapping[str, tuple[str, ...]]):
+    """family -> the modules whose code its paths exercise, as the
+    registered families declare them: read when first asked, so a process
+    that never traces loads no family for it."""
+
+    def __getitem__(self, family: str) -> tuple[str, ...]:
+        return registry.declared("machinery")[family]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(registry.declared("machinery"))
+
+    def __len__(self) -> int:
+        return len(registry.declared("machinery"))
+
+
+MACHINERY: Mapping[str, tuple[str, ...]] = _Declared()
 
 
 def module_files(module: str) -> list[str]:
@@ -353,8 +354,9 @@ _child: list[Tracer | None] = []
 def child_tracer() -> Tracer | None:
     """This worker process's tracer over every family's machinery, when its parent asked for one."""
     if not _child:
-        files = [f for mods in MACHINERY.values() for m in mods for f in module_files(m)]
-        _child.append(Tracer(files) if os.environ.get(ENV) else None)
+        traced = os.environ.get(ENV)  # an untraced process loads no family for it
+        _child.append(Tracer(f for mods in MACHINERY.values() for m in mods for f in module_files(m))
+                      if traced else None)
     return _child[0]
 
 

@@ -51,15 +51,28 @@ def add_namespace(name: str, codec: Any) -> None:
 def namespace(name: str) -> Any:
     """The codec of family ``name``'s part of a case (its ``case_data``), or
     None when no registered family of that name has one or it does not import."""
-    return _added.get(name) or _installed(name)
+    return _added.get(name) or getattr(_loaded(name), "case_data", None)
 
 
 @lru_cache(maxsize=None)
-def _installed(name: str) -> Any:
+def declared(field: str) -> dict[str, Any]:
+    """Each registered family's ``field`` by name, where it has a value: for
+    the modules below the path registry (the tracer in a rank process) that
+    ask every family the same question without importing ``harness.paths``."""
+    out = {}
+    for ep in listed():
+        value = getattr(_loaded(ep.name), field, None)
+        if value:
+            out[ep.name] = value
+    return out
+
+
+@lru_cache(maxsize=None)
+def _loaded(name: str) -> Any:
     for ep in listed():
         if ep.name == name:
             try:
-                return getattr(ep.load(), "case_data", None)
-            except Exception:  # a family that does not import reads no case data; the spec says so
+                return ep.load()
+            except Exception:  # a family that does not import declares nothing; the spec says so
                 return None
     return None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from harness import registry
 from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.paths import families
 from harness.paths.base import Options
@@ -21,8 +20,8 @@ except ImportError:  # an older checkout, measured by benchmarks/observations.py
 def probe_case(frozen: bool = False, cut: bool = True) -> Case:
     """``x0 @ w0 @ w2 @ w3 @ w4`` beside a ``u1`` that eager leaves None:
     unused, or (for machinery that refuses unused parameters, as DDP
-    documents) frozen and used; cut into pipeline stages (two, or
-    megatron's four virtual ones) or whole."""
+    documents) frozen and used; cut into pipeline stages or whole, each
+    family's part of it as the family declares it (``Family.probe_data``)."""
     nodes = tuple(Node(f"n{i}", "matmul", (Use(f"n{i - 1}" if i else "x0"), Use(w)))
                   for i, w in enumerate(("w0", "w2", "w3", "w4")))
     if frozen:
@@ -31,13 +30,11 @@ def probe_case(frozen: bool = False, cut: bool = True) -> Case:
               *(Param(w, (3, 3)) for w in ("w2", "w3", "w4")))
     case = Case(params=params, inputs=(Input("x0", (2, 3), requires_grad=True),), nodes=nodes,
                 outputs=(Use(nodes[-1].name),), schedule=Schedule(microbatches=2))
-    family = {"mesh": {"version": 1, "codes": [], "partial_dp": False, "schedule": "", "wrapper": "ddp"}}
-    if cut:
-        family.update(pipeline={"version": 1, "cuts": [1]}, megatron={"version": 1, "cut": 1, "cuts": [1, 2, 3]})
-    for name, value in family.items():  # each family that reads this data here (older checkouts: fewer)
-        if registry.namespace(name) is not None:
+    for fam in families():  # older checkouts' families declare none
+        value = getattr(fam, "probe_data", lambda cut: None)(cut)
+        if value is not None:
             data = case.to_json()
-            data["family"] = {**data.get("family", {}), name: value}
+            data["family"] = {**data.get("family", {}), fam.name: value}
             try:
                 case = Case.from_json(data)
             except ValueError:
@@ -90,21 +87,15 @@ def probe_for(path: Any, add: Callable[[Case], Case]) -> tuple[Case | None, str]
     return None, why
 
 
-# Paths the probe cannot speak for, and why (their observations are those of
-# the path named).
-OWN_CASES = {
-    "MisusePath": "every case it takes carries a misuse; it runs deepspeed.zeroN.stock's engine and loop",
-    "TorchtitanTPPath": "it builds torchtitan's Llama from its own draws, not the case's nodes",
-}
-
-
 def kinds(family: str) -> list[Any]:
     """The family's available paths, one per kind of machinery (class,
     ranks and blind spots): a schedule's 28 pipeline paths are two kinds."""
     seen, out = set(), []
-    for path in next(f for f in families() if f.name == family).paths(Options()):
+    fam = next(f for f in families() if f.name == family)
+    own_cases = getattr(fam, "unprobed", {})  # paths the probe cannot speak for (older checkouts: none)
+    for path in fam.paths(Options()):
         key = (type(path).__name__, getattr(path, "world_size", 1), _blind(path))
-        if key not in seen and type(path).__name__ not in OWN_CASES and path.availability().ok:
+        if key not in seen and type(path).__name__ not in own_cases and path.availability().ok:
             seen.add(key)
             out.append(path)
     return out

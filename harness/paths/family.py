@@ -67,6 +67,10 @@ def _none() -> list:
     return []
 
 
+def _no_probe_data(cut: bool) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything of one family the core may ask for.
@@ -75,7 +79,9 @@ class Family:
     broken ones, which ``selfcheck`` (and so every gate) must catch;
     ``scripts`` maps each ``Repro.template`` the family's paths return to the
     writer of that standalone script; ``user_impls`` are its flags that name
-    user code; ``docs`` is its page, for ``gradfuzz paths``.
+    user code; ``docs`` is its page, for ``gradfuzz paths``. The last three
+    fields are what the core would otherwise keep in tables by family name:
+    ``machinery``, ``probe_data`` and ``unprobed``.
     """
 
     name: str
@@ -92,6 +98,17 @@ class Family:
     # for ``parallel``): ``--paths split.fixed`` then builds only the families
     # it can name, not a pipeline pool. Empty: not declared, always built.
     prefixes: tuple[str, ...] = ()
+    # The modules whose code its paths exercise (a package: every file under
+    # it), not the harness around them: what ``--coverage`` counts the
+    # family's lines of. Empty: the family's runs are not traced.
+    machinery: tuple[str, ...] = ()
+    # Its part of the observation probe's case (``harness.engine.probe``) as
+    # ``case.family.NAME`` holds it in JSON, given whether that case is cut
+    # into pipeline stages; None where its paths need none to take the case.
+    probe_data: Callable[[bool], Any] = _no_probe_data
+    # Its path classes (by class name) the probe cannot speak for, and why:
+    # they run cases of their own draws, so a probe case shows nothing of them.
+    unprobed: dict[str, str] = field(default_factory=dict)
 
 
 def lazy(ref: str) -> Callable[..., Any]:

@@ -15,4 +15,5 @@ FAMILY = Family(
     canaries=lazy("tests.twice.canaries:canaries"),
     case_data=CASE_DATA,
     docs="tests/twice/README.md",
+    machinery=("torch.autograd",),
 )

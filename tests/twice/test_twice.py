@@ -53,6 +53,14 @@ def test_fuzzing_the_toy_family_agrees_with_the_oracle(env, tmp_path):
     assert run.returncode == 0 and "40 run" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
 
 
+def test_coverage_traces_the_machinery_it_declares(env, tmp_path):
+    """``Family.machinery`` is all ``--coverage`` needs: no table outside this folder names it."""
+    run = gradfuzz(env, tmp_path, "fuzz", "--paths", "twice", "--examples", "5", "--seed", "1", "--coverage")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    line = next((ln for ln in run.stdout.splitlines() if ln.startswith("machinery coverage [twice]")), "")
+    assert line and not line.startswith("machinery coverage [twice]: 0 lines"), run.stdout[-2000:]
+
+
 def _corpus_file(tmp_path: Path, parts: int) -> Path:
     import json
 

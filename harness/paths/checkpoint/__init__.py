@@ -11,4 +11,5 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/checkpoint/README.md",
     prefixes=("checkpoint",),
+    machinery=("torch.utils.checkpoint", "torch.autograd.graph"),
 )

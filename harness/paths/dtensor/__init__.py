@@ -13,4 +13,5 @@ FAMILY = Family(
                          "MODULE[:ATTR] with install(params, mesh)"),),
     docs="harness/paths/dtensor/README.md",
     prefixes=("dtensor",),
+    machinery=("torch.distributed.tensor",),
 )

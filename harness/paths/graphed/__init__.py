@@ -11,4 +11,5 @@ FAMILY = Family(
                          "MODULE:ATTR, a make_graphed_callables-like callable"),),
     docs="harness/paths/graphed/README.md",
     prefixes=("graphed",),
+    machinery=("torch.cuda.graphs",),
 )

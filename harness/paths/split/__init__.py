@@ -11,4 +11,5 @@ FAMILY = Family(
                          "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),),
     docs="harness/paths/split/README.md",
     prefixes=("split",),
+    machinery=("torch.distributed.pipelining._backward",),
 )

@@ -19,5 +19,7 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/torchtitan/README.md",
     prefixes=("torchtitan",),
+    machinery=("torchtitan.distributed", "torch.distributed.fsdp", "torch.distributed.algorithms"),
+    unprobed={"TorchtitanTPPath": "it builds torchtitan's Llama from its own draws, not the case's nodes"},
     package="torchtitan",
 )
