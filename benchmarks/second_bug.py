@@ -1,6 +1,6 @@
 """A new bug beside each kind of known one: does the gate call it known?
 
-The gate calls a finding "known" only causally (issue 28): its signature
+The gate calls a finding "known" only causally: its signature
 matches a ledger entry, the torch version is in the entry's range, and the
 entry's outside workaround (``clone-grads``, ``optimizer-for-loop``,
 ``split-clone-adopted``) removes the divergence. This benchmark attacks that
@@ -41,9 +41,14 @@ read before it folds them to one per bug (``one_row_per_bug`` is wrapped in
 this process to copy them), so every divergence's status is counted, and a
 row is the second bug's when it sits where the bug was injected (its tensor
 and backward, its mutation, its raise) or, for a fork, when the control did
-not have it. ``alone`` checks the injection on the oracle's own (correct)
-observation: the shape it gives, which must be the known bug's shape for
-the row to test the rule at all.
+not have it. A row at the injection site is the known bug's own, and is
+counted apart as ``hidden``, when the injection changes nothing that path
+shows on the case and the gate gives it the control's status: a raise with
+the known bug's message at the backward where the known bug already raises
+hands the gate the very observation the control did, so its verdict there
+says nothing of the second bug. ``alone`` checks the injection on the
+oracle's own (correct) observation: the shape it gives, which must be the
+known bug's shape for the row to test the rule at all.
 
 Rows are grouped: ``causal`` (the entry's workaround is one the path
 applies: the gate must say resembles/new, never known), ``signature`` (no
@@ -54,7 +59,15 @@ they are what the causal rule cannot reach), ``masking``
 (probes where the second bug lands on the known bug's own tensor, so stock
 shows one combined divergence whose shape changes once the workaround is in
 force, or where the known bug hides the second one entirely on the path the
-gate runs).
+gate runs, where a sibling path without the known bug shows the second
+one alone). A miss is a second bug's row known, known by probe or known by
+signature only: all three pass the gate.
+
+The DeepSpeed and Megatron-core rows are unavailable unless those stacks are
+installed; with a venv that has them, the tree on ``PYTHONPATH`` (not
+installed into it), ``PYTHONPATH=. VENV/bin/python benchmarks/second_bug.py``
+runs every row. torchtitan has no row: no ledger entry covers a torchtitan
+path, so nothing there can be called known.
 
 Part 2 fuzzes a few path groups (``--fuzz`` examples each, seed 0, real
 ledger, no corpus) with one generic second bug (a double count of the last
@@ -63,7 +76,7 @@ rows at its injection site: what a fuzzing budget turns up when a new bug
 wears a known bug's signature everywhere.
 
     python benchmarks/second_bug.py                     # both parts (about 2 minutes on 2 cores)
-    python benchmarks/second_bug.py --out /tmp/second_bug.txt  # its session-9 result is a row of docs/benchmarks.md
+    python benchmarks/second_bug.py --out /tmp/second_bug.txt  # its result is a row of docs/benchmarks.md
     python benchmarks/second_bug.py --only masking --fuzz 0
     python benchmarks/second_bug.py twin --seeds 0,1,2  # the original split.twin demonstration
 """
@@ -92,6 +105,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = os.path.join(ROOT, "cases")
 LEDGER = os.path.join(CASES, "ledger.json")
+PASSING = ("known", "known_probe", "known_signature_only")  # a second bug's row with one of these is a miss
 SHOWN = ("new", "resembles", "regression", "range_wrong", "known", "known_probe", "known_signature_only", "fixed",
          "not_reproduced", "unavailable", "error")
 
@@ -313,6 +327,11 @@ class RecountLast:
 
 Injection = Callable[[Any, Any, Any], Any]
 
+# What the harness reads off a path to classify and place its runs, not to run it: a misuse path
+# (``finding_class``, ``use``) whose wrapper lost them would sign its findings by shape, as bugs, and
+# a rank path (``world_size``, ``device``) would be pooled and isolated as a one-process CPU path.
+DESCRIBED = ("workarounds", "finding_class", "use", "world_size", "device")
+
 
 class Injected:
     """A real path with a second bug in what it hands back. Same name and
@@ -323,8 +342,9 @@ class Injected:
     def __init__(self, inner: Any, bug: Injection) -> None:
         self.inner, self.bug = inner, bug
         self.name, self.contract = inner.name, inner.contract
-        if hasattr(inner, "workarounds"):
-            self.workarounds = inner.workarounds
+        for attr in DESCRIBED:
+            if hasattr(inner, attr):
+                setattr(self, attr, getattr(inner, attr))
 
     def availability(self):
         return self.inner.availability()
@@ -381,10 +401,18 @@ class Row:
         return self.injection.describe()  # type: ignore[union-attr]
 
 
+SPLIT = ("split.stock", "split.twin")  # as `gradfuzz gate --split-impl X` resolves the family
+
+
 def rows() -> list[Row]:
-    split = ("split.stock", "split.twin")  # as `gradfuzz gate --split-impl X` resolves the family
+    """Every row: torch's own machinery first, then the optional stacks (unavailable where not installed)."""
+    return [*_causal_rows(), *_signature_rows(), *_masking_rows(), *_stack_rows()]
+
+
+def _causal_rows() -> list[Row]:
+    """The entry's workaround is one the path applies."""
+    split = SPLIT
     return [
-        # -- causal: the entry's workaround is one the path applies ------------------------
         Row("causal", "accumulategrad-steals-views", ("eager.accumulate",), (STACK,), Recount(("w0",), 1)),
         Row("causal", "accumulategrad-steals-views", ("eager.accumulate",),
             ("eager/accumulategrad_stack_alias_zero_grad.json",), Recount(("w0",), 1)),
@@ -407,7 +435,13 @@ def rows() -> list[Row]:
             Skew("after step", SGD_W0, 0, 1.9)),
         Row("causal", "optim-cpu-fused-noncontiguous-grad", ("split.stock",),
             ("dtensor/fused_adam_noncontiguous_shard_grad.json",), Skew("after step", "w0", 0, 1.0, 0.05)),
-        # -- signature: workaround none, or a path that cannot apply it --------------------
+    ]
+
+
+def _signature_rows() -> list[Row]:
+    """No outside workaround the path applies: the fix probe is the check where the entry has one."""
+    split = SPLIT
+    return [
         Row("signature", "split-hook-applied-twice", split, ("split/scale_hook_applied_twice.json",),
             Recount(("w0",), 0), note="workaround none"),
         Row("signature", "rms-norm-cpu-eps-added-in-place", ("checkpoint.selective.inverse.stock",),
@@ -437,9 +471,6 @@ def rows() -> list[Row]:
             note="workaround none"),
         Row("signature", "accumulategrad-steals-views", ("compile.aot_eager",), (STACK,),
             Recount(("w0",), 1), note="clone-grads: not applied on a worker path"),
-        Row("signature", "compiled-autograd-hook-on-compiled-output", ("compile.autograd",),
-            ("compile/compiled_autograd_hook_on_compiled_output.json",),
-            Raise("TorchRuntimeError", "RuntimeError when making fake tensor call", 0), note="workaround none"),
         Row("signature", "dtensor-norm-backward-partial-input-raises", ("dtensor.stock",),
             ("dtensor/norm_partial_sum_input_backward_raises.json",),
             Raise("RuntimeError", NORM_MSG, 0), note="fix probe (a Python autograd kernel) on the ranks"),
@@ -451,7 +482,12 @@ def rows() -> list[Row]:
             note="fix probe (a Python composite kernel)"),
         Row("signature", "graphed-static-grad-alias", ("graphed.stock",),
             ("graphed/make_graphed_callables_static_grad_alias.json",), Recount(("w0",), 1), note="needs CUDA"),
-        # -- masking: the second bug on the known bug's own tensor ---------------------------
+    ]
+
+
+def _masking_rows() -> list[Row]:
+    """The second bug on the known bug's own tensor, or hidden by it on the path the gate runs first."""
+    return [
         Row("masking", "accumulategrad-steals-views", ("eager.accumulate",),
             ("eager/accumulategrad_stack_alias_zero_grad.json",), Recount(("w0", "w1"), 1, additive=True),
             note="stock: 3*g2 (steal + second bug), clone-grads: 2*g2: one shape (counts normalise to N)"),
@@ -459,6 +495,45 @@ def rows() -> list[Row]:
             note="stock: g2 (the steal's excess: 'last backward repeated'), clone-grads: 0 ('counted 0 times')"),
         Row("masking", "split-adopts-aliased-grad", ("split.stock",), ("split/expanded_grad_adopted.json",),
             fork=MODULE, note="split.stock alone (no split.twin in the run)"),
+        # The known bug raises this at backward 0 on compile.autograd, so the same raise from a second bug
+        # changes nothing that path shows (its row is the known bug's own: hidden); the eager-forward flavour
+        # runs the case, so a second bug of compiled autograd itself raises there alone.
+        Row("masking", "compiled-autograd-hook-on-compiled-output", ("compile.autograd", "compile.autograd.eager_forward"),
+            ("compile/compiled_autograd_hook_on_compiled_output.json",),
+            Raise("TorchRuntimeError", "RuntimeError when making fake tensor call", 0),
+            note="workaround none, no probe: hidden on compile.autograd, alone on its eager-forward flavour"),
+    ]
+
+
+MEGATRON_RESET = ("rank 0: assert in reset (param_and_grad_buffer.py: assert len(self.per_param_grad_ready_counts) "
+                  "== len(self.params))")
+
+
+def _stack_rows() -> list[Row]:
+    """DeepSpeed and Megatron-core (rows unavailable where the stack is not installed). torchtitan has
+    none: no ledger entry covers a torchtitan path, so no finding there can be known by any rule, and
+    a second bug there is ``new`` whatever it looks like; ``--fuzz-paths torchtitan.fsdp.stock`` shows it."""
+    return [
+        Row("causal", "deepspeed-misuse-zero-grad-inside-window", ("deepspeed.zero1.misuse", "deepspeed.zero2.misuse"),
+            ("deepspeed/misuse_zero_grad.json",), Recount(("w0",), 1),
+            note="documented-drive; a misuse is signed by the use, so any wrong value on its path wears it"),
+        # The entry claims by workaround: a divergence no signature fits is run again with paired-p2p, so a
+        # second bug of another kind must survive that run to stay new.
+        Row("causal", "megatron-vpp-pp2-batched-p2p-swaps-tensors", ("megatron.vpp.stock",),
+            ("megatron/vpp_pp2_batched_p2p_swaps_fwd_bwd.json",), Mutate("grad output 0 of backward 0", 1),
+            note="paired-p2p, by which the entry also claims unmatched divergences"),
+        Row("masking", "megatron-vpp-pp2-batched-p2p-swaps-tensors", ("megatron.vpp.stock",),
+            ("megatron/vpp_pp2_batched_p2p_swaps_fwd_bwd.json",), Recount(("g0",), 3, additive=True),
+            note="g0 is read at the window's end only, where the swap already makes it wrong: one combined value"),
+        Row("signature", "deepspeed-pipe-tied-allreduce-writes-sibling-grad", ("deepspeed.pipe.stock",),
+            ("deepspeed/pipe_tied_allreduce_writes_sibling_grad.json",), Skew("param", "w0", 0, 1.3, 0.5),
+            note="workaround none, no probe"),
+        Row("signature", "deepspeed-torch-backward-chained-output-scaled-twice", ("deepspeed.zero1.torch",),
+            ("deepspeed/torch_backward_chained_output.json",), Skew("param", "w0", 0, 1.3, 0.5),
+            note="workaround none, no probe; the known bug's own w0 value replaced (its one param)"),
+        Row("signature", "megatron-overlap-unused-param-reset-assert", ("megatron.ddp.stock",),
+            ("megatron/unused_param_overlap_reset_assert.json",), Raise("AssertionError", MEGATRON_RESET, 0),
+            note="workaround none, no probe; the known bug raises at backward 1, the second one at 0"),
     ]
 
 
@@ -470,7 +545,8 @@ class Outcome:
     statuses: Counter = field(default_factory=Counter)  # every row, before the gate folds them per bug
     injected: Counter = field(default_factory=Counter)  # the rows that are the second bug's
     shapes: set[str] = field(default_factory=set)  # divergence shapes of the rows
-    known_rows: list[str] = field(default_factory=list)  # the second bug's rows called known, with why
+    hidden: Counter = field(default_factory=Counter)  # rows at the site that are the known bug's own (``_hidden``)
+    known_rows: list[str] = field(default_factory=list)  # the second bug's rows the gate passed, with why
     passed: bool = True
     seconds: float = 0.0
 
@@ -556,16 +632,46 @@ def gate(row: Row, paths: list[Any], corpus_dirs: list[str], ledger_file: str, c
     report = run_gate(paths, corpus_dirs=corpus_dirs, ledger_file=ledger_file, examples=examples, seed=0,
                       run_selfcheck=False)
     out = Outcome(seconds=time.monotonic() - t0, passed=not report.failed)
+    unchanged: dict[tuple[str, str], bool] = {}
     for r in captured[-1] if captured else report.rows:
         out.statuses[r.status] += 1
         if r.divergence:
             out.shapes.add(r.divergence.get("shape", ""))
-        if control is not None and r.status != "unavailable" and _is_injected(r, row, control):
-            out.injected[r.status] += 1
-            if r.status in ("known", "known_probe"):  # masked: the gate would pass it
-                out.known_rows.append(f"{r.path} {(r.divergence or {}).get('param')}@{(r.divergence or {}).get('microbatch')}"
-                                      f" {r.signature}: {r.detail[-150:]}; {_left_after(row, r, paths)}")
+        if control is None or r.status == "unavailable" or not _is_injected(r, row, control):
+            continue
+        if _hidden(r, row, control, paths, unchanged):
+            out.hidden[r.status] += 1
+            continue
+        out.injected[r.status] += 1
+        if r.status in PASSING:  # masked: the gate would pass it
+            where = f"{r.path} {(r.divergence or {}).get('param')}@{(r.divergence or {}).get('microbatch')}"
+            why = _left_after(row, r, paths) if r.status != "known_signature_only" else "no check to run"
+            out.known_rows.append(f"{ABBR[r.status]}: {where} {r.signature}: {r.detail[-150:]}; {why}")
     return out
+
+
+def _hidden(r: Any, row: Row, control: dict[tuple, set[str]], paths: list[Any],
+            unchanged: dict[tuple[str, str], bool]) -> bool:
+    """Is a row at the injection site the known bug's own, the second bug
+    never having reached the gate? So when the injection changes nothing the
+    path shows on the case (it raises the known bug's message at the backward
+    where the known bug already raises) and the gate gives the control's
+    status: a check that removed the known bug and met the second one would
+    have changed the status. Counting such a row as the second bug's would
+    charge the gate with a miss of something no gate can observe."""
+    if row.injection is None or r.case is None or r.status not in control.get(_key(r), set()):
+        return False
+    at = (r.path, json.dumps(r.case, sort_keys=True))
+    if at not in unchanged:
+        from harness.case.spec import Case
+        from harness.engine.check import check
+
+        path = next(p for p in paths if p.name == r.path)
+        case = Case.from_json(r.case)
+        seen = [sorted((d.kind, str(d.param), d.microbatch, d.shape, d.detail) for d in check(case, p))
+                for p in (path.inner, path)]
+        unchanged[at] = seen[0] == seen[1]
+    return unchanged[at]
 
 
 def _left_after(row: Row, r: Any, paths: list[Any]) -> str:
@@ -650,65 +756,84 @@ def table(results: list[dict[str, Any]], fuzzed: list[dict[str, Any]], total: fl
              "  2nd temp: the second bug, a temp ledger with the real entry over a temp copy of the case(s);",
              "  2nd real: the second bug, the real cases/ledger.json over the real case files;",
              "  2nd cells count only the second bug's rows (at its injection site; for a fork: rows stock did not",
-             "  give, or gave with another status), before the gate folds rows per bug;",
+             "  give, or gave with another status), before the gate folds rows per bug; a row at the site where",
+             "  the injection changes nothing the path shows and the gate gives the control's status is the known",
+             "  bug's own: counted apart as hidden, under the row;",
              "  alone: the injection on a correct observation gives the known bug's shape (yes/part/NO; - fork);",
-             "  gate: the gate's verdict with the second bug, temp/real.",
+             "  gate: the gate's verdict with the second bug, temp/real; a miss: a second bug's row known,",
+             "  known by probe or known by signature only (listed under its row).",
              f"  {', '.join(f'{v}={k}' for k, v in ABBR.items())}",
              ""]
     hdr = (f"{'#':>2} {'group':9} {'known bug (ledger id)':42} {'path(s)':28} {'injected second bug':54} {'alone':5} "
            f"{'ctl temp':13} {'ctl real':13} {'2nd temp':13} {'2nd real':13} {'gate':9} {'s':>5}")
     lines += [hdr, "-" * len(hdr)]
     for i, res in enumerate(results, 1):
-        row: Row = res["row"]
-        head = (f"{i:>2} {row.group:9} {_cell(row.bug, 42)} {_cell(','.join(row.paths), 28)} "
-                f"{_cell(row.describe(), 54)}")
-        if "unavailable" in res:
-            lines.append(f"{head} {'-':5} unavailable here: {res['unavailable'][:90]}")
-            continue
-        ct, cr, t, r = res["control_temp"], res["control_real"], res["temp"], res["real"]
-        known_shapes = {x for x in ct.shapes | cr.shapes if x}
-        same = "-" if row.injection is None else ("yes" if res["alone"] and res["alone"] <= known_shapes
-                                                  else "part" if res["alone"] & known_shapes else "NO")
-        verdict = f"{'FAIL' if not t.passed else 'pass'}/{'FAIL' if not r.passed else 'pass'}"
-        lines.append(f"{head} {same:5} {_cell(counts(ct.statuses), 13)} {_cell(counts(cr.statuses), 13)} "
-                     f"{_cell(counts(t.injected), 13)} {_cell(counts(r.injected), 13)} {verdict:9} {res['seconds']:5.1f}")
-        if row.note:
-            lines.append(f"{'':3} note: {row.note}")
-        for tag, o in (("temp", t), ("real", r)):
-            for k in o.known_rows:
-                lines.append(f"{'':3} {tag} KNOWN: {k}")
+        lines += _row_lines(i, res)
     lines.append("")
+    lines += _summary(results)
+    return lines + (_fuzz_table(fuzzed) if fuzzed else [])
+
+
+def _row_lines(i: int, res: dict[str, Any]) -> list[str]:
+    row: Row = res["row"]
+    head = (f"{i:>2} {row.group:9} {_cell(row.bug, 42)} {_cell(','.join(row.paths), 28)} "
+            f"{_cell(row.describe(), 54)}")
+    if "unavailable" in res:
+        return [f"{head} {'-':5} unavailable here: {res['unavailable'][:90]}"]
+    ct, cr, t, r = res["control_temp"], res["control_real"], res["temp"], res["real"]
+    known_shapes = {x for x in ct.shapes | cr.shapes if x}
+    same = "-" if row.injection is None else ("yes" if res["alone"] and res["alone"] <= known_shapes
+                                              else "part" if res["alone"] & known_shapes else "NO")
+    verdict = f"{'FAIL' if not t.passed else 'pass'}/{'FAIL' if not r.passed else 'pass'}"
+    lines = [f"{head} {same:5} {_cell(counts(ct.statuses), 13)} {_cell(counts(cr.statuses), 13)} "
+             f"{_cell(counts(t.injected), 13)} {_cell(counts(r.injected), 13)} {verdict:9} {res['seconds']:5.1f}"]
+    if row.note:
+        lines.append(f"{'':3} note: {row.note}")
+    for tag, o in (("temp", t), ("real", r)):
+        if o.hidden:
+            lines.append(f"{'':3} {tag} hidden (the known bug's own rows at the site): {counts(o.hidden)}")
+        lines += [f"{'':3} {tag} MISS {k}" for k in o.known_rows]
+    return lines
+
+
+def _summary(results: list[dict[str, Any]]) -> list[str]:
+    lines = []
     for group in ("causal", "signature", "masking"):
         rs = [x for x in results if x["row"].group == group and "unavailable" not in x]
         for tag in ("temp", "real"):
-            agg: Counter = Counter()
+            agg, hidden = Counter(), Counter()
             for x in rs:
                 agg.update(x[tag].injected)
+                hidden.update(x[tag].hidden)
             caught = sum(1 for x in rs if not x[tag].passed)
             lines.append(f"{group:9} {tag}: {len(rs)} second bugs, the gate failed on {caught}; the second bugs' rows: "
-                         f"{counts(agg)}; known: {agg['known']}")
+                         f"{counts(agg)}; misses (known, probe, signature only): {sum(agg[s] for s in PASSING)}"
+                         + (f"; hidden: {counts(hidden)}" if hidden else ""))
     un = [x for x in results if "unavailable" in x]
     if un:
         lines.append(f"unavailable here: {len(un)} row(s) ({', '.join(x['row'].bug for x in un)})")
-    if fuzzed:
-        lines += ["", "Part 2, fuzzing: the gate with a fuzz budget (--examples, seed 0, cold start, no corpus) against the "
-                  "real ledger,",
-                  "  each path wrapped with one generic second bug (the first param's .grad at the first step's last "
-                  "backward = right sum + its grad: a double count);",
-                  "  2nd: the gate's rows at that injection site; other: rows of real bugs the fuzzer found on the way.",
-                  ""]
-        hdr = f"{'path(s)':34} {'examples':>8} {'2nd (site rows)':28} {'other rows':30} {'gate':5} {'s':>5}"
-        lines += [hdr, "-" * len(hdr)]
-        agg = Counter()
-        for f in fuzzed:
-            o: Outcome = f["outcome"]
-            agg.update(o.injected)
-            other = o.statuses - o.injected
-            lines.append(f"{_cell(f['paths'], 34)} {f['examples']:>8} {_cell(counts(o.injected), 28)} "
-                         f"{_cell(counts(other), 30)} {'FAIL' if not o.passed else 'pass':5} {o.seconds:5.1f}")
-            for k in o.known_rows:
-                lines.append(f"{'':3} KNOWN: {k}")
-        lines.append(f"fuzzing: the second bug's rows over {len(fuzzed)} path groups: {counts(agg)}; known: {agg['known']}")
+    return lines
+
+
+def _fuzz_table(fuzzed: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "Part 2, fuzzing: the gate with a fuzz budget (--examples, seed 0, cold start, no corpus) against the "
+             "real ledger,",
+             "  each path wrapped with one generic second bug (the first param's .grad at the first step's last "
+             "backward = right sum + its grad: a double count);",
+             "  2nd: the gate's rows at that injection site; other: rows of real bugs the fuzzer found on the way.",
+             ""]
+    hdr = f"{'path(s)':34} {'examples':>8} {'2nd (site rows)':28} {'other rows':30} {'gate':5} {'s':>5}"
+    lines += [hdr, "-" * len(hdr)]
+    agg: Counter = Counter()
+    for f in fuzzed:
+        o: Outcome = f["outcome"]
+        agg.update(o.injected)
+        other = o.statuses - o.injected
+        lines.append(f"{_cell(f['paths'], 34)} {f['examples']:>8} {_cell(counts(o.injected), 28)} "
+                     f"{_cell(counts(other), 30)} {'FAIL' if not o.passed else 'pass':5} {o.seconds:5.1f}")
+        lines += [f"{'':3} MISS {k}" for k in o.known_rows]
+    lines.append(f"fuzzing: the second bug's rows over {len(fuzzed)} path groups: {counts(agg)}; "
+                 f"misses (known, probe, signature only): {sum(agg[s] for s in PASSING)}")
     return lines
 
 
