@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_s51.sh gate     # the gate at --examples 3 --seed 0 -n 16, alone in the call
 #   bash benchmarks/gpu_s51.sh final    # both in one call: the scripts, the gate, the fixed runs in what is left
 #   bash benchmarks/gpu_s51.sh triage   # torch-only scripts of the graphed and pipeline findings, fixed paths
+#   bash benchmarks/gpu_s51.sh second   # the gate again from a copy of the tree at another path (/tmp/ckB)
+#   bash benchmarks/gpu_s51.sh cores    # the fixed references, then one --paths gate at -n 16 and at -n 2 on 2 cores
 #   N=gloo SCALE=tiny bash benchmarks/gpu_s51.sh gate   # dry run on a CPU machine
 # Logs, JSON reports and findings go to $W, re-tarred into $OUT/all.tgz every 20 s, with the pools'
 # trace (GRADFUZZ_POOL_TRACE), summed into summary.txt at the end. GATE_LIMIT: the gate's seconds
@@ -57,6 +59,7 @@ if [ "$SCALE" = tiny ]; then
 else
     GATE="--examples 3 -n 16"; EX_DP=200; EX_PIPE=25; FIXED_LIMIT=170
 fi
+CORE_PATHS=${CORE_PATHS:-split,eager,checkpoint,func,ddp.fixed,dtensor.fixed,compile.aot_eager}
 triage_scripts() {  # the torch-only scripts of the triaged findings (TRIAGE: more, space-separated)
     for f in cases/graphed/make_graphed_callables_*.py ${TRIAGE:-}; do
         step "t-$(basename "$f" .py)" 60 python "$f"; tail -4 "$W/t-$(basename "$f" .py).log" | sed 's/^/    /' >>"$S"
@@ -120,6 +123,22 @@ gate)
 triage)
     triage_scripts
     fixed_runs $FIXED_LIMIT ;;
+second)  # the same gate from a second checkout path: its rows must be the first's
+    rm -rf /tmp/ckB && mkdir -p /tmp/ckB && tar -cf - --exclude=./.gradfuzz --exclude=./.git . | tar -xf - -C /tmp/ckB
+    (cd /tmp/ckB && PYTHONPATH=/tmp/ckB step gate ${GATE_LIMIT:-555} python -m harness gate --backend "$N" --world-size 2 \
+        --seed 0 $GATE "${LEDGER[@]}" --save "$W/found-gate" --json "$W/gate.json" --markdown "$W/gate.md")
+    gate_summary ;;
+cores)  # the fixed references, then a --paths gate at -n 16 and at -n 2 (taskset to two cores), the same rows
+    fixed_runs $FIXED_LIMIT
+    for n in 16 2; do
+        pin=(); [ $n = 2 ] && pin=(taskset -c 0,1)
+        step "cores-n$n" ${CORES_LIMIT:-180} "${pin[@]}" python -m harness gate --backend "$N" --world-size 2 --seed 0 \
+            --paths "$CORE_PATHS" --examples 3 -n $n --no-selfcheck --json "$W/cores-n$n.json"
+        python -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], d['passed'], round(d['seconds'], 1), d['phases'], {k: v for k, v in d['counts'].items() if v})" \
+            "$W/cores-n$n.json" "n=$n" >>"$S" 2>&1
+    done
+    python -c "import json, sys; r = [sorted(json.dumps([x.get(k) for k in ('status', 'path', 'signature', 'bug')]) for x in json.load(open(f))['rows']) for f in sys.argv[1:]]; print('rows identical at -n 16 and -n 2:', r[0] == r[1], len(r[0]), len(r[1]))" \
+        "$W/cores-n16.json" "$W/cores-n2.json" >>"$S" 2>&1 ;;
 esac
 pool_summary
 kill $PACK $STAT $WATCH 2>/dev/null; tar -czf "$OUT/all.tgz" -C "$W" . 2>/dev/null
