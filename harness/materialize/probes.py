@@ -60,9 +60,32 @@ class Probe:
     edits: tuple[Edit, ...] = ()
     # A probe that is not a source edit: a function returning a context manager.
     custom: Callable[[], ContextManager[None]] | None = None
+    # The same fix written against an older release's source, where the lines
+    # ``edits`` change were written otherwise: a gate upgrading from that
+    # release checks its rows causally too.
+    older: tuple[Edit, ...] = ()
 
     def patch(self) -> ContextManager[None]:
-        return self.custom() if self.custom is not None else _edits_in_force(self.edits)
+        return self.custom() if self.custom is not None else _edits_in_force(self.applicable())
+
+    def applicable(self) -> tuple[Edit, ...]:
+        """The edit set this torch's source holds: ``edits``, else ``older``
+        (Unavailable, with the newer set's reason, where neither does)."""
+        try:
+            for edit in self.edits:
+                _rewritten(edit)
+            return self.edits
+        except (Unavailable, AttributeError):
+            if not self.older:
+                raise
+            try:
+                for edit in self.older:
+                    _rewritten(edit)
+            except Unavailable:
+                pass
+            else:
+                return self.older
+            raise
 
 
 _CACHE: dict[Edit, Any] = {}
@@ -424,12 +447,118 @@ _CONV_BACKWARD_HANDLER = Edit(
 _INDEX_ADD = Edit("torch._inductor.decomposition", "index_add",
                   (("    if not is_fbcode() and x.dtype == torch.bfloat16:\n", "    if True:\n"),))
 
+
+def _clamped_saved_grads(condition: str) -> tuple[Edit, ...]:
+    """Before 2.13, stage_backward_weight ran the weight pass from the
+    intermediates' grads the input pass saved without holding the
+    intermediates to them, so autograd added what flowed in from another
+    intermediate below. These lines hold each intermediate's grad outputs
+    to the saved ones for the pass (where ``condition`` holds), as 2.13's
+    clamp does."""
+    return (Edit(_BACKWARD, "stage_backward_weight",
+                 (("        del param_group[\"intermediates\"]\n",
+                   "        _saved = list(zip(param_group[\"grads\"], param_group[\"intermediates\"]))\n"
+                   "        del param_group[\"intermediates\"]\n"),
+                  ("            # [NEW!] Able to pass a GradientEdge to autograd.grad as output\n",
+                   f"            _clamps = ([i.register_prehook(lambda grad_outputs, sg=g: sg) for g, i in _saved]\n"
+                   f"                       if {condition} else [])\n"),
+                  ("            # release grad memory early after use\n",
+                   "            for _h in _clamps:\n"
+                   "                _h.remove()\n"))),)
+
+
+# Shared by a probe's current and older edit sets: these lines are the same in both releases.
+_GROUP_MERGED = Edit(_BACKWARD, "get_param_groups",
+                     (("                param_group = existing\n",
+                       "                param_group = existing\n"
+                       "                for node in existing[\"intermediates\"]:\n"
+                       "                    param_groups[node] = existing\n"),))
+_UNREACHED_WEIGHT_PASS = Edit(_BACKWARD, "stage_backward_weight",
+                              (("    for param_group in param_groups:\n",
+                                "    for param_group in param_groups:\n"
+                                "        if \"outputs\" in param_group:\n"
+                                "            _edges, _grads = zip(*param_group.pop(\"outputs\"))\n"
+                                "            _params = list(param_group[\"params\"])\n"
+                                "            _dws = torch.autograd.grad(list(_edges), tuple(GradientEdge(w, 0) for w in _params),\n"
+                                "                                       grad_outputs=list(_grads), retain_graph=retain_graph,\n"
+                                "                                       allow_unused=True)\n"
+                                "            for grad_acc, dw in zip(_params, _dws):\n"
+                                "                weight, index = grad_acc_to_weight[grad_acc]\n"
+                                "                if dw is None:\n"
+                                "                    continue\n"
+                                "                if weight.grad is None:\n"
+                                "                    weight.grad = dw\n"
+                                "                else:\n"
+                                "                    weight.grad += dw\n"
+                                "            continue\n"),))
+
 PROBES: dict[str, Probe] = {p.name: p for p in (
+    Probe("split-clamp-saved-grads",
+          "stage_backward_weight holds the intermediates of a group of several to the grads the input pass saved "
+          "for the weight pass (2.13's clamp, pytorch#181365, in an older release's source)",
+          _clamped_saved_grads('len(_saved) > 1')),
+    Probe("split-edge-per-output",
+          "stage_backward_weight runs the weight pass from each output of an intermediate with that output's own "
+          "grad, not from output 0 with the sum (2.13's per-output edges, in an older release's source)",
+          (Edit(_BACKWARD, "stage_backward_weight",
+                (("            non_none_grads = [g for g in grads_tuple if g is not None]\n"
+                  "            if non_none_grads:\n"
+                  "                summed_grad = sum(non_none_grads)\n"
+                  "                valid_edges.append(GradientEdge(intermediate, 0))\n",
+                  "            for _i, _g in enumerate(grads_tuple):\n"
+                  "                if _g is None:\n"
+                  "                    continue\n"
+                  "                summed_grad = _g\n"
+                  "                valid_edges.append(GradientEdge(intermediate, _i))\n"),)),)),
+    Probe("split-input-grads-allow-unused",
+          "stage_backward_input asks autograd for input grads with allow_unused and leaves an unused input's grad "
+          "alone (2.13's input pass, in an older release's source)",
+          (Edit(_BACKWARD, "stage_backward_input",
+                (("        retain_graph=True,\n    )\n", "        retain_graph=True,\n        allow_unused=True,\n    )\n"),
+                 ("    for inp, dinput in zip(input_values, dinputs):\n",
+                  "    for inp, dinput in zip(input_values, dinputs):\n        if dinput is None:\n            continue\n"))),)),
+    Probe("split-outputs-with-grad-only",
+          "stage_backward_input passes autograd only the stage outputs that need a grad, with their grads "
+          "(2.13's input pass, in an older release's source)",
+          (Edit(_BACKWARD, "stage_backward_input",
+                (("    dinputs = torch.autograd.grad(\n        stage_outputs_or_loss,\n",
+                  "    _kept = [(o, g) for o, g in zip(stage_outputs_or_loss, output_grads)\n"
+                  "             if o.requires_grad or o.grad_fn is not None]\n"
+                  "    dinputs = torch.autograd.grad(\n        [o for o, _ in _kept],\n"),
+                 ("        grad_outputs=output_grads,\n", "        grad_outputs=[g for _, g in _kept],\n"))),)),
+    Probe("split-input-grads-per-input",
+          "stage_backward_input returns one grad per stage input, None for an input that needs none, so a caller "
+          "pairing them by position pairs them right (2.13's input pass, in an older release's source)",
+          (Edit(_BACKWARD, "stage_backward_input",
+                (("    input_values = [inp for inp in input_values if inp.requires_grad]\n",
+                  "    _every_input = input_values\n"
+                  "    input_values = [inp for inp in input_values if inp.requires_grad]\n"),
+                 ("    return dinputs, param_groups\n",
+                  "    _by_input = dict(zip(map(id, input_values), dinputs))\n"
+                  "    return tuple(_by_input.get(id(i)) for i in _every_input), param_groups\n"))),)),
+    Probe("pipeline-output-meta-real-strides",
+          "PipelineStage's shape inference records each stage output with its real strides (2.13's tensor "
+          "metadata, in an older release's source) instead of the dense ones .to('meta') gives",
+          (Edit("torch.distributed.pipelining.stage", "PipelineStage._shape_inference",
+                (("lambda x: x.to(\"meta\"), outputs)",
+                  "lambda x: torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=\"meta\"), outputs)"),)),)),
+    Probe("pipeline-recv-buffers-need-grad",
+          "PipelineStage sets requires_grad on its receive buffers again at every step of a stage with a backward "
+          "(2.13 re-applies it each step), so a buffer a passthrough output detached in place still takes a grad",
+          (Edit("torch.distributed.pipelining.stage", "_PipelineStageBase._retrieve_recv_activations",
+                (("        activations = self._map_tensor_from_recv_info(recv_infos)\n",
+                  "        if self.has_backward:\n"
+                  "            for _info in recv_infos:\n"
+                  "                _buf = getattr(_info, \"buffer\", None)\n"
+                  "                if isinstance(_buf, torch.Tensor) and not _buf.requires_grad:\n"
+                  "                    _buf.requires_grad_(True)\n"
+                  "        activations = self._map_tensor_from_recv_info(recv_infos)\n"),)),)),
     Probe("split-clamp-every-intermediate",
           "stage_backward_weight clamps the grad of every captured intermediate to the one the input pass saved, "
           "not only when there are several (a tensor hook on it then runs once)",
           (Edit(_BACKWARD, "stage_backward_weight",
-                (("if len(param_group[\"intermediates\"]) > 1:", "if True:"),)),)),
+                (("if len(param_group[\"intermediates\"]) > 1:", "if True:"),)),),
+          older=_clamped_saved_grads("True")),
     Probe("split-param-groups-apart",
           "get_param_groups points every intermediate of a merged group at the merged group (no parameter left in "
           "two groups), and stage_backward_weight keeps the graph until the last group's pass (groups sharing a "
@@ -437,11 +566,11 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           (Edit(_BACKWARD, "stage_backward_weight",
                 (("                    retain_graph=retain_graph,\n",
                   "                    retain_graph=retain_graph or param_group is not param_groups[-1],\n"),)),
-           Edit(_BACKWARD, "get_param_groups",
-                (("                param_group = existing\n",
-                  "                param_group = existing\n"
-                  "                for node in existing[\"intermediates\"]:\n"
-                  "                    param_groups[node] = existing\n"),)),)),
+           _GROUP_MERGED,),
+          older=(Edit(_BACKWARD, "stage_backward_weight",
+                      (("                retain_graph=retain_graph,\n",
+                        "                retain_graph=retain_graph or param_group is not param_groups[-1],\n"),)),
+                 _GROUP_MERGED)),
     Probe("split-group-unreached-weights",
           "stage_backward_input puts the weights that no weight group holds (their graph never meets a stage input "
           "that needs grad) in one more group, run from the stage outputs with their grads, and "
@@ -455,36 +584,34 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                   "        if _left and _outs:\n"
                   "            param_groups.append({\"params\": set(_left), \"outputs\": _outs})\n"
                   "        # drop output side graph state we no longer need\n"),)),
-           Edit(_BACKWARD, "stage_backward_weight",
-                (("    for param_group in param_groups:\n",
-                  "    for param_group in param_groups:\n"
-                  "        if \"outputs\" in param_group:\n"
-                  "            _edges, _grads = zip(*param_group.pop(\"outputs\"))\n"
-                  "            _params = list(param_group[\"params\"])\n"
-                  "            _dws = torch.autograd.grad(list(_edges), tuple(GradientEdge(w, 0) for w in _params),\n"
-                  "                                       grad_outputs=list(_grads), retain_graph=retain_graph,\n"
-                  "                                       allow_unused=True)\n"
-                  "            for grad_acc, dw in zip(_params, _dws):\n"
-                  "                weight, index = grad_acc_to_weight[grad_acc]\n"
-                  "                if dw is None:\n"
-                  "                    continue\n"
-                  "                if weight.grad is None:\n"
-                  "                    weight.grad = dw\n"
-                  "                else:\n"
-                  "                    weight.grad += dw\n"
-                  "            continue\n"),)),)),
+           _UNREACHED_WEIGHT_PASS,),
+          older=(Edit(_BACKWARD, "stage_backward_input",
+                      (("    # stage_outputs_or_loss are not used in backwards after this point",
+                        "    _grouped = set().union(*(g[\"params\"] for g in param_groups))\n"
+                        "    _left = [w for w in weight_grad_fns if w not in _grouped]\n"
+                        "    _outs = [(GradientEdge(o.grad_fn, o.output_nr), g)\n"
+                        "             for o, g in zip(stage_outputs_or_loss, output_grads) if o.grad_fn is not None]\n"
+                        "    if _left and _outs:\n"
+                        "        param_groups.append({\"params\": set(_left), \"outputs\": _outs})\n"
+                        "    # stage_outputs_or_loss are not used in backwards after this point"),)),
+                 _UNREACHED_WEIGHT_PASS)),
     Probe("split-detach-no-views",
           "stage_backward_input leaves a stage output that is a view attached instead of detaching it in place "
           "(which autograd refuses for views)",
           (Edit(_BACKWARD, "stage_backward_input",
-                (("            t.detach_()\n", "            if not t._is_view():\n                t.detach_()\n"),)),)),
+                (("            t.detach_()\n", "            if not t._is_view():\n                t.detach_()\n"),)),),
+          older=(Edit(_BACKWARD, "stage_backward_input",
+                      (("        t.detach_()\n", "        if not t._is_view():\n            t.detach_()\n"),)),)),
     Probe("split-keep-outputs-attached",
           "stage_backward_input (and a last stage's backward_one_chunk) no longer detach the stage outputs in place, "
           "so an output saved for the backward of another output is still there in the weight pass",
           (Edit(_BACKWARD, "stage_backward_input",
                 (("            t.detach_()\n", "            pass\n"),)),
            Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.backward_one_chunk",
-                (("                    t.detach_()\n", "                    pass\n"),)))),
+                (("                    t.detach_()\n", "                    pass\n"),))),
+          older=(Edit(_BACKWARD, "stage_backward_input", (("        t.detach_()\n", "        pass\n"),)),
+                 Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.backward_one_chunk",
+                      (("                    t.detach_()\n", "                    pass\n"),)))),
     Probe("rms-norm-add-eps-out-of-place",
           "F.rms_norm on CPU runs torch's composite with the eps added out of place (torch adds it in place into "
           "the mean's output)",
@@ -517,7 +644,11 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           (Edit("torch.distributed.fsdp._fully_shard._fsdp_param_group", "RegisterPostBackwardFunction.setup_context",
                 (("        ctx.param_group = param_group\n",
                   "        ctx.param_group = param_group\n"
-                  "        ctx.set_materialize_grads(False)\n"),)),)),
+                  "        ctx.set_materialize_grads(False)\n"),)),),
+          older=(Edit("torch.distributed.fsdp._fully_shard._fsdp_param_group",
+                      "RegisterPostBackwardFunction.forward",
+                      (("        ctx.param_group = param_group\n",
+                        "        ctx.param_group = param_group\n        ctx.set_materialize_grads(False)\n"),)),)),
     Probe("ddp-sink-skipped-under-no-sync",
           "DistributedDataParallel._post_forward skips _DDPSink (and the static graph's delayed all-reduce it "
           "queues) in a forward under no_sync(), as the forward's prepare_for_backward is skipped there "
@@ -540,7 +671,13 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                   "send_tensor = to_local_if_dtensor(grad).contiguous()\n"),)),
            Edit("torch.distributed.pipelining._utils", "_make_tensor_from_meta",
                 (("    return torch.empty_strided(\n        size=meta.shape,\n        stride=meta.stride,\n",
-                  "    return torch.empty(\n        size=meta.shape,\n"),)))),
+                  "    return torch.empty(\n        size=meta.shape,\n"),))),
+          older=(Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.get_fwd_send_ops",
+                      (("dist.P2POp(dist.isend, out, peer_global_rank, self.group)",
+                        "dist.P2POp(dist.isend, out.contiguous(), peer_global_rank, self.group)"),)),
+                 Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.get_bwd_send_ops",
+                      (("dist.P2POp(dist.isend, grad, peer_global_rank, self.group)",
+                        "dist.P2POp(dist.isend, grad.contiguous(), peer_global_rank, self.group)"),)))),
     Probe("inductor-index-add-fallback",
           "Inductor's index_add decomposition falls back to the aten kernel (as it does for bfloat16) instead of "
           "an index_put into self's own buffer",
@@ -568,7 +705,17 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                   "                output = torch.utils._pytree.tree_map_only(\n"
                   "                    torch.Tensor, lambda t: t.clone() if t.untyped_storage().data_ptr() in _held else t,\n"
                   "                    output)\n"
-                  "                self.reshard()\n"),)),)),
+                  "                self.reshard()\n"),)),),
+          older=(Edit("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup.post_forward",
+                      (("                if not is_bw():\n                    self.reshard()\n",
+                        "                if not is_bw():\n"
+                        "                    _held = {fp._unsharded_param.untyped_storage().data_ptr()\n"
+                        "                             for fp in self.fsdp_params if hasattr(fp, \"_unsharded_param\")}\n"
+                        "                    output = torch.utils._pytree.tree_map_only(\n"
+                        "                        torch.Tensor,\n"
+                        "                        lambda t: t.clone() if t.untyped_storage().data_ptr() in _held else t,\n"
+                        "                        output)\n"
+                        "                    self.reshard()\n"),)),)),
     Probe("dtensor-conv-redistribute-first",
           "DTensor's convolution handlers (forward and backward) redistribute the local arguments as sharding "
           "propagation decided, as every other op's dispatch does, before they run the local convolution",
@@ -582,7 +729,11 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           (Edit(_BACKWARD, "stage_backward_weight",
                 (("                        weight.grad = dw\n",
                   "                        weight.grad = (dw if dw.stride() == weight.stride()\n"
-                  "                                       else torch.empty_like(weight).copy_(dw))\n"),)),)),
+                  "                                       else torch.empty_like(weight).copy_(dw))\n"),)),),
+          older=(Edit(_BACKWARD, "stage_backward_weight",
+                      (("                    weight.grad = dw\n",
+                        "                    weight.grad = (dw if dw.stride() == weight.stride()\n"
+                        "                                   else torch.empty_like(weight).copy_(dw))\n"),)),)),
 )}
 
 
@@ -593,8 +744,7 @@ def available(name: str) -> str | None:
         if probe.custom is not None:
             with probe.custom():  # patches and restores at once: whatever it looks for is there
                 pass
-        for edit in probe.edits:
-            _rewritten(edit)
+        probe.applicable()
     except (Unavailable, ImportError, AttributeError, OSError, TypeError, KeyError) as e:
         return str(e)
     return None
