@@ -17,7 +17,7 @@ against the ledger and the installed torch version:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -33,60 +33,8 @@ from harness.paths import Options, Path, close_paths, split_available
 from harness.paths.workarounds import WorkedAround, apply
 from harness.materialize import probes
 from harness.materialize.workarounds import WORKAROUNDS
+from harness.gate.rows import GateReport, Row, classify, row_of
 from harness.gate.selfcheck import CanaryResult, selfcheck
-
-from harness.gate.status import FAILING, ORDER
-from harness.observation import BUG_CLASS
-SCHEMA = 1
-
-
-@dataclass
-class Row:
-    status: str
-    path: str
-    detail: str
-    bug: str | None = None
-    signature: str | None = None
-    source: str = ""  # "corpus FILE", "fuzz" or "selfcheck"
-    case: dict[str, Any] | None = None
-    divergence: dict[str, Any] | None = None
-    upstream: str = ""
-    # ``misuse``: a use the stack's docs do not support, silently wrong: its
-    # status counts as any other's, and every report lists it apart.
-    finding_class: str = BUG_CLASS
-
-
-@dataclass
-class GateReport:
-    torch: str
-    rows: list[Row] = field(default_factory=list)
-    selfcheck: list[CanaryResult] = field(default_factory=list)
-    examples: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    schema: int = SCHEMA
-    packages: dict[str, str] = field(default_factory=dict)  # the training stacks installed: part of the verdict
-    # Seconds per phase, in the order run: where a slow gate spends its time.
-    phases: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return any(r.status in FAILING for r in self.rows)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "torch": self.torch,
-            "packages": self.packages,
-            "passed": not self.failed,
-            "seconds": round(self.seconds, 2),
-            "phases": {k: round(v, 2) for k, v in self.phases.items()},
-            "examples": self.examples,
-            "counts": {s: sum(1 for r in self.rows if r.status == s) for s in ORDER},
-            "rows": [asdict(r) for r in self.rows],
-            "selfcheck": [asdict(c) for c in self.selfcheck],
-        }
-
-
 def stacks_installed() -> dict[str, str]:
     """The release of every family's training stack installed here (``Family.package``)."""
     from harness.artifacts.corpus import installed
@@ -94,16 +42,6 @@ def stacks_installed() -> dict[str, str]:
 
     found = {f.package: installed(f.package) for f in families() if f.package}
     return {k: v for k, v in sorted(found.items()) if v}
-
-
-def _classify(bug: ledger_mod.Site, version: str, reproduced: bool) -> str:
-    """A bug's signature shown (``reproduced``) inside its range is known (to
-    be confirmed by its workaround), past it a regression, before it a range
-    that starts too late; never plain known outside the range."""
-    rel = bug.relation(version)
-    if reproduced:
-        return {"in": "known", "after": "regression", "before": "range_wrong"}[rel]
-    return {"in": "not_reproduced", "after": "fixed", "before": "fixed"}[rel]
 
 
 def run_gate(
@@ -218,7 +156,7 @@ def _fuzz_rows(divergences: list[Divergence], rows: list[Row], led: ledger_mod.L
         if bug is not None and bug.id in fixed_here:
             bug = None
         bug = bug or seen_as.get((d.path, d.signature)) or _by_shape(led, shapes, d, version)
-        out.append(row_of(_classify(bug, version, True) if bug else "new", d, bug, "fuzz"))
+        out.append(row_of(classify(bug, version, True) if bug else "new", d, bug, "fuzz"))
     return out
 
 
@@ -485,11 +423,6 @@ def one_row_per_bug(rows: list[Row]) -> list[Row]:
     return out
 
 
-def row_of(status: str, d: Divergence, bug: ledger_mod.Site | None, source: str) -> Row:
-    return Row(status, d.path, d.detail, bug.id if bug else None, d.signature, source, d.case,
-               {k: v for k, v in d.to_json().items() if k != "case"}, bug.upstream if bug else "", d.finding_class)
-
-
 def _replay(live: list[Path], results: Iterable[Replayed], led: ledger_mod.Ledger, version: str, report: GateReport,
             progress, n_entries: int, count: bool = True
             ) -> tuple[dict[tuple[str, str], ledger_mod.Site], dict[tuple[str, str], set[str]], set[tuple[str, str]]]:
@@ -561,7 +494,7 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
         divs = reproduced.get(b.id, [])
         if b.id not in ran or not divs and b.relation(version) == "before":
             continue  # a bug that starts after this version and is absent here is no news
-        status = _classify(b, version, bool(divs))
+        status = classify(b, version, bool(divs))
         if divs:
             for d in divs:  # one row per path stays (one_row_per_bug)
                 rows.append(row_of(status, d, b, f"corpus {', '.join(b.cases)}"))
