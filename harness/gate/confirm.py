@@ -19,7 +19,9 @@ from typing import Callable, Iterable
 import torch
 
 from harness.gate import ledger as ledger_mod
-from harness.gate.run import Fits, Row, confirm_known, row_of
+from harness.gate.evidence import Evidence
+from harness.gate.known import claim_new, confirm_known
+from harness.gate.rows import Row, row_of
 from harness.observation import Divergence
 from harness.paths import Path
 
@@ -59,7 +61,8 @@ def confirm(divergences: Iterable[Divergence], paths: list[Path], ledger_file: s
             return done, len(todo) - i
         progress(f"[confirm] {i + 1}/{len(todo)} {row.path} [{row.signature}]: running {row.bug}'s check")
         before, rows = row.detail, [row]
-        confirm_known(rows, [by_name[row.path]], led, None, version, Fits(led, {}, set(), version))
+        confirm_known(rows, [by_name[row.path]], Evidence(led, version), None)
+        claim_new(rows, [by_name[row.path]], led, version, None)
         done[key] = Confirmed(row.status, row.bug or "", row.detail[len(before) + 2:-1])
         for r in rows[1:]:  # a second bug the check exposed (the first one hid it)
             done.setdefault((r.path, r.signature or ""), Confirmed("new", "", f"exposed by {row.bug}'s check: {r.detail}"))
