@@ -448,6 +448,20 @@ _INDEX_ADD = Edit("torch._inductor.decomposition", "index_add",
                   (("    if not is_fbcode() and x.dtype == torch.bfloat16:\n", "    if True:\n"),))
 
 
+@contextmanager
+def _sharding_decisions_forgotten() -> Iterator[None]:
+    """DTensor caches each op's sharding decision by its schema: a probe that
+    changes a strategy must meet no decision made without it, and leave none
+    made with it."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache as forget  # Python's and C++'s
+
+    forget()
+    try:
+        yield
+    finally:
+        forget()
+
+
 def _clamped_saved_grads(condition: str) -> tuple[Edit, ...]:
     """Before 2.13, stage_backward_weight ran the weight pass from the
     intermediates' grads the input pass saved without holding the
@@ -460,7 +474,7 @@ def _clamped_saved_grads(condition: str) -> tuple[Edit, ...]:
                    "        _saved = list(zip(param_group[\"grads\"], param_group[\"intermediates\"]))\n"
                    "        del param_group[\"intermediates\"]\n"),
                   ("            # [NEW!] Able to pass a GradientEdge to autograd.grad as output\n",
-                   f"            _clamps = ([i.register_prehook(lambda grad_outputs, sg=g: sg) for g, i in _saved]\n"
+                   "            _clamps = ([i.register_prehook(lambda grad_outputs, sg=g: sg) for g, i in _saved]\n"
                    f"                       if {condition} else [])\n"),
                   ("            # release grad memory early after use\n",
                    "            for _h in _clamps:\n"
@@ -491,7 +505,6 @@ _UNREACHED_WEIGHT_PASS = Edit(_BACKWARD, "stage_backward_weight",
                                 "                else:\n"
                                 "                    weight.grad += dw\n"
                                 "            continue\n"),))
-
 PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("split-clamp-saved-grads",
           "stage_backward_weight holds the intermediates of a group of several to the grads the input pass saved "
@@ -553,6 +566,20 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                   "                if isinstance(_buf, torch.Tensor) and not _buf.requires_grad:\n"
                   "                    _buf.requires_grad_(True)\n"
                   "        activations = self._map_tensor_from_recv_info(recv_infos)\n"),)),)),
+    Probe("dtensor-norm-backward-replicated-weight",
+          "DTensor's norm backward strategy asks for the weight replicated (redistributing a sharded one, as 2.13's "
+          "single-dim strategy does) instead of handing the local kernel the weight's own shard",
+          custom=lambda: _together(_sharding_decisions_forgotten(), _edits_in_force((Edit(
+              "torch.distributed.tensor._ops._math_ops", "_common_norm_backward_strategy",
+              (("            # no need to redistribute since they should be replicated in forward pass\n"
+                "            input_specs_list.append(src_spec)\n"
+                "            redistribute_costs.append([0.0 for _ in strategy.strategies])\n"
+                "            return src_spec\n",
+                "            _whole = DTensorSpec(mesh=mesh, placements=(Replicate(),) * mesh.ndim,\n"
+                "                                 tensor_meta=src_spec.tensor_meta)\n"
+                "            input_specs_list.append(_whole)\n"
+                "            redistribute_costs.append(generate_redistribute_costs(strategy, _whole))\n"
+                "            return _whole\n"),)),)))),
     Probe("split-clamp-every-intermediate",
           "stage_backward_weight clamps the grad of every captured intermediate to the one the input pass saved, "
           "not only when there are several (a tensor hook on it then runs once)",
