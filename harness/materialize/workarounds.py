@@ -40,6 +40,11 @@ WORKAROUNDS = {
     "documented-drive": "drive the stack as its docs say: the same case without the misuse",
     # Megatron's answer to NVIDIA/Megatron-LM#750 (pipeline size 2): its paths apply it themselves.
     "paired-p2p": "run megatron's pipeline schedule with batch_p2p_comm off (paired isend/irecv, not batch_isend_irecv)",
+    # DeepSpeed's PyTorch-style drive (loss.backward() on the engine's outputs): its paths apply it themselves.
+    "engine-backward": "call engine.backward(loss) instead of loss.backward() (the engine scales the loss once)",
+    # megatron-core DDP with overlap_grad_reduce: its paths apply it themselves.
+    "no-overlap-grad-reduce": "run megatron's DistributedDataParallel with overlap_grad_reduce off (the grads "
+                              "reduced after the window's last backward, no buckets waiting on hooks)",
 }
 WORKAROUND = "workaround"
 # Every named effect the gate can put in force: the workarounds, then the fix probes.

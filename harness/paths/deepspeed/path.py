@@ -32,6 +32,7 @@ STOCK = "stock"
 STAGES = (0, 1, 2, 3)
 NO_SYNC_STAGES = (0, 1)  # engine.no_sync() refuses the stages that partition grads
 TORCH_STAGES = (1, 2, 3)  # loss.backward(): ZeRO 0 raises "Direct calls to tensor.backward() are not supported"
+ENGINE_BACKWARD = "engine-backward"  # the workaround of the loss.backward() drive: engine.backward(loss) instead
 INSTALL = "pip install 'gradfuzz[deepspeed]'"
 # The first release whose engine hooks its outputs so that a plain
 # loss.backward() accumulates as engine.backward does (checked in each
@@ -108,6 +109,15 @@ class DeepSpeedPath(PooledPath):
         so compared at bfloat16; what it rounds has no exact account (every
         op of the forward and backward rounds), so against term sizes."""
         return ("bfloat16", None) if knobs(case).bf16 else (None, None)
+
+    def with_workaround(self, name: str) -> Any | None:
+        """``engine-backward`` on the ``loss.backward()`` drive: the same case
+        with ``engine.backward(loss)`` in its place (the ``auto`` drive, which
+        DeepSpeed documents), so a bug of the PyTorch-style backward is told
+        by what removes it, not only by its signature."""
+        if name != ENGINE_BACKWARD or self.drive != "torch":
+            return None
+        return DeepSpeedPath(self.name, self.stage, self.impl, self.world_size, self.timeout, self.backend, "auto")
 
     def repro(self, case: Case) -> Repro:
         if self.impl != STOCK or knobs(case).bf16:  # the script feeds the engine float32 data

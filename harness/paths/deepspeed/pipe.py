@@ -120,6 +120,11 @@ class DeepSpeedPipePath(PooledPath):
                         blind=(*BLIND, (INPUT_GRAD, "train_batch reads the stage inputs from the data iterator and hands "
                                                     "no input grad back")))
 
+    # Each rank hooks its stage's parameters (``piperank``): a tied weight's
+    # grad then never shares a buffer with a sibling's, so the engine's
+    # in-place all-reduce of it writes only where it should.
+    workarounds = ("clone-grads",)
+
     def __init__(self, name: str, stage: int, timeout: float = 60.0, backend: str | None = None) -> None:
         super().__init__(name, 2, timeout, backend)
         self.stage = stage

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from harness.case.spec import Case
+from harness.materialize import workarounds
 from harness.materialize.stages import StageModule, StageSpec
 from harness.materialize.tensors import Built
 from harness.paths.deepspeed.data import pipe_config
@@ -138,6 +139,7 @@ def run_case(ctx: Rank, case: Case, stage: int) -> dict[str, Any]:
         module = PipelineModule(_layers(case, built), num_stages=2, loss_fn=_loss_fn(case, seen),
                                 partition_method="uniform")
         params = [p for p in module.parameters() if hasattr(p, "case_name")]
+        workarounds.on_params({str(i): p for i, p in enumerate(params)})  # the gate's outside workaround, if any
         opt = torch.optim.SGD([p for p in params if p.requires_grad], lr=0.0)
         engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=pipe_config(case, stage))
         step = [0]

@@ -71,6 +71,12 @@ class MegatronPath(PooledPath):
                                       "distopt": self.distopt, "impl": self.impl}, self.timeout)
         return assemble(self.name, case, outcome)
 
+    def with_workaround(self, name: str) -> Any | None:
+        """``no-overlap-grad-reduce``: the same case with ``overlap_grad_reduce``
+        off, what a user does when its bucket bookkeeping fails, so the gate
+        can tell that bug by what removes it."""
+        return Reknobbed(self, name) if name == NO_OVERLAP else None
+
     def repro(self, case: Case) -> Repro:
         if self.impl != STOCK:  # a canary's fault is not megatron's: replayed, never scripted
             return replay_only(self.name)
@@ -191,32 +197,37 @@ class MegatronPipePath(PooledPath):
     def with_workaround(self, name: str) -> Any | None:
         """``paired-p2p``: the same case with ``batch_p2p_comm`` off, the fix
         megatron's maintainers give for pipeline size 2 (NVIDIA/Megatron-LM#750),
-        so the gate can tell that bug by what removes it."""
-        return PairedP2p(self) if name == PAIRED_P2P else None
+        so the gate can tell that bug by what removes it; ``no-overlap-grad-reduce``
+        as on the DDP paths (each stage's DDP takes the case's knobs)."""
+        return Reknobbed(self, name) if name in KNOBS_OF else None
 
 
 PAIRED_P2P = "paired-p2p"
+NO_OVERLAP = "no-overlap-grad-reduce"
+# The case's knobs each workaround sets. paired-p2p leaves overlap_p2p off, which needs batch_p2p off already;
+# no-overlap-grad-reduce drops the bucket size too, which megatron reads only with overlap_grad_reduce.
+KNOBS_OF: dict[str, dict[str, Any]] = {PAIRED_P2P: {"batch_p2p": False}, NO_OVERLAP: {"overlap": False, "bucket": 0}}
 
 
-class PairedP2p:
-    """A pipeline path with ``paired-p2p`` in force: its name, contract and
-    cases, each run with ``batch_p2p`` off (and so without ``overlap_p2p``,
-    which needs it off already)."""
+class Reknobbed:
+    """A megatron path with one of its workarounds (``KNOBS_OF``) in force:
+    its name, contract and cases, each run with the knobs the workaround sets."""
 
-    def __init__(self, path: MegatronPipePath) -> None:
+    def __init__(self, path: Any, workaround: str) -> None:
         self.path, self.name, self.contract = path, path.name, path.contract
+        self.changes = KNOBS_OF[workaround]
 
     def availability(self) -> Availability:
         return self.path.availability()
 
-    def _paired(self, case: Case) -> Case:
-        return case.with_data("megatron", replace(knobs(case), batch_p2p=False))
+    def _changed(self, case: Case) -> Case:
+        return case.with_data("megatron", replace(knobs(case), **self.changes))
 
     def supports(self, case: Case) -> str | None:
-        return self.path.supports(self._paired(case))
+        return self.path.supports(self._changed(case))
 
     def run(self, case: Case) -> Observation:
-        return self.path.run(self._paired(case))
+        return self.path.run(self._changed(case))
 
     def repro(self, case: Case) -> Repro:
         return self.path.repro(case)
