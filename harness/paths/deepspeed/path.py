@@ -89,7 +89,7 @@ class DeepSpeedPath(PooledPath):
         return self._engine_refusal(case)
 
     def _engine_refusal(self, case: Case) -> str | None:
-        return (engine_refusal(case, "at every accumulation boundary")
+        return (engine_refusal(case, "at every accumulation boundary") or no_backward(case)
                 or exact_mean(case, self._world(), "DeepSpeed divides"))
 
     def run(self, case: Case) -> Observation:
@@ -212,6 +212,26 @@ def engine_refusal(case: Case, zeroes: str) -> str | None:
     if case.dtype != "float32":
         return "DeepSpeed trains in float32 (or fp16/bf16), not float64"
     return None
+
+
+NO_BACKWARD = ("no output requires grad: the engine's loop (forward, backward, step) has no backward to call (torch "
+               "raises on one), and DeepSpeed's grads exist only between a backward and the step (safe_get_full_grad "
+               "raises 'Gradients are only available immediately after backward and before engine step' at ZeRO 1 "
+               "and 2; a step after no backward raises at ZeRO 1 to 3, and at ZeRO 0 where it clips)")
+
+
+def no_backward(case: Case) -> str | None:
+    """A case whose outputs need no grad leaves the engine's loop nothing
+    DeepSpeed documents: eager runs no backward and reads None, while the
+    loop without its backward would read grads and step where DeepSpeed
+    keeps none, and its raises there would be the harness's drive, not a
+    bug. An output that needs grad through an input alone still runs: the
+    user's backward is then the documented one, and what the engine does
+    with it is DeepSpeed's."""
+    from harness.materialize.stages import requires_grad
+
+    need = requires_grad(case)
+    return None if any(need[u.ref] for u in case.outputs) else NO_BACKWARD
 
 
 def warm(group: Any) -> None:
