@@ -527,13 +527,15 @@ def _stack_rows() -> list[Row]:
             note="g0 is read at the window's end only, where the swap already makes it wrong: one combined value"),
         Row("signature", "deepspeed-pipe-tied-allreduce-writes-sibling-grad", ("deepspeed.pipe.stock",),
             ("deepspeed/pipe_tied_allreduce_writes_sibling_grad.json",), Skew("param", "w0", 0, 1.3, 0.5),
-            note="workaround none, no probe"),
+            note="clone-grads on the pipe engine's ranks (every stage's parameters hooked), no probe"),
         Row("signature", "deepspeed-torch-backward-chained-output-scaled-twice", ("deepspeed.zero1.torch",),
             ("deepspeed/torch_backward_chained_output.json",), Skew("param", "w0", 0, 1.3, 0.5),
-            note="workaround none, no probe; the known bug's own w0 value replaced (its one param)"),
+            note="engine-backward (the case rerun with engine.backward(loss)), no probe; the known bug's own w0 "
+                 "value replaced (its one param)"),
         Row("signature", "megatron-overlap-unused-param-reset-assert", ("megatron.ddp.stock",),
             ("megatron/unused_param_overlap_reset_assert.json",), Raise("AssertionError", MEGATRON_RESET, 0),
-            note="workaround none, no probe; the known bug raises at backward 1, the second one at 0"),
+            note="no-overlap-grad-reduce (the case rerun with overlap_grad_reduce off), no probe; the known bug "
+                 "raises at backward 1, the second one at 0"),
     ]
 
 
