@@ -248,6 +248,8 @@ def _stacked_verdict(bug: ledger_mod.Site, other: ledger_mod.Site, path: Path | 
         return None
     if any(c in probes.PROBES and probes.available(c) is not None for c in checks):
         return None
+    if all(c in probes.PROBES for c in checks) and not probes.stackable(*checks):
+        return None
     # The path's own workaround first (it may be a path of its own), a probe around it.
     first, second = sorted(checks, key=lambda c: c in probes.PROBES)
     inner = apply(path, first)

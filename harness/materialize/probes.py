@@ -70,25 +70,39 @@ class Probe:
 
     def applicable(self) -> tuple[Edit, ...]:
         """The edit set this torch's source holds: ``edits``, else ``older``
-        (Unavailable, with the newer set's reason, where neither does)."""
-        try:
-            for edit in self.edits:
-                _rewritten(edit)
-            return self.edits
-        except (Unavailable, AttributeError):
-            if not self.older:
-                raise
-            try:
-                for edit in self.older:
-                    _rewritten(edit)
-            except Unavailable:
-                pass
-            else:
-                return self.older
-            raise
+        (Unavailable, with the newer set's reason, where neither does).
+        Decided once per process, against torch as shipped: under another
+        probe in force the function to read may be that probe's copy."""
+        with _LOCK:
+            if self not in _CHOSEN:
+                _CHOSEN[self] = self._choose()
+        chosen = _CHOSEN[self]
+        if isinstance(chosen, Unavailable):
+            raise chosen
+        return chosen
 
+    def _choose(self) -> tuple[Edit, ...] | Unavailable:
+        first: Unavailable | None = None
+        for edits in (self.edits, self.older) if self.older else (self.edits,):
+            try:
+                for edit in edits:
+                    _rewritten(edit)
+                return edits
+            except (Unavailable, AttributeError, ImportError, OSError, TypeError) as e:
+                first = first or (e if isinstance(e, Unavailable) else Unavailable(f"{type(e).__name__}: {e}"))
+        assert first is not None
+        return first
+
+    def functions(self) -> set[tuple[str, str]]:
+        """The torch functions this probe rewrites (none known for a custom one)."""
+        try:
+            return {(e.module, e.function) for e in self.applicable()}
+        except Unavailable:
+            return set()
 
 _CACHE: dict[Edit, Any] = {}
+_CHOSEN: dict[Any, Any] = {}  # probe -> the edit set this torch holds, or why none
+_SHIPPED: dict[int, Any] = {}  # id of a probe's copy -> the function torch shipped (the copies live in _CACHE)
 _LOCK = threading.RLock()  # held while torch is being patched or given back, never across a run
 # How to give back each patch in force in this process, oldest first.
 _UNDO: list[Callable[[], None]] = []
@@ -135,6 +149,7 @@ def _rewritten(edit: Edit) -> Any:
     if edit in _CACHE:
         return _CACHE[edit]
     owner, name, current = _target(edit)
+    current = _SHIPPED.get(id(current), current)  # another probe's copy in force: read torch's own
     fn = current.__func__ if isinstance(current, (staticmethod, classmethod)) else current
     src = inspect.getsource(fn)  # edited as the file indents it, then dedented (a method's lines)
     for old, new in edit.changes:
@@ -155,6 +170,7 @@ def _rewritten(edit: Edit) -> Any:
     elif isinstance(current, classmethod):
         made = classmethod(made)
     _CACHE[edit] = (current, made)
+    _SHIPPED[id(made)] = current
     return _CACHE[edit]
 
 
@@ -780,3 +796,10 @@ def available(name: str) -> str | None:
 def patch(name: str) -> ContextManager[None]:
     """Probe ``name`` in force for what runs inside (Unavailable where it cannot be applied)."""
     return PROBES[name].patch()
+
+
+def stackable(a: str, b: str) -> bool:
+    """Whether probes ``a`` and ``b`` can be in force together: two that
+    rewrite one function cannot (the second copy, made from torch's source,
+    would replace the first's edit instead of adding to it)."""
+    return not (PROBES[a].functions() & PROBES[b].functions())

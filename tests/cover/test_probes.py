@@ -209,6 +209,24 @@ def test_a_probe_takes_its_older_edits_where_this_torch_has_the_older_lines(monk
     assert probes.available("moved") is None
 
 
+def test_a_probe_chosen_under_another_probe_reads_torchs_own_source():
+    """The gate stacks two bugs' checks; a rank may first meet a probe while
+    another rewrites the same function: the choice must read torch's source,
+    not the other probe's copy (which has none to read)."""
+    target = ("torch.distributed.pipelining._backward", "stage_backward_weight")
+    moved = probes.Probe("moved", "a line written otherwise before",
+                         (probes.Edit(*target, (("    no such line\n", "    pass\n"),)),),
+                         older=(probes.Edit(*target, (("    for param_group in param_groups:\n",
+                                                       "    for param_group in param_groups:  # moved\n"),)),))
+    with probes.patch("split-clamp-every-intermediate"):
+        assert moved.applicable() == moved.older
+
+
+def test_two_probes_that_rewrite_one_function_are_not_stacked():
+    assert not probes.stackable("split-clamp-every-intermediate", "split-param-groups-apart")
+    assert probes.stackable("split-detach-no-views", "split-grad-like-param")
+
+
 def _gate(tmp_path, places: list[dict], case_file: str = "split/scale_hook_applied_twice.json",
           paths: str = "split.stock"):
     """The gate on one corpus case under a ledger of one bug per place given."""
