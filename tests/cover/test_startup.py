@@ -58,6 +58,23 @@ def test_resolving_split_does_not_import_pipelining() -> None:
     assert out.strip().splitlines()[-1] == "False"
 
 
+def test_listing_the_pipeline_paths_does_not_import_pipelining() -> None:
+    """Listing the pipeline paths (``gradfuzz paths``) reads the package's
+    ``__all__``; the classes are imported where a pipeline path runs."""
+    code = ("import sys; from harness.paths import resolve; ps = resolve('pipeline'); "
+            "print(sum(p.name.startswith('pipeline.') for p in ps), 'torch.distributed.pipelining' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    count, imported = out.strip().splitlines()[-1].split()
+    assert int(count) > 0 and imported == "False"
+
+
+def test_the_schedule_names_are_the_schedules_torch_exports() -> None:
+    from harness.paths.pipeline.path import schedule_names
+    from harness.paths.pipeline.rank import discover
+
+    assert sorted(schedule_names()) == sorted(discover())
+
+
 def test_is_path_evaluates_no_property() -> None:
     class Probing:
         name = "probing.stock"
