@@ -112,7 +112,7 @@ class Machinery:
 
     @classmethod
     def of(cls, family: str, modules: Iterable[str] | None = None) -> "Machinery":
-        mods = tuple(modules if modules is not None else MACHINERY.get(family, ()))
+        mods = tuple(modules if modules is not None else registry.declared("machinery").get(family, ()))
         files = {f: executable_lines(f) for m in mods for f in module_files(m)}
         return cls(family, mods, {f: ls for f, ls in files.items() if ls})
 
@@ -354,9 +354,11 @@ _child: list[Tracer | None] = []
 def child_tracer() -> Tracer | None:
     """This worker process's tracer over every family's machinery, when its parent asked for one."""
     if not _child:
-        traced = os.environ.get(ENV)  # an untraced process loads no family for it
-        _child.append(Tracer(f for mods in MACHINERY.values() for m in mods for f in module_files(m))
-                      if traced else None)
+        if os.environ.get(ENV):  # an untraced process loads no family for it
+            declared = registry.declared("machinery")
+            _child.append(Tracer(f for mods in declared.values() for m in mods for f in module_files(m)))
+        else:
+            _child.append(None)
     return _child[0]
 
 

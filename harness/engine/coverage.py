@@ -2,9 +2,9 @@
 
 The tracer itself (``harness.machinery_coverage``) knows files, not paths;
 this joins it to the families: a path's family is the one whose
-``prefixes`` (or name) its name starts with, and a family's machinery is its
-``Family.machinery`` attribute when it has one (a third-party family
-declares its own), else the built-in table ``MACHINERY``.
+``prefixes`` (or name) its name starts with, and a family's machinery is
+what its ``Family.machinery`` declares (a third-party family's the same way
+as a built-in one's).
 
 Modes: ``measure`` traces every drawn example's path runs and reports the
 lines reached; ``guide`` also hands each example's count of lines no earlier
@@ -15,9 +15,8 @@ from the examples that reached new machinery code.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
-from harness.machinery_coverage import MACHINERY, FamilyCoverage, Machinery, Meter, combine, request_in_children
+from harness.machinery_coverage import FamilyCoverage, Machinery, Meter, combine, request_in_children
 
 MODES = ("measure", "guide")
 GUIDE_LABEL = "new machinery lines"
@@ -47,18 +46,9 @@ def machinery_family(path_name: str) -> str:
 
 @lru_cache(maxsize=None)
 def machinery_of(family: str) -> Machinery:
-    """A family's files and reachable lines: its own declaration, else the table."""
-    declared: Any = None
-    try:
-        from harness.paths import families
-
-        for fam in families():
-            if fam.name == family:
-                declared = getattr(fam, "machinery", None)
-                break
-    except Exception:  # the registry failing is reported elsewhere; the table still answers
-        declared = None
-    return Machinery.of(family, declared if declared else MACHINERY.get(family, ()))
+    """A family's files and reachable lines, read once per process: listing
+    its files walks the installed packages."""
+    return Machinery.of(family)
 
 
 def new_meter() -> Meter:
