@@ -24,11 +24,6 @@ from harness.case.vocab import printable
 from harness.case.budget import MAX_SCRIPT_BYTES
 from harness.gate import ledger as ledger_mod
 
-# The torch component a path family reaches, for the issue title.
-COMPONENTS = {"split": "pipelining", "pipeline": "pipelining", "dtensor": "DTensor", "mesh": "DTensor",
-              "fsdp2": "FSDP2", "ddp": "DDP", "compile": "torch.compile", "compiled": "compiled autograd",
-              "checkpoint": "checkpoint", "eager": "autograd", "func": "torch.func", "graphed": "CUDA graphs",
-              "deepspeed": "DeepSpeed", "megatron": "Megatron-core"}
 _REF = re.compile(r"(?<![\w/])(?:pytorch(?:/pytorch)?)?#(\d{3,7})\b")
 # Marks around the quoted script while the issue is assembled (private-use characters, dropped from the text).
 _SCRIPT, _QUOTED = "\ue000", "\ue001"
@@ -108,11 +103,23 @@ def issue(bug: ledger_mod.Bug, root: str, run: bool = False) -> str:
 
 def title(bug: ledger_mod.Bug) -> str:
     """``[component] first clause of the summary``: what broke, in torch's names."""
-    family = bug.places[0].path.split(",")[0].strip().split(".")[0]
+    first = bug.places[0].path.split(",")[0].strip().split(".")[0]
     head = re.split(r": |; | \(", bug.summary, maxsplit=1)[0].strip().rstrip(".")
     if len(head) > 110:
         head = head[:110].rsplit(" ", 1)[0] + " ..."
-    return f"[{COMPONENTS.get(family, family)}] {head[:1].upper()}{head[1:]}"
+    return f"[{component(first)}] {head[:1].upper()}{head[1:]}"
+
+
+def component(head: str) -> str:
+    """The upstream component a path-name head reaches, in the words its
+    family declares (``Family.components``), so a new family's issues are
+    titled in its stack's terms without a line here; else the head itself."""
+    from harness.paths import families
+
+    for fam in families():
+        if head in fam.components:
+            return fam.components[head]
+    return head
 
 
 def related(upstream: str) -> list[str]:

@@ -79,9 +79,9 @@ class Family:
     broken ones, which ``selfcheck`` (and so every gate) must catch;
     ``scripts`` maps each ``Repro.template`` the family's paths return to the
     writer of that standalone script; ``user_impls`` are its flags that name
-    user code; ``docs`` is its page, for ``gradfuzz paths``. The last three
+    user code; ``docs`` is its page, for ``gradfuzz paths``. The last four
     fields are what the core would otherwise keep in tables by family name:
-    ``machinery``, ``probe_data`` and ``unprobed``.
+    ``machinery``, ``probe_data``, ``unprobed`` and ``components``.
     """
 
     name: str
@@ -109,6 +109,10 @@ class Family:
     # Its path classes (by class name) the probe cannot speak for, and why:
     # they run cases of their own draws, so a probe case shows nothing of them.
     unprobed: dict[str, str] = field(default_factory=dict)
+    # The upstream component each first part of its path names reaches, as an
+    # issue title names it (``{"ddp": "DDP", "fsdp2": "FSDP2"}``): what
+    # ``gradfuzz report`` puts in brackets. A head it leaves out is its own.
+    components: dict[str, str] = field(default_factory=dict)
 
 
 def lazy(ref: str) -> Callable[..., Any]:

@@ -9,6 +9,7 @@ FAMILY = Family(
     canaries=lazy("harness.paths.compile.canaries:canaries"),
     docs="harness/paths/compile/README.md",
     prefixes=("compile",),
+    components={"compile": "torch.compile"},
     machinery=("torch._functorch.aot_autograd", "torch._functorch._aot_autograd", "torch._functorch.partitioners",
                "torch._dynamo.compiled_autograd", "torch._dynamo.backends.common"),
 )

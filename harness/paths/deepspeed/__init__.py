@@ -20,6 +20,7 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",
     prefixes=("deepspeed",),
+    components={"deepspeed": "DeepSpeed"},
     machinery=("deepspeed.runtime.zero", "deepspeed.runtime.pipe", "deepspeed.runtime.engine"),
     unprobed={"MisusePath": "every case it takes carries a misuse; it runs deepspeed.zeroN.stock's engine and loop"},
     package="deepspeed",

@@ -13,5 +13,6 @@ FAMILY = Family(
                          "MODULE[:ATTR] with install(params, mesh)"),),
     docs="harness/paths/dtensor/README.md",
     prefixes=("dtensor",),
+    components={"dtensor": "DTensor"},
     machinery=("torch.distributed.tensor",),
 )

@@ -3,4 +3,4 @@
 from harness.paths.family import Family, lazy
 
 FAMILY = Family("eager", paths=lazy("harness.paths.eager.path:paths"), docs="harness/paths/eager/README.md",
-                prefixes=("eager",), machinery=("torch.autograd", "torch._tensor"))
+                prefixes=("eager",), machinery=("torch.autograd", "torch._tensor"), components={"eager": "autograd"})

@@ -9,4 +9,5 @@ FAMILY = Family(
     canaries=lazy("harness.paths.func.canaries:canaries"),
     docs="harness/paths/func/README.md",
     prefixes=("func",),
+    components={"func": "torch.func"},
 )

@@ -11,5 +11,6 @@ FAMILY = Family(
                          "MODULE:ATTR, a make_graphed_callables-like callable"),),
     docs="harness/paths/graphed/README.md",
     prefixes=("graphed",),
+    components={"graphed": "CUDA graphs"},
     machinery=("torch.cuda.graphs",),
 )

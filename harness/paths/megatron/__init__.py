@@ -24,6 +24,7 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/megatron/README.md",
     prefixes=("megatron",),
+    components={"megatron": "Megatron-core"},
     machinery=("megatron.core.distributed", "megatron.core.pipeline_parallel", "megatron.core.optimizer"),
     probe_data=lambda cut: {"version": 1, "cut": 1, "cuts": [1, 2, 3]} if cut else None,
     package="megatron-core",

@@ -16,6 +16,7 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/mesh/README.md",
     prefixes=("mesh",),
+    components={"mesh": "DTensor"},
     machinery=("torch.distributed.tensor", "torch.distributed.device_mesh", "torch.distributed.fsdp",
                "torch.distributed.pipelining"),
     probe_data=lambda cut: {"version": 1, "codes": [], "partial_dp": False, "schedule": "", "wrapper": "ddp"},

@@ -13,5 +13,6 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/parallel/README.md",
     prefixes=("ddp", "fsdp2"),
+    components={"ddp": "DDP", "fsdp2": "FSDP2"},
     machinery=("torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.algorithms.ddp_comm_hooks"),
 )

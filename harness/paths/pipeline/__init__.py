@@ -13,6 +13,7 @@ FAMILY = Family(
     case_data=CASE_DATA,
     docs="harness/paths/pipeline/README.md",
     prefixes=("pipeline",),
+    components={"pipeline": "pipelining"},
     machinery=("torch.distributed.pipelining",),
     probe_data=lambda cut: {"version": 1, "cuts": [1]} if cut else None,
 )

@@ -11,5 +11,6 @@ FAMILY = Family(
                          "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),),
     docs="harness/paths/split/README.md",
     prefixes=("split",),
+    components={"split": "pipelining"},
     machinery=("torch.distributed.pipelining._backward",),
 )
