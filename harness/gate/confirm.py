@@ -65,5 +65,6 @@ def confirm(divergences: Iterable[Divergence], paths: list[Path], ledger_file: s
         claim_new(rows, [by_name[row.path]], led, version, None)
         done[key] = Confirmed(row.status, row.bug or "", row.detail[len(before) + 2:-1])
         for r in rows[1:]:  # a second bug the check exposed (the first one hid it)
-            done.setdefault((r.path, r.signature or ""), Confirmed("new", "", f"exposed by {row.bug}'s check: {r.detail}"))
+            done.setdefault((r.path, r.signature or ""),
+                            Confirmed("new", "", f"exposed by {row.bug}'s check: {r.detail}"))
     return done, 0

@@ -145,7 +145,8 @@ def _worked_around(bug: ledger_mod.Site, path: Path | None, row: Row) -> Path | 
     if worked is None:
         return Verdict("known_signature_only", f"{what} is not applied on {row.path} here: by signature only")
     if worked.supports(Case.from_json(row.case)) is not None:
-        return Verdict("known_signature_only", f"the case is outside {row.path}'s contract with {wa}: by signature only")
+        return Verdict("known_signature_only",
+                       f"the case is outside {row.path}'s contract with {wa}: by signature only")
     return worked
 
 

@@ -50,7 +50,7 @@ class Place:
     # ``workaround``: the bug's signatures depend on the case's numbers (tensors
     # swapped between microbatches), so the recorded ones cannot be complete;
     # the gate files a new divergence on these paths under it when its workaround
-    # removes it (``harness.gate.run.claim_new``). ``signature``: by signature only.
+    # removes it (``harness.gate.known.claim_new``). ``signature``: by signature only.
     claims: str = "signature"
     signatures: tuple[str, ...] = ()
     cases: tuple[str, ...] = ()  # cases that show it on these paths only, besides the bug's own

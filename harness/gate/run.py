@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from harness.gate import phases
-from harness.gate.evidence import by_shape as _by_shape  # noqa: F401  (the tests' name)
 from harness.gate.phases import Context, GateSettings
 from harness.gate.rows import GateReport, Row
 from harness.paths import Path

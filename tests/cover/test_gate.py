@@ -293,16 +293,17 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
     sibling path is that bug, not a new one. Outside the entry's paths it is not."""
     from harness.paths.split.path import SplitPath
     from harness.engine.runner import check
+    from harness.gate.evidence import Evidence
 
     a = SplitPath("split.stock", "harness.paths.split.canaries:double_count_nested", stock_contract=True)
     b = SplitPath("canary.sibling", "harness.paths.split.canaries:double_count_nested", stock_contract=True)
     (da,), (db,) = check(nested(), a)[:1], check(nested(), b)[:1]
     assert da.signature != db.signature and da.shape == db.shape
     led = ledger.Ledger([ledger.Bug.single("fam", "split.stock, canary.sib*", f">={V}", "double count")], str(tmp_path))
-    assert gate._by_shape(led, {("fam", da.shape)}, db, torch.__version__).id == "fam"
-    assert gate._by_shape(led, {("fam", "value-0000000000")}, db, torch.__version__) is None
+    assert Evidence(led, torch.__version__, shapes={("fam", da.shape)}).owner(db).id == "fam"
+    assert Evidence(led, torch.__version__, shapes={("fam", "value-0000000000")}).owner(db) is None
     other = ledger.Ledger([ledger.Bug.single("fam", "split.stock", f">={V}", "double count")], str(tmp_path))
-    assert gate._by_shape(other, {("fam", da.shape)}, db, torch.__version__) is None
+    assert Evidence(other, torch.__version__, shapes={("fam", da.shape)}).owner(db) is None
 
 
 def test_a_case_filed_under_two_bugs_gives_each_divergence_to_the_bug_that_names_it(tmp_path):
