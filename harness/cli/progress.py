@@ -53,6 +53,28 @@ def eta(done: float, total: float, elapsed: float, fixed: bool = True) -> float 
     return elapsed / done * (total - done)
 
 
+def fuzz_left(view: View, done: float, total: float, elapsed: float, fixed: bool = True) -> float | None:
+    """Seconds left of an examples budget, target by target: each started
+    target at its own rate, the ones not started at the median rate, the
+    work shared by the workers but never ending before the slowest target's
+    own remainder (a compile flavour or a two-rank schedule runs on one
+    worker at a fraction of the others' rate, so the pooled rate, which the
+    fast targets set, ends the phase too early). ``eta``'s gates apply."""
+    if eta(done, total, elapsed, fixed) is None:
+        return None
+    budget, paths = view.get("examples_budget"), view.get("paths", {})
+    rates = sorted(t["seconds"] / t["examples"] for t in paths.values() if t.get("examples") and t.get("seconds"))
+    if not budget or not rates:
+        return eta(done, total, elapsed, fixed)
+    typical = rates[len(rates) // 2]
+    wants = {n: budget * int(t.get("per_example", 1)) for n, t in paths.items()}
+    own = [(t["seconds"] / t["examples"] if t.get("examples") and t.get("seconds") else typical)
+           * (wants[n] - t.get("examples", 0)) for n, t in paths.items() if t.get("examples", 0) < wants[n]]
+    unstarted = max(total - sum(wants.values()), 0) * typical
+    workers = max(int(view.get("workers") or 1), 1)
+    return max((sum(own) + unstarted) / workers, max(own, default=0.0))
+
+
 class Steady:
     """An ETA shown only while it holds: each estimate is compared with the
     end the one before it projected, and shown when the two agree (within a
@@ -67,10 +89,11 @@ class Steady:
         self.total: float = -1
         self.end: float | None = None  # when the last estimate said the count would end
 
-    def __call__(self, done: float, total: float, elapsed: float, now: float, fixed: bool = True) -> float | None:
+    def __call__(self, done: float, total: float, elapsed: float, now: float, fixed: bool = True,
+                 view: View | None = None) -> float | None:
         if total != self.total:
             self.total, self.end = total, None
-        left = eta(done, total, elapsed, fixed)
+        left = eta(done, total, elapsed, fixed) if view is None else fuzz_left(view, done, total, elapsed, fixed)
         if left is None:
             return None
         before, self.end = self.end, now + left
@@ -89,8 +112,8 @@ def summarize(view: View, steady: Steady | None = None) -> dict[str, Any]:
         left = max(0.0, view["deadline"] - now)
     elif view.get("examples_budget") or view.get("planned"):
         fixed = bool(view.get("planned"))
-        left = (steady(total, wanted(view), elapsed, now, fixed) if steady is not None
-                else eta(total, wanted(view), elapsed, fixed))
+        left = (steady(total, wanted(view), elapsed, now, fixed, view) if steady is not None
+                else fuzz_left(view, total, wanted(view), elapsed, fixed))
     by_path: dict[str, int] = {}
     for sig, n in view.get("counts", {}).items():
         p = view.get("details", {}).get(sig, {}).get("path", "?")

@@ -56,6 +56,22 @@ def test_an_eta_is_shown_only_once_the_total_is_fixed_and_a_fifth_of_it_is_done(
     assert ETA_AFTER * 20 <= 5
 
 
+def test_the_fuzz_eta_waits_for_the_slowest_target_not_the_pooled_rate():
+    """Four fast targets done at 1 s an example, one compile flavour at 20 s
+    and 2 of its 10 done: the pooled rate (42 done in 60 s) says 11 s left;
+    the flavour alone has 160 s of its own to run."""
+    from harness.cli.progress import eta, fuzz_left
+
+    paths = {f"fast{i}": {"examples": 10, "seconds": 10.0, "per_example": 1} for i in range(4)}
+    paths["compile"] = {"examples": 2, "seconds": 40.0, "per_example": 1}
+    view = {"examples_budget": 10, "paths": paths, "workers": 4}
+    assert round(eta(42, 50, 60.0)) == 11
+    assert fuzz_left(view, 42, 50, 60.0) == 160.0
+    view["paths"] = {n: t for n, t in paths.items() if n != "compile"}  # the flavour not started yet
+    assert fuzz_left(view, 40, 50, 60.0) == 10.0 / 4  # its 10 examples at the others' median rate, on 4 workers
+    assert fuzz_left(view, 2, 50, 60.0) is None  # eta's gates hold: too little done to say
+
+
 def test_phase_lines_drop_the_emitters_estimates_and_show_one_only_when_it_holds():
     from harness.cli.progress import PhaseLines
 
