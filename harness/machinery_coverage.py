@@ -13,8 +13,8 @@ It sits near the bottom of the layers and imports only the registry, so the
 engine and a rank process can both use it.
 
 Each family declares its machinery (``Family.machinery``: module names, a
-package meaning every ``.py`` file under it); ``MACHINERY`` reads those of
-every registered family. Modules that are not installed here (deepspeed)
+package meaning every ``.py`` file under it), read from the registered
+families when first asked. Modules that are not installed here (deepspeed)
 are left out of the count.
 """
 
@@ -27,27 +27,9 @@ import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import CodeType, FrameType
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator
 
 from harness import registry
-
-
-class _Declared(Mapping[str, tuple[str, ...]]):
-    """family -> the modules whose code its paths exercise, as the
-    registered families declare them: read when first asked, so a process
-    that never traces loads no family for it."""
-
-    def __getitem__(self, family: str) -> tuple[str, ...]:
-        return registry.declared("machinery")[family]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(registry.declared("machinery"))
-
-    def __len__(self) -> int:
-        return len(registry.declared("machinery"))
-
-
-MACHINERY: Mapping[str, tuple[str, ...]] = _Declared()
 
 
 def module_files(module: str) -> list[str]:
