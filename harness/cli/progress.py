@@ -60,19 +60,20 @@ def fuzz_left(view: View, done: float, total: float, elapsed: float, fixed: bool
     own remainder (a compile flavour or a two-rank schedule runs on one
     worker at a fraction of the others' rate, so the pooled rate, which the
     fast targets set, ends the phase too early). ``eta``'s gates apply."""
-    if eta(done, total, elapsed, fixed) is None:
+    pooled = eta(done, total, elapsed, fixed)
+    if pooled is None:
         return None
     budget, paths = view.get("examples_budget"), view.get("paths", {})
     rates = sorted(t["seconds"] / t["examples"] for t in paths.values() if t.get("examples") and t.get("seconds"))
     if not budget or not rates:
-        return eta(done, total, elapsed, fixed)
+        return pooled
     typical = rates[len(rates) // 2]
     wants = {n: budget * int(t.get("per_example", 1)) for n, t in paths.items()}
     own = [(t["seconds"] / t["examples"] if t.get("examples") and t.get("seconds") else typical)
            * (wants[n] - t.get("examples", 0)) for n, t in paths.items() if t.get("examples", 0) < wants[n]]
     unstarted = max(total - sum(wants.values()), 0) * typical
     workers = max(int(view.get("workers") or 1), 1)
-    return max((sum(own) + unstarted) / workers, max(own, default=0.0))
+    return max(pooled, (sum(own) + unstarted) / workers, max(own, default=0.0))
 
 
 class Steady:
