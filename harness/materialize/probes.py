@@ -497,6 +497,20 @@ def _clamped_saved_grads(condition: str) -> tuple[Edit, ...]:
                    "                _h.remove()\n"))),)
 
 
+# 2.13 put these lines of stage_backward_input and stage_backward_weight in a
+# try block; in 2.11's source the same lines sit four columns further left.
+_TRY_WRAPPED = ("stage_backward_input", "stage_backward_weight")
+
+
+def _before_the_try(edits: tuple[Edit, ...]) -> tuple[Edit, ...]:
+    """A probe's edits written against 2.11's stage_backward source."""
+    def left(text: str) -> str:
+        return "".join(line[4:] if line.startswith("    ") else line for line in text.splitlines(keepends=True))
+
+    return tuple(Edit(e.module, e.function, tuple((left(o), left(n)) for o, n in e.changes))
+                 if e.module == _BACKWARD and e.function in _TRY_WRAPPED else e for e in edits)
+
+
 # Shared by a probe's current and older edit sets: these lines are the same in both releases.
 _GROUP_MERGED = Edit(_BACKWARD, "get_param_groups",
                      (("                param_group = existing\n",
@@ -521,6 +535,21 @@ _UNREACHED_WEIGHT_PASS = Edit(_BACKWARD, "stage_backward_weight",
                                 "                else:\n"
                                 "                    weight.grad += dw\n"
                                 "            continue\n"),))
+_GROUPS_APART = (Edit(_BACKWARD, "stage_backward_weight",
+                      (("                    retain_graph=retain_graph,\n",
+                        "                    retain_graph=retain_graph or param_group is not param_groups[-1],\n"),)),
+                 _GROUP_MERGED,)
+_DETACH_NO_VIEWS = (Edit(_BACKWARD, "stage_backward_input",
+                         (("            t.detach_()\n", "            if not t._is_view():\n                t.detach_()\n"),)),)
+_KEEP_OUTPUTS_ATTACHED = (Edit(_BACKWARD, "stage_backward_input",
+                               (("            t.detach_()\n", "            pass\n"),)),
+                          Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.backward_one_chunk",
+                               (("                    t.detach_()\n", "                    pass\n"),)))
+_GRAD_LIKE_PARAM = (Edit(_BACKWARD, "stage_backward_weight",
+                         (("                        weight.grad = dw\n",
+                           "                        weight.grad = (dw if dw.stride() == weight.stride()\n"
+                           "                                       else torch.empty_like(weight).copy_(dw))\n"),)),)
+
 PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("split-clamp-saved-grads",
           "stage_backward_weight holds the intermediates of a group of several to the grads the input pass saved "
@@ -606,14 +635,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "get_param_groups points every intermediate of a merged group at the merged group (no parameter left in "
           "two groups), and stage_backward_weight keeps the graph until the last group's pass (groups sharing a "
           "region of the graph no longer find it freed)",
-          (Edit(_BACKWARD, "stage_backward_weight",
-                (("                    retain_graph=retain_graph,\n",
-                  "                    retain_graph=retain_graph or param_group is not param_groups[-1],\n"),)),
-           _GROUP_MERGED,),
-          older=(Edit(_BACKWARD, "stage_backward_weight",
-                      (("                retain_graph=retain_graph,\n",
-                        "                retain_graph=retain_graph or param_group is not param_groups[-1],\n"),)),
-                 _GROUP_MERGED)),
+          _GROUPS_APART, older=_before_the_try(_GROUPS_APART)),
     Probe("split-group-unreached-weights",
           "stage_backward_input puts the weights that no weight group holds (their graph never meets a stage input "
           "that needs grad) in one more group, run from the stage outputs with their grads, and "
@@ -641,20 +663,11 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("split-detach-no-views",
           "stage_backward_input leaves a stage output that is a view attached instead of detaching it in place "
           "(which autograd refuses for views)",
-          (Edit(_BACKWARD, "stage_backward_input",
-                (("            t.detach_()\n", "            if not t._is_view():\n                t.detach_()\n"),)),),
-          older=(Edit(_BACKWARD, "stage_backward_input",
-                      (("        t.detach_()\n", "        if not t._is_view():\n            t.detach_()\n"),)),)),
+          _DETACH_NO_VIEWS, older=_before_the_try(_DETACH_NO_VIEWS)),
     Probe("split-keep-outputs-attached",
           "stage_backward_input (and a last stage's backward_one_chunk) no longer detach the stage outputs in place, "
           "so an output saved for the backward of another output is still there in the weight pass",
-          (Edit(_BACKWARD, "stage_backward_input",
-                (("            t.detach_()\n", "            pass\n"),)),
-           Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.backward_one_chunk",
-                (("                    t.detach_()\n", "                    pass\n"),))),
-          older=(Edit(_BACKWARD, "stage_backward_input", (("        t.detach_()\n", "        pass\n"),)),
-                 Edit("torch.distributed.pipelining.stage", "_PipelineStageBase.backward_one_chunk",
-                      (("                    t.detach_()\n", "                    pass\n"),)))),
+          _KEEP_OUTPUTS_ATTACHED, older=_before_the_try(_KEEP_OUTPUTS_ATTACHED)),
     Probe("rms-norm-add-eps-out-of-place",
           "F.rms_norm on CPU runs torch's composite with the eps added out of place (torch adds it in place into "
           "the mean's output)",
@@ -769,14 +782,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "
           "split-adopts-aliased-grad's: where a case shows both, the probe cannot tell them apart)",
-          (Edit(_BACKWARD, "stage_backward_weight",
-                (("                        weight.grad = dw\n",
-                  "                        weight.grad = (dw if dw.stride() == weight.stride()\n"
-                  "                                       else torch.empty_like(weight).copy_(dw))\n"),)),),
-          older=(Edit(_BACKWARD, "stage_backward_weight",
-                      (("                    weight.grad = dw\n",
-                        "                    weight.grad = (dw if dw.stride() == weight.stride()\n"
-                        "                                   else torch.empty_like(weight).copy_(dw))\n"),)),)),
+          _GRAD_LIKE_PARAM, older=_before_the_try(_GRAD_LIKE_PARAM)),
 )}
 
 
