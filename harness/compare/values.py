@@ -170,9 +170,12 @@ class Tolerance:
         """Whether every element of ``magnitude`` is within ``allowed``. The
         noise cap only lowers the term bound and costs an eager run of its
         own, so it is measured only where the term bound alone covers them."""
-        if not self.exact and not bool((magnitude <= self._by_terms(what, magnitude.shape) + self._rounding(at)).all()):
+        if self.exact:
+            return bool((magnitude <= 0.0).all())
+        by_terms, rounding = self._by_terms(what, magnitude.shape), self._rounding(at)
+        if not bool((magnitude <= by_terms + rounding).all()):
             return False
-        return bool((magnitude <= self.allowed(what, magnitude.shape, at)).all())
+        return bool((magnitude <= self._capped(by_terms, at) + rounding).all())
 
     def _by_terms(self, what: str, shape: torch.Size) -> torch.Tensor | float:
         bound = self.bounds.get(what)
