@@ -10,6 +10,7 @@ it here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from harness.case.spec import Case
 from harness.engine.check import CaseCheck
@@ -127,6 +128,13 @@ def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path
     return _compared(led, bug, path, row, cc.run(path), cc.run(worked), slack, version)
 
 
+def _where(row: Row) -> tuple[str | None, tuple[Any, Any, Any]]:
+    """The row's divergence as a check's run is held to it: its shape, and
+    its place (kind, parameter, microbatch)."""
+    d0 = row.divergence or {}
+    return d0.get("shape"), (d0.get("kind"), d0.get("param"), d0.get("microbatch"))
+
+
 def _what(check: str) -> str:
     return f"fix probe {check}" if check in probes.PROBES else f"workaround {check}"
 
@@ -157,9 +165,8 @@ def _compared(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path, row: Row
     a probe that also removed another bug's divergence is tried in isolation;
     what only the worked-around run shows is exposed, a second bug."""
     wa, what, is_probe = bug.check, _what(bug.check), bug.check in probes.PROBES
-    d0 = row.divergence or {}
-    place = (d0.get("kind"), d0.get("param"), d0.get("microbatch"))
-    here = [d for d in left if d.shape == d0.get("shape")
+    shape, place = _where(row)
+    here = [d for d in left if d.shape == shape
             or (d.kind, d.param, d.microbatch) == place and not _other_bug(led, bug, d, version)]
     if here:
         return Verdict("resembles", f"resembles {bug.id}, but its {what} leaves the case wrong there: "
@@ -217,7 +224,7 @@ def _isolated_verdict(bug: ledger_mod.Site, others: list[ledger_mod.Site], path:
     if path is None or row.case is None:
         return None
     case = Case.from_json(row.case)
-    shape = (row.divergence or {}).get("shape")
+    shape, _ = _where(row)
     tried = [o.check for o in others] + list(getattr(path, "workarounds", ()))
     for wa in dict.fromkeys(c for c in tried if c in WORKAROUNDS):
         base = apply(path, wa)
@@ -260,9 +267,8 @@ def _stacked_verdict(bug: ledger_mod.Site, other: ledger_mod.Site, path: Path | 
     if worked.supports(case) is not None:
         return None
     left = CaseCheck(case, slack=slack).run(worked)
-    d0 = row.divergence or {}
-    place = (d0.get("kind"), d0.get("param"), d0.get("microbatch"))
-    if any(d.shape == d0.get("shape") or (d.kind, d.param, d.microbatch) == place for d in left):
+    shape, place = _where(row)
+    if any(d.shape == shape or (d.kind, d.param, d.microbatch) == place for d in left):
         return None
     status = "known_probe" if any(c in probes.PROBES for c in checks) else "known"
     return Verdict(status, f"stacked with {other.id}: {bug.id}'s {bug.check} or {other.id}'s {other.check} alone "
