@@ -69,8 +69,7 @@ def test_listing_the_pipeline_paths_does_not_import_pipelining() -> None:
 
 
 def test_the_schedule_names_are_the_schedules_torch_exports() -> None:
-    from harness.paths.pipeline.path import schedule_names
-    from harness.paths.pipeline.rank import discover
+    from harness.paths.pipeline.rank import discover, schedule_names
 
     assert sorted(schedule_names()) == sorted(discover())
 

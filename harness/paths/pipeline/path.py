@@ -41,10 +41,7 @@ dead rank are findings, as on every path.
 
 from __future__ import annotations
 
-import ast
 import atexit
-import importlib.util
-import os
 import weakref
 from typing import Any
 
@@ -512,6 +509,7 @@ def paths(options: Options) -> list[PipelinePath]:
     """The registry's hook: stock and fixed for every schedule torch exports,
     in one process and on two ranks. Under torchrun the DTensor paths own the
     group; the pipeline paths are not offered there."""
+    from harness.paths.pipeline.rank import schedule_names
     from harness.workers import pool
 
     if pool.torchrun_env():
@@ -523,30 +521,3 @@ def paths(options: Options) -> list[PipelinePath]:
             made += [PipelinePath(schedule, STOCK, ws, timeout, backend=options.backend),
                      PipelinePath(schedule, FIXED, ws, timeout, backend=options.backend)]
     return made
-
-
-def schedule_names() -> list[str]:
-    """The training schedules torch's pipelining package exports, read from
-    its ``__all__`` without importing it: the import costs as much as torch
-    itself, and listing paths (``gradfuzz paths``, ``--help``, a gate over
-    other families) needs only the names. ``rank.discover`` imports the
-    classes where a pipeline path runs; the two agree on every torch this
-    project tests (``tests/cover/test_pipeline*``)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or spec.origin is None:
-        return []
-    init = os.path.join(os.path.dirname(spec.origin), "distributed", "pipelining", "__init__.py")
-    try:
-        with open(init, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return []
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            try:
-                names = ast.literal_eval(node.value)
-            except ValueError:
-                return []
-            return [n[len("Schedule"):] for n in names if isinstance(n, str) and n.startswith("Schedule")
-                    and "ForwardOnly" not in n]
-    return []

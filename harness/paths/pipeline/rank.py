@@ -23,7 +23,10 @@ exception if one was raised. Judging is the parent's job
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import inspect
+import os
 import time
 from typing import Any
 
@@ -44,9 +47,36 @@ STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
 
 
+def schedule_names() -> list[str]:
+    """The training schedules torch's pipelining package exports, read from
+    its ``__all__`` without importing it: the import costs as much as torch
+    itself, and listing paths (``gradfuzz paths``, ``--help``, a gate over
+    other families) needs only the names. ``discover`` imports the classes
+    where a pipeline path runs."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return []
+    init = os.path.join(os.path.dirname(spec.origin), "distributed", "pipelining", "__init__.py")
+    try:
+        with open(init, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            try:
+                names = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [n[len("Schedule"):] for n in names if isinstance(n, str) and n.startswith("Schedule")
+                    and "ForwardOnly" not in n]
+    return []
+
+
 def discover() -> dict[str, type]:
     """Every training schedule the installed torch exports, by short name
-    (``ScheduleZBVZeroBubble`` -> ``ZBVZeroBubble``)."""
+    (``ScheduleZBVZeroBubble`` -> ``ZBVZeroBubble``): the names
+    ``schedule_names`` reads, each a concrete schedule class once imported."""
     try:
         import torch.distributed.pipelining as pp
         from torch.distributed.pipelining import schedules as sched_mod
@@ -54,13 +84,10 @@ def discover() -> dict[str, type]:
         return {}
     base = getattr(sched_mod, "_PipelineSchedule", None)
     found = {}
-    for name in getattr(pp, "__all__", ()):
-        cls = getattr(pp, name, None)
-        if not inspect.isclass(cls) or base is None or not issubclass(cls, base) or inspect.isabstract(cls):
-            continue
-        if name.startswith("_") or "ForwardOnly" in name:
-            continue
-        found[name[len("Schedule"):] if name.startswith("Schedule") else name] = cls
+    for name in schedule_names():
+        cls = getattr(pp, f"Schedule{name}", None)
+        if inspect.isclass(cls) and base is not None and issubclass(cls, base) and not inspect.isabstract(cls):
+            found[name] = cls
     return found
 
 
