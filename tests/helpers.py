@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 
 
@@ -34,3 +39,16 @@ def torchrun_verdict(text: str, where) -> tuple[str, int]:
     words = [ln for ln in run.stdout.splitlines() if "agrees" in ln or "DIVERGES" in ln]
     assert words, run.stdout[-2000:] + run.stderr[-3000:]
     return words[-1], run.returncode
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` loaded as a module (benchmarks are scripts,
+    not a package), registered so dataclasses can look their module up."""
+    spec = importlib.util.spec_from_file_location(f"gradfuzz_bench_{name}",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+

@@ -5,10 +5,7 @@ were measured."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -18,20 +15,9 @@ from harness.case.spec import Case, Hook, Node, Param, Schedule, Use
 from harness.engine.session import plan
 from harness.generate import MOSTLY, cases
 from harness.paths import Options, close_paths, resolve
-from tests.helpers import nested
+from tests.helpers import benchmark_module, nested
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _pairs_module():
-    spec = importlib.util.spec_from_file_location("gradfuzz_bench_pairs", ROOT / "benchmarks" / "pairs.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(mod)
-    return mod
-
-
-pairs = _pairs_module()
+pairs = benchmark_module("pairs")
 
 
 def test_features_of_a_known_case():

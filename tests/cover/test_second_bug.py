@@ -7,27 +7,13 @@ must keep signing its findings by the use.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 from harness.observation import Failure
 from harness.paths import resolve
-from tests.helpers import nested
+from tests.helpers import benchmark_module, nested
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _second_bug_module():
-    spec = importlib.util.spec_from_file_location("gradfuzz_bench_second_bug", ROOT / "benchmarks" / "second_bug.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sb = _second_bug_module()
+sb = benchmark_module("second_bug")
 
 
 class Raising:
