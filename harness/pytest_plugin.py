@@ -269,9 +269,12 @@ class ReplayItem(pytest.Item):
         import torch
 
         from harness.artifacts import corpus
+        from harness.case import opinfo
         from harness.engine.runner import check
 
         entry = corpus.load(self.file)
+        if here := opinfo.unavailable(entry.case.nodes):
+            pytest.skip(f"not runnable on torch {torch.__version__}: {here}")
         reason = self.gpath.supports(entry.case)
         if reason is not None:
             pytest.skip(f"outside {self.gpath.name}'s contract: {reason}")

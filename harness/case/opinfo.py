@@ -5,8 +5,10 @@ seconds and needs ``expecttest``, so the ops are read once per torch minor
 version by ``harness.case.optable_build`` and shipped as a table
 (``optables/torch-X.Y.json``): per op, the callable's dotted name and a
 few screened samples. A run reads the table only when it draws or checks an
-``opinfo`` node. A torch version without a table draws no OpInfo node and
-refuses a case that has one, naming the file it lacks.
+``opinfo`` node. A torch version without a table draws no OpInfo node; a
+case naming an op that another torch's table holds and this one's lacks
+loads as data and is refused before it runs (``unavailable``), so a corpus
+grown on one torch replays on another.
 
 A node carries its op as ``fn`` (the table's key: OpInfo name, variant test
 name, ``:method`` or ``:inplace``) and its arguments by value as ``call``
@@ -192,6 +194,34 @@ def _lookup(key: str) -> Any:
 def missing(key: str) -> str:
     """Why ``key`` names no op here."""
     return f"op {key!r} is not in the op table of torch {version_key()} ({table_path().name}: {len(table())} ops)"
+
+
+@lru_cache(maxsize=None)
+def elsewhere(key: str) -> tuple[str, ...]:
+    """The other torch versions whose shipped table holds ``key``: a case
+    naming it is valid data, grown on that torch, that runs there and not
+    here (``unavailable``); a key in no table is a bad case."""
+    return tuple(v for v, names in _shipped_keys().items() if key in names and v != version_key())
+
+
+@lru_cache(maxsize=None)
+def _shipped_keys() -> dict[str, frozenset[str]]:
+    out = {}
+    for path in sorted(TABLES.glob("torch-*.json")):
+        if path.stat().st_size <= MAX_TABLE_BYTES:
+            ops = json.loads(path.read_text()).get("ops")
+            out[path.stem.removeprefix("torch-")] = frozenset(ops if isinstance(ops, dict) else ())
+    return out
+
+
+def unavailable(nodes: Any) -> str | None:
+    """Why a case of these nodes cannot run on the installed torch: an op of
+    another torch's table that this one's lacks (None: every op is here)."""
+    for n in nodes:
+        if n.op == "opinfo" and n.attr("fn") not in table():
+            key = n.attr("fn")
+            return f"{missing(key)}; the case runs on torch {', '.join(elsewhere(key))}"
+    return None
 
 
 def _resolve(dotted: str) -> Any:

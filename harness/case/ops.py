@@ -321,6 +321,8 @@ def _opinfo_shape(shapes: list[Shape], attrs: dict) -> Shape:
     if "fn" not in attrs or "call" not in attrs:
         raise ShapeError("an opinfo node needs both attributes fn and call")
     if attrs["fn"] not in opinfo.table():
+        if opinfo.elsewhere(attrs["fn"]):
+            return shapes[0]  # another torch's op: valid data, refused before it runs (opinfo.unavailable)
         raise ShapeError(opinfo.missing(attrs["fn"]))
     opinfo.callable_of(attrs["fn"])  # resolved here, outside any traced forward
     return shapes[0]

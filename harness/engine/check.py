@@ -15,8 +15,9 @@ from typing import Iterable, Iterator
 
 import torch
 
+from harness.case import opinfo
 from harness.case.spec import Case
-from harness.compare.values import Tolerance, compare
+from harness.compare.values import Tolerance, blind_to, compare
 from harness.engine.coverage import Meter, machinery_family
 from harness.observation import Divergence, Observation, classify
 from harness.artifacts import corpus
@@ -113,20 +114,12 @@ class CaseCheck:
         return self._low[precision]
 
     def unjudged(self, obs: Observation | None = None) -> bool:
-        """Whether a zeroed parameter grad would agree after the first
-        backward: the tolerance cannot tell that grad from none, so a pass on
-        this case says nothing about it (counted, never called a pass).
+        """Whether a wrong parameter grad would agree (``blind_to``: halved,
+        zeroed, flipped or a microbatch dropped): a pass on this case says
+        nothing about that grad, so it is counted, never called a pass.
         ``obs``: a path's observation, judged in the type it computed in."""
         tol = self.tol if obs is None else self.tol.lowered(obs.precision, self.case, obs.rounded)
-        if tol.exact or not self.oracle.steps:
-            return False
-        first = self.oracle.steps[0]
-        for name, g in first.grads.items():
-            if g is None or not g.numel() or float(g.abs().max()) == 0:
-                continue
-            if tol.covers(name, g.abs(), ("param", name, first.k)):
-                return True
-        return False
+        return bool(blind_to(tol, self.oracle, self.case.schedule.microbatches))
 
     def observe(self, path: Path) -> Observation:
         """What ``path`` saw on this case (which must be in its contract)."""
@@ -164,8 +157,9 @@ class CaseCheck:
 
     def each(self, paths: Iterable[Path]) -> Iterator[tuple[Path, str | None, list[Divergence]]]:
         """``(path, why not run or None, divergences)`` for each path in turn."""
+        here = opinfo.unavailable(self.case.nodes)
         for p in paths:
-            reason = p.supports(self.case)
+            reason = here or p.supports(self.case)
             yield p, reason, ([] if reason is not None else self.run(p))
 
 

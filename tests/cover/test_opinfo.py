@@ -104,6 +104,26 @@ def test_a_hostile_call_is_refused_naming_the_field(mutate, words):
     assert words in str(e.value) and "nodes[0]" in str(e.value), str(e.value)
 
 
+def test_an_op_of_another_torch_s_table_loads_and_is_refused_before_it_runs(monkeypatch):
+    """A corpus grown on a newer torch names ops an older one lacks: the case
+    is valid data there, so replay and the gate count it as not run here
+    (every path refuses it, naming the op) instead of exiting on the file."""
+    from harness.engine.check import CaseCheck
+    from harness.paths import resolve
+
+    data = _with_call(lambda a: None)
+    key = next(dict(n["attrs"])["fn"] for n in data["nodes"] if n["op"] == "opinfo")
+    if not opinfo.elsewhere(key):
+        pytest.skip(f"{key!r} is in this torch's table only")
+    here = {k: v for k, v in opinfo.table().items() if k != key}
+    monkeypatch.setattr(opinfo, "table", lambda: here)  # as if this torch's table lacked it
+    case = Case.from_json(data)
+    why = opinfo.unavailable(case.nodes)
+    assert why and key in why and opinfo.elsewhere(key)[0] in why, why
+    ran = list(CaseCheck(case).each(resolve("eager.accumulate,split.fixed")))
+    assert [reason for _, reason, _ in ran] == [why, why] and not any(divs for _, _, divs in ran)
+
+
 @pytest.mark.parametrize("path, hook, verdict", [("eager.accumulate", 1, "agrees"), ("split.stock", 2, "DIVERGES")])
 def test_the_standalone_script_runs_the_node_with_torch_alone(tmp_path, path, hook, verdict):
     """A scale hook of 2 on ``x @ w`` before an OpInfo node: split.stock's
