@@ -4,8 +4,9 @@
 
 Draws PATH's cases (its target's strategy, seeded), keeps those in its
 contract and in tolerance mode, and asks of each parameter grad whether a
-path that got it wrong in one of four ways would still agree under
-``Tolerance.allowed``: zeroed, halved, sign-flipped (after the first
+path that got it wrong in one of four ways would still agree
+(``harness.compare.values.blind_to``, the rule that counts a case
+unjudged): zeroed, halved, sign-flipped (after the first
 backward), or one microbatch's contribution dropped (after the last
 backward of a step of several). ``--terms-only`` judges with the term
 bounds alone (the tolerance before the float32 noise cap, and a path that
@@ -19,37 +20,15 @@ from __future__ import annotations
 
 import sys
 
-import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from harness.compare.values import Tolerance
+from harness.compare.values import Tolerance, blind_to
 from harness.engine.check import CaseCheck
 from harness.engine.target import Target
 from harness.paths import resolve
 from oracles.eager import observe
 
 WRONGS = ("zeroed", "halved", "flipped", "dropped")
-
-
-def _agrees(tol: Tolerance, name: str, k: int, want: torch.Tensor, got: torch.Tensor) -> bool:
-    return bool(((got - want).abs() <= tol.allowed(name, want.shape, ("param", name, k))).all())
-
-
-def _wrongs(tol: Tolerance, oracle, first: int, last: int) -> set[str]:
-    """The wrong grads that would agree, by kind."""
-    hidden: set[str] = set()
-    for name, g in oracle.steps[first].grads.items():
-        if g is None or not g.numel() or float(g.abs().max()) == 0:
-            continue
-        for kind, wrong in (("zeroed", g * 0), ("halved", g / 2), ("flipped", -g)):
-            if _agrees(tol, name, first, g, wrong):
-                hidden.add(kind)
-    if last > first and oracle.contributions:
-        for name, g in oracle.steps[last].grads.items():
-            own = oracle.contributions[last].get(name)
-            if g is not None and own is not None and float(own.abs().max()) > 0 and _agrees(tol, name, last, g, g - own):
-                hidden.add("dropped")
-    return hidden
 
 
 def main() -> None:
@@ -84,8 +63,7 @@ def main() -> None:
             tol = tol.with_noise(case, oracle, lambda: eager.run(case) if eager.supports(case) is None else None,
                                  CaseCheck(case)._eager_low)
         tol = tol.lowered(precision, case, None if terms_only else rounded)
-        last = min(case.schedule.microbatches, len(oracle.steps)) - 1
-        hidden = _wrongs(tol, oracle, 0, last)
+        hidden = blind_to(tol, oracle, case.schedule.microbatches)
         counts["a wrong grad agrees"] += bool(hidden)
         for w in hidden:
             counts[f"a {w} grad agrees"] += 1

@@ -46,7 +46,7 @@ def summary(result: Result, verb: str = "fuzzed", verdicts: dict[str, Counter] |
     wide = max([22] + [len(n) for n in list(result.paths) + list(result.unavailable)])
     for name, t in result.paths.items():
         skipped = sum(t.skipped.values())
-        extra = ((f", {t.unjudged} unjudged (a zeroed grad would agree)" if t.unjudged else "")
+        extra = ((f", {t.unjudged} unjudged (a wrong grad would agree)" if t.unjudged else "")
                  + (f", {len(t.ops)} OpInfo ops" if t.ops else "") + (f", {skipped} outside its contract" if skipped else ""))
         lines.append(f"  {name:<{wide}} {_path_status(result, name, t.run, verdicts)}{extra}"
                      + (f", {t.seconds:.1f}s" if t.seconds else ""))

@@ -199,6 +199,38 @@ class Tolerance:
         return 0.0 if size is None else LOW_EPS[self.precision] * ROUNDING_STEPS * self.scale * size
 
 
+# The wrong grads a tolerance must tell from the right one, each as how far
+# off it is: a halved grad is the nearest (half of it), so it goes first and
+# a tolerance that sees it sees the zeroed and the flipped one too. A dropped
+# microbatch is off by that microbatch's own contribution.
+WRONGS = (("halved", 0.5), ("zeroed", 1.0), ("flipped", 2.0))
+
+
+def blind_to(tol: Tolerance, oracle: Observation, microbatches: int) -> set[str]:
+    """The wrong parameter grads ``tol`` would let agree on this case: after
+    the first backward, a grad halved, zeroed or sign-flipped; after the last
+    backward of the first step (of ``microbatches``), one microbatch's
+    contribution dropped. A case
+    blind to any of them is unjudged: its pass says nothing about that grad."""
+    blind: set[str] = set()
+    if tol.exact or not oracle.steps:
+        return blind
+    for name, g in oracle.steps[0].grads.items():
+        if g is None or not g.numel() or float(g.abs().max()) == 0:
+            continue
+        for kind, off in WRONGS:
+            if not tol.covers(name, g.abs() * off, ("param", name, 0)):
+                break
+            blind.add(kind)
+    last = min(microbatches, len(oracle.steps)) - 1
+    for name, own in (oracle.contributions[last] if 0 < last < len(oracle.contributions) else {}).items():
+        if own is not None and own.numel() and float(own.abs().max()) > 0 \
+                and tol.covers(name, own.abs(), ("param", name, last)):
+            blind.add("dropped")
+            break
+    return blind
+
+
 class _LazyTolerance(Tolerance):
     """Term-size bounds computed on first need: most comparisons settle on
     the cheap test in ``_value`` (every element within eps of its own size),

@@ -380,8 +380,10 @@ def report_from_json(data: Any, file: str) -> dict[str, Any]:
     """A gate report another run wrote: the fields ``table`` and ``--baseline`` use, checked."""
     try:
         sc.obj(data, "", ("torch", "rows"), ("schema", "passed", "seconds", "examples", "counts", "selfcheck",
-                                             "packages", "phases"))
+                                             "packages", "phases", "unjudged"))
         sc.dict_of(data.get("phases", {}), "phases", lambda x, w: sc.number(x, w, 0.0, 1e9), max_items=16)
+        for k in ("examples", "unjudged"):
+            sc.dict_of(data.get(k, {}), k, lambda x, w: sc.integer(x, w, 0, 10**12), max_items=10_000)
         if "schema" in data:
             sc.integer(data["schema"], "schema", 1, 1)
         _version(data["torch"], "torch")

@@ -114,6 +114,8 @@ def fuzz_phase(ctx: Context) -> None:
     report.rows.extend(Row("error", "fuzz", e[:2000], source="fuzz") for e in result.errors)
     for name, t in result.paths.items():
         report.examples[name] = report.examples.get(name, 0) + t.examples
+        if t.unjudged:
+            report.unjudged[name] = report.unjudged.get(name, 0) + t.unjudged
     report.rows.extend(_fuzz_rows(result.divergences, report.rows, ctx.evidence))
 
 

@@ -281,8 +281,14 @@ def _facts(rep: dict[str, Any]) -> str:
     skipped = sum(1 for s in sc if s.get("skipped"))
     parts = [f"self-check {sum(1 for s in sc if s['caught'])}/{len(sc)} canaries caught"
              + (f", {skipped} skipped" if skipped else "") if sc else "no self-check",
-             f"{sum(ex.values()):,} examples over {len(ex)} paths", f"{rep['seconds']:.0f}s" + _phases(rep)]
+             f"{sum(ex.values()):,} examples over {len(ex)} paths" + _unjudged(rep), f"{rep['seconds']:.0f}s" + _phases(rep)]
     return "; ".join(parts)
+
+
+def _unjudged(rep: dict[str, Any]) -> str:
+    """`` (12 unjudged)``: cases run whose tolerance a wrong grad would have met, counted apart from passes."""
+    n = sum((rep.get("unjudged") or {}).values())
+    return f" ({n:,} unjudged: a wrong grad would agree)" if n else ""
 
 
 def _phases(rep: dict[str, Any]) -> str:
@@ -489,7 +495,8 @@ def junit(rep: dict[str, Any], *, save_dir: str | None = None) -> str:
     for name, n in sorted((rep.get("examples") or {}).items()):
         tests += 1
         ET.SubElement(ET.SubElement(suite, "testcase", classname=f"gradfuzz.{family(name)}", name=f"examples {name}"),
-                      "system-out").text = f"{n} examples"
+                      "system-out").text = f"{n} examples" + (
+            f", {u} unjudged (a wrong grad would agree)" if (u := (rep.get("unjudged") or {}).get(name)) else "")
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
     suite.set("skipped", str(skipped))

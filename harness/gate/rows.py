@@ -37,6 +37,8 @@ class GateReport:
     rows: list[Row] = field(default_factory=list)
     selfcheck: list[CanaryResult] = field(default_factory=list)
     examples: dict[str, int] = field(default_factory=dict)
+    # Per path, fuzzed cases a wrong grad would have agreed on: run, never passed.
+    unjudged: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     schema: int = SCHEMA
     packages: dict[str, str] = field(default_factory=dict)  # the training stacks installed: part of the verdict
@@ -56,6 +58,7 @@ class GateReport:
             "seconds": round(self.seconds, 2),
             "phases": {k: round(v, 2) for k, v in self.phases.items()},
             "examples": self.examples,
+            "unjudged": self.unjudged,
             "counts": {s: sum(1 for r in self.rows if r.status == s) for s in ORDER},
             "rows": [asdict(r) for r in self.rows],
             "selfcheck": [asdict(c) for c in self.selfcheck],

@@ -603,3 +603,27 @@ def test_unavailable_paths_are_listed_by_reason_however_many_rows_overflow():
     md = gate_report.markdown(rep, full="gate.json").splitlines()
     assert len([ln for ln in md if ln.startswith("| path unavailable")]) == 2
     assert len([ln for ln in md if ln.startswith("| ")]) - 2 == gate_report.MAX_ROWS  # header and rule aside
+
+
+def test_the_gate_counts_unjudged_cases_apart_in_every_report(tmp_path):
+    """A fuzzed case a wrong grad would agree on ran and passed nothing:
+    the report says how many, per path, and a baseline holding a count that
+    is not one is refused naming the field."""
+    from harness.engine.result import Result, Tally
+
+    def fuzzer(paths, **kw):
+        r = Result()
+        r.paths["split.fixed"] = Tally(examples=40, run=40, unjudged=3)
+        return r
+
+    cases, led = _world(tmp_path, None)
+    report = gate.run_gate(resolve("split.fixed"), corpus_dirs=[cases], ledger_file=led, examples=40,
+                           run_selfcheck=False, fuzzer=fuzzer)
+    rep = report.to_json()
+    assert rep["unjudged"] == {"split.fixed": 3}
+    assert "(3 unjudged: a wrong grad would agree)" in gate_report.terminal(rep, width=250)
+    assert "3 unjudged" in gate_report.junit(rep)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**rep, "unjudged": {"split.fixed": "3"}}))
+    with pytest.raises(CorpusError, match="unjudged"):
+        ledger.load_report(str(bad))
