@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from harness.artifacts import timings
 from harness.case.schema import ascii_int
 from harness.paths import Options, UsageError
 
@@ -235,7 +236,10 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
         extra_paths=list(options.extra), ledger=getattr(args, "ledger", None), coverage=getattr(args, "coverage", None))
     ctl = parallel.Controller(cmd, run_dir, n)
     ctl.unavailable = unavailable
-    display = Display(lambda: {**ctl.view(), "planned": total}, args.progress, args.progress_every)
+    plan = _plan_key(args)
+    history = timings.load(plan) if plan else {}
+    display = Display(lambda: {**ctl.view(), "planned": total, "history": history}, args.progress,
+                      args.progress_every)
 
     class _Stop:
         requested = False
@@ -279,7 +283,18 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
         if not stop.requested or not snaps:
             result.errors.append(f"pytest-xdist session exited {rc}; its log ({ctl.log}):\n{ctl.log_tail()}")
     parallel.cleanup(run_dir, keep=args.keep_run_dir or bool(result.errors))
+    if plan and not result.errors and not extra["interrupted"]:
+        timings.save(plan, {name: t.seconds for name, t in result.paths.items()})
     return result, extra
+
+
+def _plan_key(args: argparse.Namespace) -> str | None:
+    """The plan whose last run times the progress estimate (an examples budget only: minutes end on the clock)."""
+    import torch
+
+    if not args.examples or args.minutes:
+        return None
+    return timings.plan_key([args.paths or ""], args.examples, args.seed, torch.__version__)
 
 
 def on_workers(options: Options, n: str, ledger: str | None = None) -> Any:

@@ -59,7 +59,11 @@ def fuzz_left(view: View, done: float, total: float, elapsed: float, fixed: bool
     work shared by the workers but never ending before the slowest target's
     own remainder (a compile flavour or a two-rank schedule runs on one
     worker at a fraction of the others' rate, so the pooled rate, which the
-    fast targets set, ends the phase too early). ``eta``'s gates apply."""
+    fast targets set, ends the phase too early). ``eta``'s gates apply.
+    Where the view holds the last run's seconds per path (``history``),
+    those are the unit of work instead (``_by_history``)."""
+    if view.get("history"):
+        return _by_history(view, view["history"], elapsed, fixed)
     pooled = eta(done, total, elapsed, fixed)
     if pooled is None:
         return None
@@ -74,6 +78,27 @@ def fuzz_left(view: View, done: float, total: float, elapsed: float, fixed: bool
     unstarted = max(total - sum(wants.values()), 0) * typical
     workers = max(int(view.get("workers") or 1), 1)
     return max(pooled, (sum(own) + unstarted) / workers, max(own, default=0.0))
+
+
+def _by_history(view: View, history: dict[str, float], elapsed: float, fixed: bool) -> float | None:
+    """Seconds left where the last run of the same plan took ``history``
+    seconds per path (``harness.artifacts.timings``): work counted in those
+    seconds, a path done as far as its own seconds reach (all of it once its
+    target ended), at the rate this run keeps; never before the slowest
+    unfinished path's own remainder at this machine's pace."""
+    paths = view.get("paths", {})
+    done, rest, ran, took = 0.0, [0.0], 0.0, 0.0
+    for name, before in history.items():
+        t = paths.get(name, {})
+        now = float(t.get("seconds") or 0.0)
+        if t.get("finished"):
+            done, ran, took = done + before, ran + before, took + now
+        else:
+            done += min(now, before)
+            rest.append(max(before - now, 0.0))
+    left = eta(done, sum(history.values()), elapsed, fixed)
+    pace = took / ran if ran > 0 else 1.0  # this run's seconds per second of the last one
+    return None if left is None else max(left, max(rest) * pace)
 
 
 class Steady:

@@ -95,7 +95,7 @@ class Controller:
         deadline = next((s["deadline"] for s in snaps if s.get("deadline")), None)
         budget = next((s["examples_budget"] for s in snaps if s.get("examples_budget")), None)
         paths = {n: {"examples": t.examples, "run": t.run, "skipped": t.skipped, "seconds": t.seconds,
-                     "per_example": t.per_example}
+                     "per_example": t.per_example, "finished": t.finished}
                  for n, t in result.paths.items()}
         return {"started": self.started, "deadline": deadline, "examples_budget": budget, "paths": paths,
                 "unavailable": {**self.unavailable, **result.unavailable}, "counts": extra["counts"], "details": extra["details"],

@@ -26,9 +26,13 @@ class Tally:
     # OpInfo ops (table keys) in the cases this path ran: the reach of a run,
     # read beside its examples (refused cases add none).
     ops: set[str] = field(default_factory=set)
-    # Cases run (of ``run``) that tolerance mode cannot judge: a zeroed
-    # parameter grad would agree with the oracle. Never counted as passes.
+    # Cases run (of ``run``) that tolerance mode cannot judge: a wrong
+    # parameter grad would agree with the oracle (``values.blind_to``).
+    # Never counted as passes.
     unjudged: int = 0
+    # Shards of this path's target that have ended: from then on its
+    # ``seconds`` are final (a progress estimate counts its work as done).
+    finished: int = 0
 
 
 @dataclass

@@ -208,7 +208,8 @@ class Session:
 def _tally_json(t: Tally) -> dict[str, Any]:
     return {"examples": t.examples, "run": t.run, "skipped": dict(t.skipped), "seconds": t.seconds,
             "first_hit_examples": t.first_hit_examples, "first_hit_seconds": t.first_hit_seconds,
-            "replayed": t.replayed, "per_example": t.per_example, "ops": sorted(t.ops), "unjudged": t.unjudged}
+            "replayed": t.replayed, "per_example": t.per_example, "ops": sorted(t.ops), "unjudged": t.unjudged,
+            "finished": t.finished}
 
 
 def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
@@ -231,6 +232,7 @@ def combine(snapshots: list[dict[str, Any]]) -> tuple[Result, dict[str, Any]]:
             tally.run += t["run"]
             tally.ops.update(t.get("ops", ()))
             tally.unjudged += int(t.get("unjudged", 0))
+            tally.finished += int(t.get("finished", 0))
             for reason, n in t["skipped"].items():
                 tally.skipped[reason] = tally.skipped.get(reason, 0) + n
             tally.seconds = max(tally.seconds, t["seconds"])

@@ -536,6 +536,9 @@ class TargetRun:
                 return self._rounds()
             finally:
                 self.heap = None
+                self._update_seconds()
+                for t in self.tallies.values():
+                    t.finished += 1
 
     def _rounds(self) -> list[Finding]:
         target = self.target

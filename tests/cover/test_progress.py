@@ -1,7 +1,10 @@
 """The live display and the plain lines, from a view (no fuzzing needed)."""
 
 import io
+import re
 import time
+
+import pytest
 
 from rich.console import Console
 
@@ -71,6 +74,41 @@ def test_the_fuzz_eta_waits_for_the_slowest_target_not_the_pooled_rate():
     # Its 10 examples at the others' median rate on 4 workers would say 2.5 s: never less than the pooled rate's.
     assert fuzz_left(view, 40, 50, 60.0) == eta(40, 50, 60.0) == 15.0
     assert fuzz_left(view, 2, 50, 60.0) is None  # eta's gates hold: too little done to say
+
+
+def test_with_the_last_run_s_seconds_the_eta_counts_work_in_them():
+    """The last run of the plan: fast targets 10 s each, the compile flavour
+    200 s (it shrank a finding). Now the fast ones ended in 12 s each (this
+    machine is 1.2x slower) and the flavour is 40 s in: 80 of 240 history
+    seconds done in 60 s of wall time, and the flavour's own 160 s remainder
+    at 1.2x is the longer wait."""
+    from harness.cli.progress import fuzz_left
+
+    history = {**{f"fast{i}": 10.0 for i in range(4)}, "compile": 200.0}
+    paths = {f"fast{i}": {"examples": 10, "seconds": 12.0, "finished": 1} for i in range(4)}
+    paths["compile"] = {"examples": 2, "seconds": 40.0, "finished": 0}
+    view = {"examples_budget": 10, "paths": paths, "workers": 4, "history": history}
+    assert fuzz_left(view, 42, 50, 60.0) == 160.0 * 1.2
+    paths["compile"]["seconds"] = 5.0  # 45 of 240 done: under a fifth, nothing to say yet
+    assert fuzz_left(view, 42, 50, 60.0) is None
+    paths["compile"] = {"examples": 10, "seconds": 150.0, "finished": 1}  # it ended early: all of it done
+    assert fuzz_left(view, 50, 50, 200.0) is None
+
+
+def test_the_last_run_s_seconds_round_trip_and_a_bad_file_is_named(tmp_path):
+    from harness.artifacts import timings
+    from harness.case.schema import FileError
+
+    key = timings.plan_key(["split,eager"], 20, 0, "2.13.0+cpu")
+    assert key == timings.plan_key(["split,eager"], 20, 0, "2.13.0") != timings.plan_key(["split,eager"], 20, 1, "2.13.0")
+    assert timings.load(key, str(tmp_path)) == {}
+    timings.save(key, {"split.fixed": 12.345, "eager.accumulate": 3.0}, str(tmp_path))
+    assert timings.load(key, str(tmp_path)) == {"split.fixed": 12.35, "eager.accumulate": 3.0}
+    for bad, words in (('{"paths": {"split.fixed": -1}}', "paths['split.fixed']"), ("[1]", "a JSON object"),
+                       ('{"paths": {}, "x": 1}', "x")):
+        (tmp_path / f"{key}.json").write_text(bad)
+        with pytest.raises(FileError, match=re.escape(words)):
+            timings.load(key, str(tmp_path))
 
 
 def test_phase_lines_drop_the_emitters_estimates_and_show_one_only_when_it_holds():
