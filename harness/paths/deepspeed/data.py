@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from harness.case import schema as sc
 from harness.case.namespace import DataNamespace
 from harness.case.spec import Case
-from harness.generate import ONE_IN_EIGHT, Draw
+from harness.generate import Draw
 
-BUCKETS = (0, 8, 10**6)  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
+BUCKETS = (0, 8, 10**6)
+BF16 = st.sampled_from((False,) * 3 + (True,))  # of the integer-valued cases, shrinking to off  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
 # Ways users drive the engine that DeepSpeed's docs do not describe, each a
 # loop a person ports from plain torch or guesses at. What the user meant is
 # the documented drive's grads (the oracle); DeepSpeed raising or warning is
@@ -72,8 +73,13 @@ def config(case: Case, stage: int, batch: int, gas: int | None = None) -> dict:
 
 @st.composite
 def _knobs(draw, case: Case) -> Case:
+    """bf16 only on integer-valued cases (one in four of them): the engine
+    computes those in bfloat16 through no OpInfo node, and what it rounds
+    stays small beside the grads. On the other cases a bfloat16 forward and
+    backward hid a halved or zeroed grad in 17 of 21 (counted unjudged:
+    drawn, run, judged nothing)."""
     k = Knobs(draw(st.sampled_from(BUCKETS)), not draw(st.booleans()), draw(st.booleans()), not draw(st.booleans()),
-              draw(ONE_IN_EIGHT))  # bf16 (compared loosely: compare.values.LOW_EPS)
+              case.exact and draw(BF16))  # bf16 (compared loosely: compare.values.LOW_EPS)
     return case.with_data("deepspeed", None if k == Knobs() else k)
 
 
