@@ -330,6 +330,19 @@ def _tensor_split_kernel() -> Callable[..., Any]:
     return kernel
 
 
+def _matmul_kernel() -> Callable[..., Any]:
+    """``aten::matmul`` as torch's own Python port of ATen's composite
+    (``torch._decomp.decompositions.matmul``, the one tracing runs): the
+    same branches and kernels, but its vector-times-matrix branch squeezes
+    the ``mm`` output out of place, where ATen's ``squeeze_`` mutates it."""
+    from torch._decomp.decompositions import matmul
+
+    def kernel(self: Any, other: Any) -> Any:
+        return matmul(self, other)
+
+    return kernel
+
+
 @contextmanager
 def _kernel_swapped(op: str, make: Callable[[], Callable[..., Any]], key: str) -> Iterator[None]:
     """``make()`` as aten ``op``'s kernel at dispatch ``key`` for what runs
@@ -681,6 +694,10 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "splits by the list, as ATen's composite does through their data pointer",
           custom=lambda: _kernel_swapped("tensor_split.tensor_indices_or_sections", _tensor_split_kernel,
                                          "CompositeImplicitAutograd")),
+    Probe("matmul-vector-squeeze-out-of-place",
+          "torch.matmul of a vector and a matrix (and F.linear of a 1-D input) squeezes the mm output out of place: "
+          "aten::matmul runs torch's Python port of its composite (torch._decomp), which ATen's squeeze_ differs from",
+          custom=lambda: _kernel_swapped("matmul", _matmul_kernel, "CompositeImplicitAutograd")),
     Probe("pipeline-keep-grads-through-metadata-inference",
           "the schedule's first step gives back every parameter .grad that PipelineStage's cleanup after metadata "
           "inference set to None, as it was before the inference",
