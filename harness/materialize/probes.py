@@ -481,14 +481,42 @@ _INDEX_ADD = Edit("torch._inductor.decomposition", "index_add",
 def _sharding_decisions_forgotten() -> Iterator[None]:
     """DTensor caches each op's sharding decision by its schema: a probe that
     changes a strategy must meet no decision made without it, and leave none
-    made with it."""
+    made with it. Both caches are per thread, and autograd runs a CUDA
+    tensor's backward on its device's own thread, so they are cleared there
+    too (``_on_device_threads``): cleared only here, a layer norm backward on
+    an H200 kept the decision made before the probe, and after it the one
+    made under it."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache as forget  # Python's and C++'s
 
-    forget()
+    _on_device_threads(forget)
     try:
         yield
     finally:
-        forget()
+        _on_device_threads(forget)
+
+
+def _on_device_threads(fn: Callable[[], Any]) -> None:
+    """``fn()`` here and on the autograd engine's thread of the current CUDA
+    device (a backward through a tensor on that device runs its nodes there)."""
+    import torch
+
+    fn()
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+
+    class _There(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            fn()
+            return g
+
+    # The current device: a rank computes on its own (a context on every
+    # device would cost each rank memory on its peers' GPUs).
+    _There.apply(torch.zeros(1, device="cuda", requires_grad=True)).sum().backward()
 
 
 def _clamped_saved_grads(condition: str) -> tuple[Edit, ...]:

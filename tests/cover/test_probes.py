@@ -378,3 +378,21 @@ def test_the_matmul_probe_is_torchs_own_composite_with_the_squeeze_out_of_place(
         got = run()
     assert all(torch.equal(u, v) for u, v in zip(got, want)), (a, b)
     assert [torch.equal(u, v) for u, v in zip(run(), want)] == [True] * 3
+
+
+@pytest.mark.gpu
+def test_a_dtensor_strategy_probe_reaches_the_backward_on_a_cuda_device_thread():
+    """On CUDA autograd runs a backward on its device's thread, where DTensor
+    keeps sharding decisions of its own: a probed layer norm backward after a
+    plain one must run, and a plain one after it must raise again."""
+    import subprocess
+    import sys
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          os.path.join(ROOT, "benchmarks", "dtensor_norm_probe_ranks.py"), "cuda", "plain", "probed",
+                          "plain"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT}).stdout
+    runs = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("  ")]
+    assert len(runs) == 6 and [r.startswith("ran") for r in runs[:3]] == [False, True, False], out
