@@ -34,11 +34,11 @@ def standalone() -> dict:
 def harness_path() -> list[str]:
     from harness.engine.runner import check
     from harness.artifacts import corpus
-    from harness.paths.compile.path import FLAVORS, CompilePath
+    from harness.paths.compile.paths import FLAVORS, CompilePath
 
     case = corpus.load(os.path.join(os.path.dirname(__file__), "..", "cases", "eager",
                                     "grad_output_mutated_by_stolen_view.json")).case
-    import harness.paths.compile.path as compile_mod
+    import harness.paths.compile.paths as compile_mod
 
     seen: list[str] = []
     run = compile_mod.run_schedule

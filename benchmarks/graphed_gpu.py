@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from harness.paths.base import Contract  # noqa: E402
-from harness.paths.graphed.path import paths as graphed_paths  # noqa: E402
+from harness.paths.graphed.paths import paths as graphed_paths  # noqa: E402
 from harness.paths import Options  # noqa: E402
 from harness.engine.runner import Result, check, fuzz_path  # noqa: E402
 from harness.case.spec import Case  # noqa: E402
@@ -316,7 +316,7 @@ def s_compile_cases():
     """Pinned cases for the compile findings: harness check, and standalone scripts with and without held grads."""
     from harness.artifacts import corpus
     from harness.artifacts import repro
-    from harness.paths.graphed.path import compiled
+    from harness.paths.graphed.paths import compiled
     from harness.case.spec import Input, Node, Param, Schedule, Use
 
     def mm(x_grad: bool, **sched) -> Case:

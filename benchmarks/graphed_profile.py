@@ -16,7 +16,7 @@ import pstats
 import time
 
 from harness.engine.runner import Result, fuzz_path
-from harness.paths.graphed.path import fixed
+from harness.paths.graphed.paths import fixed
 
 
 def main() -> None:

@@ -900,7 +900,7 @@ def detect(twin: bool, seed: int, examples: int) -> tuple[int | None, int, str]:
     from harness.engine.check import check
     from harness.engine.result import Result
     from harness.engine.target import Target, TargetRun
-    from harness.paths.split.path import STOCK, SplitPath
+    from harness.paths.split.paths import STOCK, SplitPath
 
     name = "split.twin" if twin else "split.stock"
     fork = SplitPath(name, MODULE, stock_contract=True, twin=twin)

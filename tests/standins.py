@@ -36,7 +36,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from harness.workers.isolation import IsolatedPath
-from harness.paths.graphed.path import GraphedPath
+from harness.paths.graphed.paths import GraphedPath
 from oracles import graphed_fixed
 
 

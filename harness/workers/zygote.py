@@ -53,7 +53,7 @@ ENV = "GRADFUZZ_WARM_START"
 # What the children it forks import first: the CLI (canaries), the replay
 # process, a compile flavour's worker, and the torch parts the families use.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.pipelining", "torch.distributed.tensor", "harness.cli.main",
-           "harness.engine.replay_pool", "harness.workers.isolation", "harness.paths.compile.path")
+           "harness.engine.replay_pool", "harness.workers.isolation", "harness.paths.compile.paths")
 # Only where torch has no CUDA: on a CUDA build importing Inductor asks the
 # driver for devices, which starts a driver thread and poisons CUDA for every
 # forked child ("Cannot re-initialize CUDA in forked subprocess", seen on torch 2.11).

@@ -47,7 +47,7 @@ def test_pipeline_ranks_free_their_p2p_group_after_a_failed_case(monkeypatch) ->
 
     import torch
 
-    from harness.paths.pipeline.path import _freed
+    from harness.paths.pipeline.paths import _freed
     from harness.paths.pipeline.rank import free_p2p
     from harness.workers.pool import Outcome
 

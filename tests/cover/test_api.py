@@ -11,7 +11,7 @@ def test_public_api_is_exactly_this():
 
 def test_register_path_adds_a_third_party_path():
     from harness.paths import all_paths
-    from harness.paths.split.path import SplitPath
+    from harness.paths.split.paths import SplitPath
 
     mine = SplitPath("team.split", "oracles.split_fixed", stock_contract=False)
     harness.register_path(mine)

@@ -6,7 +6,7 @@ import torch
 from packaging.version import Version
 
 from harness.paths import resolve
-from harness.paths.split.path import SplitPath
+from harness.paths.split.paths import SplitPath
 from harness.materialize.source import forward_source
 from harness.engine.runner import Result, fuzz_path
 from harness.case.spec import Case
@@ -147,7 +147,7 @@ def test_graphed_grad_views_injection_is_seed_000_and_caught_within_its_budget_o
     and budget as selfcheck's) catches it from a cold start."""
     from harness.artifacts import corpus
     from harness.engine.runner import check
-    from harness.paths.graphed.path import GraphedPath
+    from harness.paths.graphed.paths import GraphedPath
 
     canary = _graphed_canaries()["graphed_static_grad_views"]
     views = GraphedPath("canary.views.cpu", "tests.cover.test_canaries:views_on_cpu", device="cpu", owned_outputs=True,

@@ -8,7 +8,7 @@ import torch
 
 from harness.paths import Availability, Contract, resolve, run_schedule
 from harness.paths.checkpoint.data import Regions
-from harness.paths.checkpoint.path import CheckpointPath, forgets_rng as _forgets_rng, regions
+from harness.paths.checkpoint.paths import CheckpointPath, forgets_rng as _forgets_rng, regions
 from harness.engine.check import check
 from harness.engine.result import Result
 from harness.engine.runner import fuzz_path

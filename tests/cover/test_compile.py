@@ -17,7 +17,7 @@ from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.engine.runner import Result, check, fuzz_path
 from harness.paths.compile.cache import Stats, structure_key
 from harness.paths.compile.flavors import FLAVORS
-from harness.paths.compile.path import CompilePath, Flavors, IsolatedCompilePath, FlavorWorker, other_size
+from harness.paths.compile.paths import CompilePath, Flavors, IsolatedCompilePath, FlavorWorker, other_size
 from tests.helpers import nested
 
 
@@ -236,7 +236,7 @@ def test_every_flavour_gets_a_child_of_its_own():
     """One child shared by the flavours let their process-wide caches hide a
     compile-time error of one flavour; the factory must not share."""
     from harness.paths import Options
-    from harness.paths.compile.path import paths
+    from harness.paths.compile.paths import paths
 
     ps = paths(Options())
     try:

@@ -15,7 +15,7 @@ from harness.case.validate import infer_shapes
 from harness.engine.target import Target
 from harness.paths.compile import judgeable, lowering, strategy
 from harness.paths.compile.flavors import CONTRACT, FLAVORS
-from harness.paths.compile.path import CompilePath
+from harness.paths.compile.paths import CompilePath
 
 pytestmark = pytest.mark.skipif(not lowering.entries() or not opinfo.keys(),
                                 reason=f"no op or lowering table for torch {opinfo.version_key()}")

@@ -17,7 +17,7 @@ from harness.engine.runner import check
 from harness.engine.target import Target
 from harness.paths.compile import lowering, strategy
 from harness.paths.compile.flavors import CONTRACT, DEVICE_CONTRACT, FLAVORS, INDUCTOR_CONTRACT
-from harness.paths.compile.path import CompilePath
+from harness.paths.compile.paths import CompilePath
 
 pytestmark = pytest.mark.skipif(not lowering.entries() or not opinfo.keys(),
                                 reason=f"no op or lowering table for torch {opinfo.version_key()}")

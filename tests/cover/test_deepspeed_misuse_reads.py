@@ -44,7 +44,7 @@ def test_a_grad_read_refused_on_one_rank_is_out_of_sight_on_every_rank_not_a_han
     (rank 1 in safe_get_full_grad's all_reduce). Two windows: before, a
     'refused' gloo 'Connection reset by peer'. Now both end in seconds with
     the skipped optimizer step, the finding this misuse makes."""
-    from harness.paths.deepspeed.path import MisusePath, warm
+    from harness.paths.deepspeed.paths import MisusePath, warm
 
     path = MisusePath("deepspeed.zero2.misuse", 2, timeout=TIMEOUT)
     try:

@@ -22,7 +22,7 @@ from harness.observation import Observation
 from harness.paths import resolve
 from harness.paths.dtensor.canaries import canaries
 from harness.paths.assemble import _assemble
-from harness.paths.dtensor.path import DTensorPath
+from harness.paths.dtensor.paths import DTensorPath
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 
@@ -374,7 +374,7 @@ def test_rprop_runs_only_where_dtensor_can_shard_index_put():
     """rprop's loop form needs index_put_; torch 2.11's DTensor has no
     strategy for it and raises on every path, so the case is outside the
     contract there, by asking DTensor rather than a version table."""
-    from harness.paths.dtensor.path import _has_strategy
+    from harness.paths.dtensor.paths import _has_strategy
 
     assert _has_strategy(torch.ops.aten.mm.default)
     assert not _has_strategy(torch.ops.aten._cdist_backward.default)

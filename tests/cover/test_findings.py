@@ -98,7 +98,7 @@ def test_masking_database_keeps_examples_that_pass_only_because_they_are_known()
 
 
 def _db_session(tmp_path, seed):
-    from harness.paths.split.path import SplitPath
+    from harness.paths.split.paths import SplitPath
     from harness.engine.session import fuzz
 
     path = SplitPath("split.stock", "harness.paths.split.canaries:drops_accumulated", stock_contract=True)

@@ -130,7 +130,7 @@ class _SecondBug:
     force (the known bug hid it, as split.twin exposes)."""
 
     def __init__(self, where: str) -> None:
-        from harness.paths.eager.path import EagerAccumulate
+        from harness.paths.eager.paths import EagerAccumulate
 
         self.inner, self.where = EagerAccumulate(), where
         self.name, self.contract, self.workarounds = self.inner.name, self.inner.contract, self.inner.workarounds
@@ -291,7 +291,7 @@ def test_a_bug_seen_on_one_path_is_recognised_by_shape_on_another_it_covers(tmp_
     """Ledger entries for a family (every zero-bubble schedule) replay their
     cases only where the layout fits; a fuzz finding of the same shape on a
     sibling path is that bug, not a new one. Outside the entry's paths it is not."""
-    from harness.paths.split.path import SplitPath
+    from harness.paths.split.paths import SplitPath
     from harness.engine.runner import check
     from harness.gate.evidence import Evidence
 

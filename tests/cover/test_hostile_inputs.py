@@ -502,7 +502,7 @@ def _plant(where, mark) -> None:
 def test_a_worker_runs_nothing_from_the_directory_it_starts_in(tmp_path, monkeypatch):
     """Issue 32: the compile and graphed workers put the working directory
     first on their path, so a sitecustomize.py there ran inside them."""
-    from harness.paths.compile.path import FlavorWorker
+    from harness.paths.compile.paths import FlavorWorker
 
     run_dir = tmp_path / "checkout"
     run_dir.mkdir()

@@ -1,6 +1,8 @@
 """The data flow is enforced, not hoped for: import-linter's contracts in
-pyproject.toml (layers from the CLI down to the case spec) hold, and no two
-modules of harness/ and oracles/ import each other, even indirectly."""
+pyproject.toml (layers from the CLI down to the case spec) hold, no two
+modules of harness/ and oracles/ import each other, even indirectly, and no
+built-in family imports another (the families read from the registration
+table, so a new family is checked without a list to extend)."""
 
 import os
 import pathlib
@@ -86,3 +88,27 @@ def test_a_deliberate_layer_breach_fails_lint_imports(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode != 0
     assert "harness.compare.values -> harness.paths.base" in r.stdout
+
+
+def _family_packages() -> list[str]:
+    from harness.registry import BUILTIN, listed
+
+    return [ep.value.split(":")[0] for ep in listed(BUILTIN)[:len(BUILTIN)]]
+
+
+def _crossings(graph) -> list[tuple[str, str]]:
+    fams = _family_packages()
+    return [(a, b) for a in fams for b in fams
+            if a != b and graph.chain_exists(importer=a, imported=b, as_packages=True)]
+
+
+def test_families_import_each_other_only_through_the_core():
+    graph = grimp.build_graph("harness", "oracles", exclude_type_checking_imports=True)
+    assert len(_family_packages()) >= 13
+    assert _crossings(graph) == []
+
+
+def test_a_family_importing_another_is_seen():
+    graph = grimp.build_graph("harness", "oracles", exclude_type_checking_imports=True)
+    graph.add_import(importer="harness.paths.mesh.data", imported="harness.paths.pipeline.data")
+    assert ("harness.paths.mesh", "harness.paths.pipeline") in _crossings(graph)

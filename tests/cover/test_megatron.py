@@ -14,7 +14,7 @@ from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 from harness.paths import resolve
 from harness.paths.megatron.cpu import PATCHED, cuda_factories_on_cpu, on_cpu
 from harness.paths.megatron.data import Knobs, ddp_config
-from harness.paths.megatron.path import installed
+from harness.paths.megatron.paths import installed
 
 INSTALLED = installed()
 needs_megatron = pytest.mark.skipif(not INSTALLED, reason="megatron-core is not installed: pip install 'gradfuzz[megatron]'")
@@ -162,7 +162,7 @@ def test_a_pipeline_finding_gets_a_torchrun_script_with_its_stages_and_configs_a
     """Written without megatron-core: the stages spelled out, the tied weight
     named, batch_p2p_comm as the case sets it; a canary's stays replay-only."""
     from harness.artifacts.repro import script
-    from harness.paths.megatron.path import MegatronVppPath
+    from harness.paths.megatron.paths import MegatronVppPath
 
     case = _vtied().with_data("megatron", Knobs(cuts=(1, 2, 3), overlap=True, distopt=True))
     text = script(case, _vpp().name, _vpp().repro(case))
@@ -289,7 +289,7 @@ def test_the_pipeline_canary_is_caught_from_a_cold_start():
 @needs_megatron
 def test_a_finalize_without_the_embedding_allreduce_is_caught():
     from harness.engine.check import check
-    from harness.paths.megatron.path import MegatronPipePath
+    from harness.paths.megatron.paths import MegatronPipePath
 
     broken = MegatronPipePath("megatron.pp.broken", "harness.paths.megatron.canaries:skips_embedding_allreduce", 60.0)
     found = check(_tied().with_data("megatron", Knobs(cut=2)), broken)
@@ -427,7 +427,7 @@ def test_the_vpp_canary_is_caught_from_a_cold_start_and_its_fault_on_a_direct_ca
     from harness.canaries import all_canaries
     from harness.engine.check import check
     from harness.gate.selfcheck import run_canary
-    from harness.paths.megatron.path import MegatronVppPath
+    from harness.paths.megatron.paths import MegatronVppPath
 
     (canary,) = [c for c in all_canaries() if c.name == "megatron_vpp_skips_embedding_allreduce"]
     assert run_canary(canary, seed=0).caught

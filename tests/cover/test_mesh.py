@@ -21,7 +21,7 @@ from harness.engine.runner import Result, fuzz_path
 from harness.paths import resolve
 from harness.paths.mesh.canaries import canaries
 from harness.paths.mesh.data import Placements
-from harness.paths.mesh.path import MeshPath
+from harness.paths.mesh.paths import MeshPath
 from harness.workers import pool
 
 NAMES_2D = ["mesh.fsdp_tp.stock", "mesh.fsdp_tp.fixed", "mesh.dtensor2d.stock", "mesh.dtensor2d.fixed"]
@@ -148,7 +148,7 @@ def test_shard_to_partial_refused_only_before_2_13(monkeypatch, codes, summed, r
     import torch
     from packaging.version import Version
 
-    from harness.paths.mesh import path as mesh_path
+    from harness.paths.mesh import paths as mesh_path
     from harness.paths.mesh.redistribute import shard_to_partial
 
     old = Version(torch.__version__.split("+")[0]) < Version("2.13")
@@ -285,7 +285,7 @@ def test_pp_dp_fixed_fuzzes_clean():
 def test_a_pp_dp_reference_that_skips_the_dp_reduce_is_caught(paths):
     """The test-only broken reference (each replica keeps its own grad) on a fixed case,
     and the family canary built from it caught from a cold start."""
-    from harness.paths.mesh.path import PpDpPath
+    from harness.paths.mesh.paths import PpDpPath
 
     broken = PpDpPath("mesh.pp_dp.broken", "pp_dp", "tests.cover.test_mesh:SkipsDpReduce")
     try:

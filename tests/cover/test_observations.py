@@ -16,7 +16,7 @@ from harness.compare.values import compare
 from harness.engine.check import check
 from harness.observation import GRAD_NONE, OBSERVATIONS
 from harness.paths import families
-from harness.paths.split.path import SplitPath
+from harness.paths.split.paths import SplitPath
 from oracles import split_fixed
 from oracles.eager import observe
 

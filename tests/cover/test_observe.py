@@ -9,8 +9,8 @@ import torch
 
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 from harness.engine.check import check
-from harness.paths.eager.path import EagerAccumulate
-from harness.paths.split.path import SplitPath
+from harness.paths.eager.paths import EagerAccumulate
+from harness.paths.split.paths import SplitPath
 from oracles import split_fixed
 
 

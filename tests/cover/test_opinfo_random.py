@@ -17,7 +17,7 @@ from harness.engine.check import check
 from harness.generate import interpret
 from harness.paths import resolve
 from harness.paths.checkpoint.data import Regions
-from harness.paths.checkpoint.path import CheckpointPath, forgets_rng
+from harness.paths.checkpoint.paths import CheckpointPath, forgets_rng
 
 RANDOM = opinfo.random_draws()
 pytestmark = pytest.mark.skipif(not RANDOM, reason=f"no random ops in the op table of torch {opinfo.version_key()}")

@@ -17,7 +17,7 @@ from harness.case.spec import Case, Input, Node, Param, Schedule, SpecError, Use
 from harness.engine.check import check
 from harness.paths import Options, resolve
 from harness.paths.parallel.data import Switches
-from harness.paths.parallel.path import DataParallelPath
+from harness.paths.parallel.paths import DataParallelPath
 
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")

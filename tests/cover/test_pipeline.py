@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from harness.artifacts import corpus
 from harness.paths.pipeline import script as pipeline_repro
 from harness.paths.pipeline.data import Stages, stage_cuts
-from harness.paths.pipeline.strategy import layout_draw
+from harness.paths.pipeline.data import layout_draw
 from harness.materialize.tensors import Built
 from harness.paths import resolve
-from harness.paths.pipeline.path import FIXED, PipelinePath, observation, probe
+from harness.paths.pipeline.paths import FIXED, PipelinePath, observation, probe
 from harness.paths.pipeline.rank import discover
 from harness.workers.pool import Outcome
 from harness.engine.runner import Result, check, fuzz_path
@@ -163,7 +163,7 @@ def test_two_stages_on_one_rank_run_on_this_torch():
     multi-stage schedule, with either stage class, on the one-rank pool and
     on a group of one rank of the two-rank pool, and each worked (2.13
     passes them directly)."""
-    import harness.paths.pipeline.path as pipeline
+    import harness.paths.pipeline.paths as pipeline
 
     multi = {name for name, layouts in probe(1)["layouts"].items() if any(n == 2 for n, _ in layouts)}
     assert {"ZBVZeroBubble", "InterleavedZeroBubble"} <= multi
@@ -220,7 +220,7 @@ def test_the_probe_finds_a_runtime_that_sends_between_stages_on_one_rank(tmp_pat
 
 
 def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contract(monkeypatch):
-    import harness.paths.pipeline.path as pipeline
+    import harness.paths.pipeline.paths as pipeline
 
     error = "RuntimeError: [enforce fail at pair.cc:789] state_ >= CONNECTED. 1 vs 4. Pair is not connected"
     monkeypatch.setattr(pipeline, "same_rank_self_send", lambda schedule, *rest: error)
@@ -289,7 +289,7 @@ def test_fresh_ranks_build_their_p2p_group_before_a_case_is_timed(monkeypatch):
     """A new pool's p2p group is built and used in a request of its own
     (``path._warm``), once per pool start, so a case's time limit never pays
     for communicator set-up (NCCL builds them on first use)."""
-    from harness.paths.pipeline import path as pipeline_path
+    from harness.paths.pipeline import paths as pipeline_path
     from harness.workers import pool
 
     group = pool.group(2, "gloo")

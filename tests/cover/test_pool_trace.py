@@ -45,7 +45,7 @@ def test_nccl_probes_reach_child_processes_and_gloo_ones_do_not(monkeypatch) -> 
     On gloo nothing is written: CPU runs probe as before."""
     import pickle
 
-    from harness.paths.pipeline import path as pp
+    from harness.paths.pipeline import paths as pp
 
     asked: list[dict] = []
     found = {"layouts": {"GPipe": [(2, 2)]}, "placement": {"GPipe": {2: [0, 1]}}, "reasons": {}}

@@ -13,7 +13,7 @@ from harness.gate.status import STATUSES
 from harness.artifacts.text import PROJECT, scrub, shorten
 
 CWD = os.getcwd()
-LONG = (f"w0 after backward 1 (seen in {CWD}/harness/engine/check.py and {PROJECT}/harness/paths/split/path.py): 9 of 9 "
+LONG = (f"w0 after backward 1 (seen in {CWD}/harness/engine/check.py and {PROJECT}/harness/paths/split/paths.py): 9 of 9 "
         "elements differ | max abs diff 1.5, max rel diff 1 (first at index (0, 1): expected 1.5, got 3; exact mode)\n"
         + "counted twice over the microbatches " * 12)
 

@@ -107,7 +107,7 @@ def test_gate_with_an_unimportable_split_impl_exits_2_and_never_passes(tmp_path)
     (["paths", "--graphed-impl", f"{BOGUS}:f"], ["--graphed-impl", f"No module named '{BOGUS}'"]),
     (["paths", "--dtensor-impl", "os"], ["--dtensor-impl 'os'", "install(params, mesh)"]),
     (["paths", "--path", f"{BOGUS}:p"], ["--path", f"No module named '{BOGUS}'", "fix:"]),
-    (["paths", "--path", "harness.paths.split.path:SplitPath"], ["calling SplitPath(options) raised TypeError", "fix:"]),
+    (["paths", "--path", "harness.paths.split.paths:SplitPath"], ["calling SplitPath(options) raised TypeError", "fix:"]),
     (["paths", "--path", "os:sep"], ["is not a gradfuzz path", "fix:"]),
 ])
 def test_every_implementation_option_that_does_not_load_is_exit_2_with_the_fix(argv, words, capsys):

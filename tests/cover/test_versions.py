@@ -112,7 +112,7 @@ def test_deepspeed_loss_backward_drive_is_absent_before_the_release_that_hooks_o
 
     from packaging.version import Version
 
-    from harness.paths.deepspeed import path as ds
+    from harness.paths.deepspeed import paths as ds
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     monkeypatch.setattr(ds, "installed_release", lambda: Version("0.18.2"))

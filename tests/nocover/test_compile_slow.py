@@ -18,7 +18,7 @@ from harness.paths.compile.canaries import canary_path
 from harness.engine.runner import Result, fuzz_path
 from harness.gate import ledger
 from harness.paths import resolve
-from harness.paths.compile.path import FLAVORS, CompilePath
+from harness.paths.compile.paths import FLAVORS, CompilePath
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

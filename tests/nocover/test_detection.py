@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from harness.paths import resolve
-from harness.paths.split.path import SplitPath
+from harness.paths.split.paths import SplitPath
 from harness.engine.runner import Result, fuzz, fuzz_path
 from harness.paths.split.canaries import CANARIES
 

@@ -13,7 +13,7 @@ import pytest
 
 from harness.paths import Options, resolve
 from harness.paths.dtensor.canaries import canaries
-from harness.paths.dtensor.path import DTensorPath
+from harness.paths.dtensor.paths import DTensorPath
 from harness.engine.runner import Result, check, fuzz_path
 from harness.case.spec import Case
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness.paths.pipeline.path import FIXED, PipelinePath, probe
+from harness.paths.pipeline.paths import FIXED, PipelinePath, probe
 from harness.paths.pipeline.canaries import CANARIES
 from harness.engine.runner import Result, fuzz_path
 

@@ -11,7 +11,7 @@ from tests.twice.data import CASE_DATA
 
 FAMILY = Family(
     "twice",
-    paths=lazy("tests.twice.path:paths"),
+    paths=lazy("tests.twice.paths:paths"),
     canaries=lazy("tests.twice.canaries:canaries"),
     case_data=CASE_DATA,
     docs="tests/twice/README.md",

@@ -1,7 +1,7 @@
 """The toy family's canary: a loop that never runs one part of its loss."""
 
 from harness.paths import Canary
-from tests.twice.path import Twice
+from tests.twice.paths import Twice
 
 
 def canaries() -> list[Canary]:

@@ -15,7 +15,7 @@ from harness.artifacts.repro import script
 from tests.cover.test_conformance import check_path
 from tests.helpers import nested
 from tests.twice.data import Split
-from tests.twice.path import Twice
+from tests.twice.paths import Twice
 
 REGISTRATION = "twice = tests.twice:FAMILY"  # the line a package's pyproject.toml puts under gradfuzz.paths
 ROOT = Path(__file__).resolve().parents[2]

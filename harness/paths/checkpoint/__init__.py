@@ -6,7 +6,7 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "checkpoint",
-    paths=lazy("harness.paths.checkpoint.path:paths"),
+    paths=lazy("harness.paths.checkpoint.paths:paths"),
     canaries=lazy("harness.paths.checkpoint.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/checkpoint/README.md",

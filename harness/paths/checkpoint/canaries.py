@@ -7,7 +7,7 @@ forward left it (a different RNG state after backward); judged against
 from __future__ import annotations
 
 from harness.paths.family import Canary
-from harness.paths.checkpoint.path import CheckpointPath, forgets_rng
+from harness.paths.checkpoint.paths import CheckpointPath, forgets_rng
 
 
 def canaries() -> list[Canary]:

@@ -5,7 +5,7 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "compile",
-    paths=lazy("harness.paths.compile.path:paths"),
+    paths=lazy("harness.paths.compile.paths:paths"),
     canaries=lazy("harness.paths.compile.canaries:canaries"),
     docs="harness/paths/compile/README.md",
     prefixes=("compile",),

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from harness.paths.family import Canary
-from harness.paths.compile.path import FLAVORS, CompilePath
+from harness.paths.compile.paths import FLAVORS, CompilePath
 
 
 def scaled_grad_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from harness.generate import PLACEMENTS
 from harness.observation import LIFETIME, RECOMPUTATION
 from harness.paths.base import PLAIN_GRADS, RNG_NOT_COMPARED, Contract
-from harness.paths.compile.strategy import INDUCTOR_OPS, JUDGEABLE, OPS
+from harness.paths.compile.data import INDUCTOR_OPS, JUDGEABLE, OPS
 
 # The compile paths promise everything eager does (retained grads too), and
 # want parameter hooks (drawn with the lifetime schedules) and training steps

@@ -18,7 +18,7 @@ class keeps_last_micro_step:
 
 
 def canaries() -> list[Canary]:
-    from harness.paths.deepspeed.path import DeepSpeedPath
+    from harness.paths.deepspeed.paths import DeepSpeedPath
 
     return [Canary("deepspeed_keeps_last_micro_step",
                    lambda: DeepSpeedPath("canary.deepspeed_keeps_last_micro_step", 0,

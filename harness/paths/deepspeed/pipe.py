@@ -29,7 +29,7 @@ from harness.materialize.tensors import Built
 from harness.observation import INPUT_GRAD, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
-from harness.paths.deepspeed.path import BLIND, engine_refusal
+from harness.paths.deepspeed.paths import BLIND, engine_refusal
 from harness.paths.deepspeed.stages import cut_of
 from harness.paths.pooled import PooledPath
 
@@ -130,7 +130,7 @@ class DeepSpeedPipePath(PooledPath):
         self.stage = stage
 
     def availability(self) -> Availability:
-        from harness.paths.deepspeed.path import INSTALL
+        from harness.paths.deepspeed.paths import INSTALL
 
         if importlib.util.find_spec("deepspeed") is None:
             return Availability(False, f"deepspeed is not installed here: {INSTALL}")
@@ -154,7 +154,7 @@ class DeepSpeedPipePath(PooledPath):
         return refusal(case)
 
     def run(self, case: Case) -> Observation:
-        from harness.paths.deepspeed.path import warm
+        from harness.paths.deepspeed.paths import warm
 
         warm(self.group)
         outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.piperank",
@@ -201,6 +201,6 @@ def paths(options: Options) -> list[DeepSpeedPipePath]:
 def family_paths(options: Options) -> list[Any]:
     """Every path of the family: the ZeRO engine's, then the pipeline engine's (this module
     imports ``path``, never the other way, so the two do not import each other)."""
-    from harness.paths.deepspeed.path import engine_paths
+    from harness.paths.deepspeed.paths import engine_paths
 
     return engine_paths(options) + paths(options)

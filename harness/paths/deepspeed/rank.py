@@ -307,7 +307,7 @@ def _told() -> Iterator[list[str]]:
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.deepspeed.path``),
+    """One case on this rank (a ``call`` message from ``harness.paths.deepspeed.paths``),
     or the warm-up before the first: DeepSpeed's communication started once,
     which builds its op (``path._warm``)."""
     if msg.get("warm"):

@@ -6,7 +6,7 @@ from harness.paths.family import Family, UserImpl, lazy
 
 FAMILY = Family(
     "dtensor",
-    paths=lazy("harness.paths.dtensor.path:paths"),
+    paths=lazy("harness.paths.dtensor.paths:paths"),
     canaries=lazy("harness.paths.dtensor.canaries:canaries"),
     scripts={"torchrun": lazy("harness.paths.dtensor.script:script")},
     user_impls=(UserImpl("dtensor_impl", "--dtensor-impl", "harness.paths.dtensor.rank:load_impl",

@@ -57,7 +57,7 @@ CANARIES_DTENSOR = {
 
 def canaries() -> list[Canary]:
     """The seed's wrong layout fix-up, judged against ``dtensor.fixed``."""
-    from harness.paths.dtensor.path import DTensorPath
+    from harness.paths.dtensor.paths import DTensorPath
 
     return [
         Canary(f"dtensor_{name}", lambda name=name, impl=impl: DTensorPath(f"canary.dtensor_{name}", impl),

@@ -6,7 +6,7 @@ facts: each tensor the user could look at as this rank's local shard with
 its placements, and for every parameter and backward what reached
 ``AccumulateGrad`` (placements, strides), what ``.grad`` was before and after,
 and which collectives ran in between. Judging those facts is the parent's
-job (``harness.paths.dtensor.path``); ranks only report.
+job (``harness.paths.dtensor.paths``); ranks only report.
 
 Two ways to place parameters, chosen by ``Param.placement``:
 
@@ -300,7 +300,7 @@ def _oriented(name: str, tp: dict[str, str], enc: dict[str, Any] | None) -> dict
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One DTensor case on this rank (a ``call`` message from ``harness.paths.dtensor.path``)."""
+    """One DTensor case on this rank (a ``call`` message from ``harness.paths.dtensor.paths``)."""
     return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
 
 

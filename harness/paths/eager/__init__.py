@@ -2,5 +2,5 @@
 
 from harness.paths.family import Family, lazy
 
-FAMILY = Family("eager", paths=lazy("harness.paths.eager.path:paths"), docs="harness/paths/eager/README.md",
+FAMILY = Family("eager", paths=lazy("harness.paths.eager.paths:paths"), docs="harness/paths/eager/README.md",
                 prefixes=("eager",), machinery=("torch.autograd", "torch._tensor"), components={"eager": "autograd"})

@@ -5,7 +5,7 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "func",
-    paths=lazy("harness.paths.func.path:paths"),
+    paths=lazy("harness.paths.func.paths:paths"),
     canaries=lazy("harness.paths.func.canaries:canaries"),
     docs="harness/paths/func/README.md",
     prefixes=("func",),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from harness.paths.family import Canary
-from harness.paths.func.path import Bug, FuncPath, Tensors
+from harness.paths.func.paths import Bug, FuncPath, Tensors
 
 
 def _drop_second(j: int, grads: Tensors) -> Tensors:

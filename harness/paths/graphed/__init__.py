@@ -5,9 +5,9 @@ from harness.paths.family import Family, UserImpl, lazy
 
 FAMILY = Family(
     "graphed",
-    paths=lazy("harness.paths.graphed.path:paths"),
+    paths=lazy("harness.paths.graphed.paths:paths"),
     canaries=lazy("harness.paths.graphed.canaries:canaries"),
-    user_impls=(UserImpl("graphed_impl", "--graphed-impl", "harness.paths.graphed.path:load_impl",
+    user_impls=(UserImpl("graphed_impl", "--graphed-impl", "harness.paths.graphed.paths:load_impl",
                          "MODULE:ATTR, a make_graphed_callables-like callable"),),
     docs="harness/paths/graphed/README.md",
     prefixes=("graphed",),

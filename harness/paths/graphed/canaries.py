@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from harness.paths.family import Canary
-from harness.paths.graphed import path as graphed
+from harness.paths.graphed import paths as graphed
 from harness.workers.isolation import IsolatedPath
 from oracles import graphed_fixed
 

@@ -17,7 +17,7 @@ from harness.paths.megatron.data import CASE_DATA
 
 FAMILY = Family(
     "megatron",
-    paths=lazy("harness.paths.megatron.path:paths"),
+    paths=lazy("harness.paths.megatron.paths:paths"),
     canaries=lazy("harness.paths.megatron.canaries:canaries"),
     scripts={"megatron": lazy("harness.paths.megatron.script:script"),
              "megatron.pipe": lazy("harness.paths.megatron.pipe_script:script")},

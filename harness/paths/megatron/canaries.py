@@ -22,7 +22,7 @@ class keeps_last_micro_step:
 
 
 def canaries() -> list[Canary]:
-    from harness.paths.megatron.path import MegatronPath, MegatronPipePath, MegatronVppPath
+    from harness.paths.megatron.paths import MegatronPath, MegatronPipePath, MegatronVppPath
 
     return [Canary("megatron_keeps_last_micro_step",
                    lambda: MegatronPath("canary.megatron_keeps_last_micro_step", False,

@@ -395,7 +395,7 @@ def run_case(ctx: Rank, case: Case, impl: str, chunks: int = 1) -> dict[str, Any
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.megatron.path``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.megatron.paths``)."""
     return run_case(ctx, Case.loads(msg["case"]), msg["impl"], int(msg.get("chunks", 1)))
 
 

@@ -163,5 +163,5 @@ def run_case(ctx: Rank, case: Case, distopt: bool, impl: str) -> dict[str, Any]:
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.megatron.path``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.megatron.paths``)."""
     return run_case(ctx, Case.loads(msg["case"]), bool(msg["distopt"]), msg["impl"])

@@ -11,7 +11,7 @@ from harness.paths.mesh.data import CASE_DATA
 
 FAMILY = Family(
     "mesh",
-    paths=lazy("harness.paths.mesh.path:paths"),
+    paths=lazy("harness.paths.mesh.paths:paths"),
     canaries=lazy("harness.paths.mesh.canaries:canaries"),
     case_data=CASE_DATA,
     docs="harness/paths/mesh/README.md",

@@ -61,7 +61,7 @@ BASES = {"fsdp_tp": "mesh.fsdp_tp.fixed", "pp_dp": "mesh.pp_dp.fixed"}
 
 def canaries() -> list[Canary]:
     """Each judged against its kind's fixed path (replicas differ and values are wrong)."""
-    from harness.paths.mesh.path import MeshPath, PpDpPath
+    from harness.paths.mesh.paths import MeshPath, PpDpPath
 
     def make(name: str, impl: str, kind: str) -> Any:
         return (PpDpPath if kind == "pp_dp" else MeshPath)(f"canary.{name}", kind, impl)

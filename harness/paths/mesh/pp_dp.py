@@ -26,7 +26,7 @@ Reported per ``step()``: every held parameter's ``.grad`` as its full value
 (``full_tensor()`` over "dp" for FSDP2), with its layout; on the first stage
 the grad of each input by microbatch (rows of the stacked input), on the
 last stage what the loss was handed per microbatch. The parent
-(``harness.paths.mesh.path.pp_dp_observation``) puts them together.
+(``harness.paths.mesh.paths.pp_dp_observation``) puts them together.
 """
 
 from __future__ import annotations

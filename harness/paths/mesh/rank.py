@@ -339,7 +339,7 @@ def run_case(ctx: Rank, case: Case, kind: str, impl_spec: str) -> dict[str, Any]
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.mesh.path``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.mesh.paths``)."""
     if msg["kind"] == "pp_dp":  # its own mesh, ("pp", "dp"): harness.paths.mesh.pp_dp
         from harness.paths.mesh import pp_dp
 

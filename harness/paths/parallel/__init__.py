@@ -7,7 +7,7 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "parallel",
-    paths=lazy("harness.paths.parallel.path:paths"),
+    paths=lazy("harness.paths.parallel.paths:paths"),
     canaries=lazy("harness.paths.parallel.canaries:canaries"),
     scripts={"dataparallel": lazy("harness.paths.parallel.script:script")},
     case_data=CASE_DATA,

@@ -68,7 +68,7 @@ CANARIES_PARALLEL = {
 
 def canaries() -> list[Canary]:
     """Each judged against its fixed base, on the pool's default world size (2)."""
-    from harness.paths.parallel.path import DataParallelPath
+    from harness.paths.parallel.paths import DataParallelPath
 
     return [
         Canary(name, lambda name=name, kind=kind, impl=impl: DataParallelPath(f"canary.{name}", kind, impl),

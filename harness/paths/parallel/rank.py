@@ -8,7 +8,7 @@ average grads over ranks, so the averaged grad is exactly the oracle's
 with real per-rank data. Exact mode draws integer shares, so every local
 grad is an integer multiple of ``W`` and the division is exact.
 
-Ranks report facts, the parent judges (``harness.paths.parallel.path``):
+Ranks report facts, the parent judges (``harness.paths.parallel.paths``):
 each tensor as a placement code and this rank's local values (``R``: must
 equal on every rank; ``P(avg)``: the value is the mean over ranks, as a
 ``no_sync`` backward's local ``.grad`` is; ``S0``: this rank's ``Shard(0)``
@@ -221,5 +221,5 @@ def run_case(ctx: Rank, case: Case, kind: str, impl: str) -> dict[str, Any]:
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.parallel.path``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.parallel.paths``)."""
     return run_case(ctx, Case.loads(msg["case"]), msg["kind"], msg["impl"])

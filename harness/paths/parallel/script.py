@@ -22,7 +22,7 @@ from harness.paths import loopback
 from harness.materialize.source import CASE_MODULE, EAGER_WINDOWS, checked, forward_source, function_helpers, schedule_data
 from harness.paths.base import Repro
 from harness.paths.parallel.data import switches
-from harness.paths.parallel.path import SCRIPTED
+from harness.paths.parallel.paths import SCRIPTED
 
 
 def script(case: Case, machinery: Repro, title: str) -> str:

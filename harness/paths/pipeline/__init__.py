@@ -7,7 +7,7 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "pipeline",
-    paths=lazy("harness.paths.pipeline.path:paths"),
+    paths=lazy("harness.paths.pipeline.paths:paths"),
     canaries=lazy("harness.paths.pipeline.canaries:canaries"),
     scripts={"pipeline": lazy("harness.paths.pipeline.script:script")},
     case_data=CASE_DATA,

@@ -84,7 +84,7 @@ def canaries() -> list[Canary]:
     double count goes into the fixed stage instead (``DoubleWeight``, judged
     against the fixed path); where one rank cannot hold adjacent stages, the
     interleaved zero-bubble schedule on two ranks carries each."""
-    from harness.paths.pipeline.path import PipelinePath
+    from harness.paths.pipeline.paths import PipelinePath
     from harness.paths.pipeline.rank import discover
 
     found = discover()

@@ -18,7 +18,7 @@ It reports raw facts, by step: every parameter copy's ``.grad`` after each
 ``step()``, the grad of each stacked input (per microbatch, by rows), what
 the loss function was handed, tensors the user holds that changed, and the
 exception if one was raised. Judging is the parent's job
-(``harness.paths.pipeline.path``).
+(``harness.paths.pipeline.paths``).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from harness.paths.family import Family, UserImpl, lazy
 
 FAMILY = Family(
     "split",
-    paths=lazy("harness.paths.split.path:paths"),
+    paths=lazy("harness.paths.split.paths:paths"),
     canaries=lazy("harness.paths.split.canaries:canaries"),
-    user_impls=(UserImpl("split_impl", "--split-impl", "harness.paths.split.path:load_impl",
+    user_impls=(UserImpl("split_impl", "--split-impl", "harness.paths.split.paths:load_impl",
                          "MODULE[:ATTR] with stage_backward_input and stage_backward_weight"),),
     docs="harness/paths/split/README.md",
     prefixes=("split",),

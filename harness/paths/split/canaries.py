@@ -78,7 +78,7 @@ CANARIES = {
 
 
 def canaries() -> list[Canary]:
-    from harness.paths.split.path import SplitPath
+    from harness.paths.split.paths import SplitPath
 
     return [
         Canary(name, lambda name=name, impl=impl: SplitPath(f"canary.{name}", impl, stock_contract=True),

@@ -48,7 +48,7 @@ class norm_grad_not_all_reduced:
 
 
 def canaries() -> list[Canary]:
-    from harness.paths.torchtitan.path import TorchtitanPath
+    from harness.paths.torchtitan.paths import TorchtitanPath
     from harness.paths.torchtitan.tp import TorchtitanTPPath
 
     return [Canary("torchtitan_tp_norm_grad_not_all_reduced",

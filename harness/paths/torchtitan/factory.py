@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.paths.base import Options
 from harness.paths.torchtitan import tp
-from harness.paths.torchtitan.path import fsdp_paths
+from harness.paths.torchtitan.paths import fsdp_paths
 
 
 def paths(options: Options) -> list[Any]:

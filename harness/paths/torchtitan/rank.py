@@ -146,5 +146,5 @@ def run_case(ctx: Rank, case: Case, ac: str, compiled: bool, impl: str) -> dict[
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.torchtitan.path``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.torchtitan.paths``)."""
     return run_case(ctx, Case.loads(msg["case"]), msg["ac"], bool(msg.get("compile")), msg["impl"])

@@ -27,7 +27,7 @@ from harness.paths.base import Availability, Contract, Repro
 from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 from harness.paths.torchtitan.data import LLAMA, trainer_refusal
-from harness.paths.torchtitan.path import BLIND
+from harness.paths.torchtitan.paths import BLIND
 
 STOCK = "stock"
 
@@ -43,7 +43,7 @@ class TorchtitanTPPath(PooledPath):
         self.impl = impl
 
     def availability(self) -> Availability:
-        from harness.paths.torchtitan.path import TorchtitanPath
+        from harness.paths.torchtitan.paths import TorchtitanPath
 
         base = TorchtitanPath(self.name, "none", world_size=self.world_size, backend=self.backend).availability()
         if not base.ok:

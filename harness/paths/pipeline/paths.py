@@ -52,7 +52,7 @@ from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.base import (NO_PARAM_HOOKS, NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, PLAIN_GRADS, Availability,
                                 Contract, Options, Repro)
 from harness.paths.pipeline.data import Machinery, stage_cuts
-from harness.paths.pipeline.strategy import layout_draw
+from harness.paths.pipeline.data import layout_draw
 from harness.case.spec import Case
 
 FIXED = "oracles.pipeline_fixed:FixedPipelineStage"

@@ -274,7 +274,7 @@ def paths(options: Options) -> list:
     timeout = max(float(options.timeout), 60.0)
     impl = options.impl("graphed_impl")
     return [
-        IsolatedPath(("harness.paths.graphed.path:stock", {"impl": impl}), timeout=timeout),
-        IsolatedPath(("harness.paths.graphed.path:fixed", {}), timeout=timeout),
-        IsolatedPath(("harness.paths.graphed.path:compiled", {}), timeout=max(timeout, 600.0)),
+        IsolatedPath(("harness.paths.graphed.paths:stock", {"impl": impl}), timeout=timeout),
+        IsolatedPath(("harness.paths.graphed.paths:fixed", {}), timeout=timeout),
+        IsolatedPath(("harness.paths.graphed.paths:compiled", {}), timeout=max(timeout, 600.0)),
     ]

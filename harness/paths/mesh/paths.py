@@ -46,7 +46,7 @@ from harness.paths.base import (NO_RECOMPUTATION, NO_STEP_AFTER_SCHEDULE, RANK_L
 from harness.paths.engine_rules import lifetime_schedule, off_its_devices, replay_only
 from harness.paths.mesh.data import DIM_SIZES, STYLES, dp_wrapper, placements, pp_schedule, split
 from harness.paths.mesh.redistribute import shard_to_partial
-from harness.paths.mesh.strategy import MESH, PP_DP, min_microbatches
+from harness.paths.mesh.data import MESH, PP_DP, min_microbatches
 from harness.paths.pooled import PooledPath
 from harness.paths.workarounds import IN_PROCESS, WorkedAround
 

@@ -32,7 +32,7 @@ from harness.observation import Observation, Violation
 from harness.paths.engine_rules import lifetime_schedule, off_its_devices
 from harness.paths.base import NO_RECOMPUTATION, RANK_LOOP, RNG_NOT_COMPARED, Availability, Contract, Options, Repro
 from harness.paths.parallel.data import LOW_PRECISION, Machinery, switches
-from harness.paths.parallel.strategy import SWITCHES
+from harness.paths.parallel.data import SWITCHES
 from harness.paths.pooled import PooledPath
 from harness.paths.rankfacts import rounded_by_reduction
 from harness.paths.workarounds import IN_PROCESS

@@ -372,7 +372,7 @@ class FlavorWorker(IsolatedPath):
     it, and its caches with it."""
 
     def __init__(self, timeout: float = COMPILE_TIMEOUT,
-                 recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile.path:Flavors", {})) -> None:
+                 recipe: tuple[str, dict[str, Any]] = ("harness.paths.compile.paths:Flavors", {})) -> None:
         super().__init__(recipe, timeout=timeout)
         self._flavor = ""
 
@@ -435,7 +435,7 @@ class IsolatedCompilePath:
 
 
 def make(name: str) -> CompilePath:
-    """The recipe the child builds: ``harness.paths.compile.path:make``."""
+    """The recipe the child builds: ``harness.paths.compile.paths:make``."""
     return CompilePath(FLAVORS[name])
 
 

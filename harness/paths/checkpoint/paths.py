@@ -62,7 +62,7 @@ from harness.materialize.schedule import run_schedule
 from harness.generate import Draw
 from harness.paths.base import PLAIN_GRADS, Availability, Contract, Options, Repro
 from harness.paths.checkpoint.data import region_cuts
-from harness.paths.checkpoint.strategy import REGIONS
+from harness.paths.checkpoint.data import REGIONS
 from harness.case.spec import Case, Node, Use
 from harness.materialize.stages import bounds, requires_grad
 
