@@ -13,7 +13,7 @@ from harness.case import opinfo
 from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 from harness.case.validate import infer_shapes
 from harness.engine.target import Target
-from harness.paths.compile import judgeable, lowering, strategy
+from harness.paths.compile import data as compile_data, judgeable, lowering
 from harness.paths.compile.flavors import CONTRACT, FLAVORS
 from harness.paths.compile.paths import CompilePath
 
@@ -33,7 +33,7 @@ def _heavy_chain(dtype: str = "float64", ops: int = 12) -> Case:
     drawable = {k for _, keys in lowering.pools() for k in keys}
     heavy = sorted(((k, i) for k, i in opinfo.draws() if k in drawable),
                    key=lambda d: judgeable.growth(opinfo.table()[d[0]]["samples"][d[1]], 6), reverse=True)
-    return strategy.insert_ops(_core(dtype), [(0, k, i) for k, i in heavy[:ops]], 1)
+    return compile_data.insert_ops(_core(dtype), [(0, k, i) for k, i in heavy[:ops]], 1)
 
 
 def test_a_heavy_float64_chain_is_brought_within_the_budget_and_stays_valid():

@@ -15,7 +15,7 @@ from harness.case.spec import Case, Hook, Input, Node, Param, Schedule, Use
 from harness.case.validate import infer_shapes
 from harness.engine.runner import check
 from harness.engine.target import Target
-from harness.paths.compile import lowering, strategy
+from harness.paths.compile import data as compile_data, lowering
 from harness.paths.compile.flavors import CONTRACT, DEVICE_CONTRACT, FLAVORS, INDUCTOR_CONTRACT
 from harness.paths.compile.paths import CompilePath
 
@@ -62,21 +62,21 @@ def test_every_drawable_op_has_a_class_and_graph_breakers_are_left_out():
 
 
 def test_a_pick_is_a_hash_of_the_drawn_value_in_its_slots_class():
-    assert strategy.pick(0, 0) is None
-    assert strategy.pick(3, 12345) == strategy.pick(3, 12345)
+    assert compile_data.pick(0, 0) is None
+    assert compile_data.pick(3, 12345) == compile_data.pick(3, 12345)
     classes = lowering.classes()
-    for slot in range(len(strategy.PATTERN)):
-        key, i = strategy.pick(slot, 1 + slot)
-        assert classes[key] == strategy.PATTERN[slot] and 0 <= i < len(opinfo.table()[key]["samples"])
+    for slot in range(len(compile_data.PATTERN)):
+        key, i = compile_data.pick(slot, 1 + slot)
+        assert classes[key] == compile_data.PATTERN[slot] and 0 <= i < len(opinfo.table()[key]["samples"])
     # neighbouring values land on unrelated ops: the shrinker and Hypothesis's small values repeat less
-    assert len({strategy.pick(0, v)[0] for v in range(1, 41)}) >= 30
+    assert len({compile_data.pick(0, v)[0] for v in range(1, 41)}) >= 30
 
 
 @pytest.mark.parametrize("width", [1, 2, 3])
 def test_inserted_ops_sit_between_the_core_uses_and_the_case_stays_plain_data(width):
     base = _base()
-    ops = [strategy.pick(s, 77 + s) for s in range(5)]
-    case = strategy.insert_ops(base, [(1, *ops[0]), (1, *ops[1]), (0, *ops[2]), (0, *ops[3]), (0, *ops[4])], width)
+    ops = [compile_data.pick(s, 77 + s) for s in range(5)]
+    case = compile_data.insert_ops(base, [(1, *ops[0]), (1, *ops[1]), (0, *ops[2]), (0, *ops[3]), (0, *ops[4])], width)
     infer_shapes(case)
     assert not case.exact and case.hooks == base.hooks and case.params == base.params
     assert Case.from_json(json.loads(case.dumps())) == case
@@ -87,7 +87,7 @@ def test_inserted_ops_sit_between_the_core_uses_and_the_case_stays_plain_data(wi
     # n0's later use (the transposed matmul) and the output read the inserted ops' results
     second = next(n for n in case.nodes if n.op == "matmul" and n.args[1].transpose)
     assert second.args[0].ref != "n0" and case.outputs[0].ref != "n1"
-    assert strategy.insert_ops(base, [], width) == base
+    assert compile_data.insert_ops(base, [], width) == base
 
 
 def test_compile_targets_draw_hundreds_of_ops_of_every_class_and_a_cuda_flavour_none():
@@ -109,8 +109,8 @@ def test_a_dense_structure_with_retain_grad_compiles_every_op_and_agrees():
     """retain_grad breaks dynamo's graph inside the forward's loop, so each node
     is compiled as a frame of its own, every OpInfo node sharing one code
     object: past dynamo's default recompile limit of 8 its later ops ran eagerly."""
-    picks = [strategy.pick(s, 1000 + 7 * s) for s in range(12)]
-    case = strategy.insert_ops(_base(retain=True), [(s % 2, *p) for s, p in enumerate(picks)], 1)
+    picks = [compile_data.pick(s, 1000 + 7 * s) for s in range(12)]
+    case = compile_data.insert_ops(_base(retain=True), [(s % 2, *p) for s, p in enumerate(picks)], 1)
     assert len({n.attr("fn") for n in case.nodes if n.op == "opinfo"}) > 8
     path = CompilePath(FLAVORS["compile.aot_eager"])
     try:

@@ -27,6 +27,7 @@ def region_cuts(case: Case) -> tuple[int, ...]:
 CASE_DATA = cuts_namespace("checkpoint", Regions)
 
 
+@st.composite
 def checkpoint_regions(draw, case: Case) -> Case:
     """Cut ``case`` into segments for the checkpoint paths (``Regions``:
     the even segments are recomputed, the odd ones run plainly, so one cut

@@ -1,7 +1,7 @@
 """``checkpoint.*``: activation checkpointing, regions recomputed in backward.
 
 Regions come from the case's cut points (the family's ``Regions``, drawn
-by ``strategy.checkpoint_regions``): the cuts split
+by ``data.checkpoint_regions``): the cuts split
 the node list into segments, the even segments (0, 2, ...) are checkpointed
 regions and the odd ones run plainly. No cut makes the whole module one
 region; one cut puts the first half in a region and the second half outside

@@ -25,7 +25,7 @@ CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(OPS, PL
     (RECOMPUTATION, "what a compiled graph recomputes is the partitioner's choice (AOTAutograd's min-cut partitioner "
                     "recomputes cheap ops by design), not a count the user can see"),
     (LIFETIME, "not watched: graph_freed is off for the compile family")))
-# Inductor pays seconds per OpInfo op (``strategy.INDUCTOR_SLOTS``): its
+# Inductor pays seconds per OpInfo op (``data.INDUCTOR_SLOTS``): its
 # flavours draw fewer per structure, a case stream of their own.
 INDUCTOR_CONTRACT = replace(CONTRACT, draws=(INDUCTOR_OPS, PLACEMENTS, JUDGEABLE))
 # Off the CPU every OpInfo node is refused (``engine_rules.off_its_devices``):

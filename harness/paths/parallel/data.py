@@ -65,6 +65,7 @@ class Machinery:
     world_size: int
 
 
+@st.composite
 def data_parallel(draw, case: Case) -> Case:
     """DDP / FSDP2 switches for one case (``Switches``), each a draw that
     shrinks to "off"; with ``units`` the node list is cut into FSDP2 units

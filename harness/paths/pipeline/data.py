@@ -39,6 +39,7 @@ class Machinery:
     world_size: int = 1
 
 
+@st.composite
 def pipeline_stages(draw, case: Case, layouts: tuple[tuple[int, int], ...]) -> Case:
     """Cut ``case`` into stages for one of ``layouts`` ((stages, microbatches)
     pairs a schedule takes). Cuts are drawn as picks among the free node

@@ -19,7 +19,7 @@ the split functions' or the stage's, and on both the schedule's.
 Which layouts a schedule takes (how many stages, how many microbatches,
 which rank holds which stage) is found by constructing it on the ranks
 (``pipeline_rank.probe``), not from a table; fuzzing draws only those
-(``PipelinePath.layouts``, drawn by ``strategy.layout_draw``), and a case outside them is skipped.
+(``PipelinePath.layouts``, drawn by ``data.layout_draw``), and a case outside them is skipped.
 One more probe, one step of two stages on one rank (``pipeline_rank.same_rank_p2p``,
 per stage class, on a group of one rank with the backend the cases of that
 world size run on), finds a runtime that sends between a rank's own stages
