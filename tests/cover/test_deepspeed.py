@@ -61,7 +61,7 @@ def _two_stages(case, at=1):
 
 
 def test_pipe_ties_what_both_stages_use_and_turns_clipping_off():
-    from harness.paths.deepspeed.stages import cut_of, tied_params
+    from harness.paths.deepspeed.pipe.stages import cut_of, tied_params
     from tests.helpers import nested
 
     case = _two_stages(nested(microbatches=2))
@@ -75,7 +75,7 @@ def test_pipe_refuses_only_what_the_engine_cannot_express():
     from dataclasses import replace
 
     from harness.case.spec import Case, Input, Node, Param, Use
-    from harness.paths.deepspeed.pipe import refusal
+    from harness.paths.deepspeed.pipe.paths import refusal
     from tests.helpers import nested
 
     (pipe,) = resolve("deepspeed.pipe.stock")

@@ -341,7 +341,7 @@ def _vpp():
 
 
 def test_the_vpp_layout_puts_chunk_c_of_rank_r_at_stage_c_times_two_plus_r():
-    from harness.paths.megatron.pipe import boundary_width, rank_stages, stage_specs
+    from harness.paths.megatron.pipe.rank import boundary_width, rank_stages, stage_specs
 
     assert rank_stages(0, 2) == [0, 2] and rank_stages(1, 2) == [1, 3] and rank_stages(1, 1) == [1]
     # x0 passes through stage 1 to stage 2 beside n1: boundaries of 6, 12 and 6 elements, all sent as 12.

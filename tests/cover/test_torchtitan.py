@@ -184,7 +184,7 @@ def test_a_tp_observation_leaves_the_core_case_unobserved_and_reports_each_grad_
     from types import SimpleNamespace
 
     from harness.compare.values import compare
-    from harness.paths.torchtitan.tp import observation
+    from harness.paths.torchtitan.tp.paths import observation
     from oracles.eager import observe
 
     case = _tp_case()
@@ -205,7 +205,7 @@ def test_a_tp_observation_leaves_the_core_case_unobserved_and_reports_each_grad_
 
 
 def test_the_tolerance_sits_far_below_a_missing_reduction():
-    from harness.paths.torchtitan.tp_rank import _tolerance
+    from harness.paths.torchtitan.tp.rank import _tolerance
 
     # a grad of scale 1 whose float32 eager error is 1e-7: a half (one rank's share) is ~1000x the tolerance
     assert 0.5 / _tolerance(1e-7, 1.0, 1.0) > 500
@@ -235,7 +235,8 @@ def test_the_cpu_attention_is_causal_sdpa_on_both_sides_and_the_reference_keeps_
     reference alike, and is causal attention; the reference's complex RoPE
     cache survives its cast to float64 (``Module.to(float64)`` would cast it
     to real: the harness bug that made this path's first run diverge everywhere)."""
-    from harness.paths.torchtitan import cpu, tp_rank
+    from harness.paths.torchtitan import cpu
+    from harness.paths.torchtitan.tp import rank as tp_rank
 
     cpu.without_triton()  # before torchtitan's model imports, which reach for triton
     from torchtitan.models.common.attention import ScaledDotProductAttention

@@ -13,10 +13,10 @@ from harness.paths.family import Family, lazy
 
 FAMILY = Family(
     "deepspeed",
-    paths=lazy("harness.paths.deepspeed.pipe:family_paths"),
+    paths=lazy("harness.paths.deepspeed.pipe.paths:family_paths"),
     canaries=lazy("harness.paths.deepspeed.canaries:canaries"),
     scripts={"deepspeed": lazy("harness.paths.deepspeed.script:script"),
-             "deepspeed.pipe": lazy("harness.paths.deepspeed.pipescript:script")},
+             "deepspeed.pipe": lazy("harness.paths.deepspeed.pipe.script:script")},
     case_data=CASE_DATA,
     docs="harness/paths/deepspeed/README.md",
     prefixes=("deepspeed",),

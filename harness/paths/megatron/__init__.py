@@ -20,7 +20,7 @@ FAMILY = Family(
     paths=lazy("harness.paths.megatron.paths:paths"),
     canaries=lazy("harness.paths.megatron.canaries:canaries"),
     scripts={"megatron": lazy("harness.paths.megatron.script:script"),
-             "megatron.pipe": lazy("harness.paths.megatron.pipe_script:script")},
+             "megatron.pipe": lazy("harness.paths.megatron.pipe.script:script")},
     case_data=CASE_DATA,
     docs="harness/paths/megatron/README.md",
     prefixes=("megatron",),

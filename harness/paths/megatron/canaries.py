@@ -48,7 +48,7 @@ class skips_embedding_allreduce:
     @staticmethod
     def finalize(stock: Any) -> Any:
         def finalize(*args: Any, **kwargs: Any) -> Any:
-            from harness.paths.megatron.pipe import finalize_module
+            from harness.paths.megatron.pipe.rank import finalize_module
 
             module = finalize_module()
             saved = module._allreduce_word_embedding_grads

@@ -108,7 +108,7 @@ class MegatronPipePath(PooledPath):
     megatron's non-interleaved 1F1B schedule over them
     (``forward_backward_pipelining_without_interleaving``) and its
     ``finalize_model_grads``, which all-reduces the shared weight's grad over
-    the embedding group (``harness.paths.megatron.pipe``)."""
+    the embedding group (``harness.paths.megatron.pipe.rank``)."""
 
     contract = Contract(retained_grads=False, draws=(PP_KNOBS,), gap_cases=True, model_parts=True,
                         random_ops=False, judged_against="eager.accumulate", blind=MegatronPath.contract.blind)
@@ -140,7 +140,7 @@ class MegatronPipePath(PooledPath):
     def supports(self, case: Case) -> str | None:
         from harness.case.ops import draws_random
         from harness.materialize.stages import requires_grad
-        from harness.paths.megatron.pipe import held_apart, shared_params, stage_specs
+        from harness.paths.megatron.pipe.rank import held_apart, shared_params, stage_specs
 
         s = case.schedule
         if reason := megatron_refusal(case, "megatron's pipeline"):
@@ -176,7 +176,7 @@ class MegatronPipePath(PooledPath):
         return exact_mean(case, 1, "megatron divides each microbatch's loss")
 
     def run(self, case: Case) -> Observation:
-        outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.pipe", "case": case.dumps(),
+        outcome = self.group.request({"op": "call", "module": "harness.paths.megatron.pipe.rank", "case": case.dumps(),
                                       "impl": self.impl, "chunks": self.chunks}, self.timeout)
         obs = assemble(self.name, case, outcome)
         if obs.failure is not None and obs.failure.type != "WorkerError":
@@ -190,7 +190,7 @@ class MegatronPipePath(PooledPath):
     def repro(self, case: Case) -> Repro:
         if self.impl != STOCK:  # a canary's fault is not megatron's: replayed, never scripted
             return replay_only(self.name)
-        from harness.paths.megatron.pipe_script import Pipe
+        from harness.paths.megatron.pipe.script import Pipe
 
         return Repro(template="megatron.pipe", family=Pipe(self.chunks))
 
@@ -243,7 +243,7 @@ class MegatronVppPath(MegatronPipePath):
     (``forward_backward_pipelining_with_interleaving``), the shared weight on
     the first chunk of the first rank and the last chunk of the last, and
     ``finalize_model_grads`` over both chunks of each rank
-    (``harness.paths.megatron.pipe``)."""
+    (``harness.paths.megatron.pipe.rank``)."""
 
     contract = Contract(retained_grads=False, draws=(VPP_KNOBS,), gap_cases=True, model_parts=True,
                         random_ops=False, judged_against="eager.accumulate", blind=MegatronPath.contract.blind)

@@ -49,7 +49,7 @@ class norm_grad_not_all_reduced:
 
 def canaries() -> list[Canary]:
     from harness.paths.torchtitan.paths import TorchtitanPath
-    from harness.paths.torchtitan.tp import TorchtitanTPPath
+    from harness.paths.torchtitan.tp.paths import TorchtitanTPPath
 
     return [Canary("torchtitan_tp_norm_grad_not_all_reduced",
                    lambda: TorchtitanTPPath("canary.torchtitan_tp_norm_grad_not_all_reduced",

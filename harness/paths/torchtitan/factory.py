@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.paths.base import Options
-from harness.paths.torchtitan import tp
+from harness.paths.torchtitan.tp import paths as tp
 from harness.paths.torchtitan.paths import fsdp_paths
 
 

@@ -30,7 +30,7 @@ from harness.observation import INPUT_GRAD, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.deepspeed.paths import BLIND, engine_refusal
-from harness.paths.deepspeed.stages import cut_of
+from harness.paths.deepspeed.pipe.stages import cut_of
 from harness.paths.pooled import PooledPath
 
 GAS = (1, 2, 3, 4)
@@ -157,7 +157,7 @@ class DeepSpeedPipePath(PooledPath):
         from harness.paths.deepspeed.paths import warm
 
         warm(self.group)
-        outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.piperank",
+        outcome = self.group.request({"op": "call", "module": "harness.paths.deepspeed.pipe.rank",
                                       "case": case.dumps(), "stage": self.stage}, self.timeout)
         obs = assemble(self.name, case, _as_replicas(outcome))
         for step in obs.steps:
@@ -165,7 +165,7 @@ class DeepSpeedPipePath(PooledPath):
         return obs
 
     def repro(self, case: Case) -> Repro:
-        from harness.paths.deepspeed.pipescript import Pipe
+        from harness.paths.deepspeed.pipe.script import Pipe
 
         return Repro(template="deepspeed.pipe", family=Pipe(self.stage))
 

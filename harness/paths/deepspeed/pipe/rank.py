@@ -32,7 +32,7 @@ from harness.materialize import workarounds
 from harness.materialize.stages import StageModule, StageSpec
 from harness.materialize.tensors import Built
 from harness.paths.deepspeed.data import pipe_config
-from harness.paths.deepspeed.stages import bodies
+from harness.paths.deepspeed.pipe.stages import bodies
 from harness.paths.deepspeed.rank import _deepspeed
 from harness.paths.rankfacts import encode, rank_failure
 from harness.workers.host import Rank

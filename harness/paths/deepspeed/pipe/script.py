@@ -29,7 +29,7 @@ from harness.materialize.tensors import Built
 from harness.paths import loopback
 from harness.paths.base import Repro
 from harness.paths.deepspeed.data import pipe_config
-from harness.paths.deepspeed.stages import bodies
+from harness.paths.deepspeed.pipe.stages import bodies
 
 WORLD_SIZE = 2  # two stages, one a rank (the pipe paths' world)
 

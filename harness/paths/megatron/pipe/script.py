@@ -41,7 +41,7 @@ from harness.paths import loopback
 from harness.paths.base import Repro
 from harness.paths.megatron.cpu import REPLACEMENTS, CudaFactoriesOnCpu, is_cuda
 from harness.paths.megatron.data import ddp_config, knobs, model_config
-from harness.paths.megatron.pipe import (STAGES, MegatronStage, PeerFailed, agreed, boundary_shapes, boundary_width,
+from harness.paths.megatron.pipe.rank import (STAGES, MegatronStage, PeerFailed, agreed, boundary_shapes, boundary_width,
                                          shared_params, stage_specs, tie)
 from harness.paths.megatron.rank import buffer_grads, gathered
 from harness.paths.megatron.script import RAISED

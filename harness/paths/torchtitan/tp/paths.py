@@ -61,7 +61,7 @@ class TorchtitanTPPath(PooledPath):
         return None
 
     def run(self, case: Case) -> Observation:
-        outcome = self.group.request({"op": "call", "module": "harness.paths.torchtitan.tp_rank",
+        outcome = self.group.request({"op": "call", "module": "harness.paths.torchtitan.tp.rank",
                                       "case": case.dumps(), "impl": self.impl}, self.timeout)
         return observation(self.name, case, outcome)
 

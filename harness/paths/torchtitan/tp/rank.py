@@ -336,5 +336,5 @@ def _margin(got: dict[str, Any], want: dict[str, torch.Tensor], f32: dict[str, t
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.torchtitan.tp``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.torchtitan.tp.paths``)."""
     return run_case(ctx, Case.loads(msg["case"]), msg["impl"])
