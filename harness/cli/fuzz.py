@@ -241,29 +241,8 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     display = Display(lambda: {**ctl.view(), "planned": total, "history": history}, args.progress,
                       args.progress_every)
 
-    class _Stop:
-        requested = False
-
-        def set(self, grace: float | None = None) -> None:
-            self.requested = True
-            ctl.request_stop(grace)
-
-    stop = _Stop()
-
-    got: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        first = not stop.requested
-        got.append(signum)
-        # SIGTERM is a deadline (CI cancel, ``timeout``): findings are saved as
-        # they happen, so the workers get seconds, not the Ctrl-C grace.
-        stop.set(parallel.TERM_GRACE if signum == signal.SIGTERM else None)
-        display.stopping = True
-        if first:
-            print("\ngradfuzz: interrupted: workers finish their current example and save "
-                  "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
-
-    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    stop = _Stopper(ctl, display, parallel.TERM_GRACE)
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     start = time.monotonic()
     ctl.start()
     display.start()
@@ -278,7 +257,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     extra["workers"] = len(snaps)
     extra["seconds"] = time.monotonic() - start
     extra["interrupted"] = extra["interrupted"] or stop.requested
-    extra["signal"] = got[0] if got else signal.SIGINT
+    extra["signal"] = stop.got[0] if stop.got else signal.SIGINT
     if not snaps or rc not in (0, 1):
         if not stop.requested or not snaps:
             result.errors.append(f"pytest-xdist session exited {rc}; its log ({ctl.log}):\n{ctl.log_tail()}")
@@ -286,6 +265,28 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     if plan and not result.errors and not extra["interrupted"]:
         timings.save(plan, {name: t.seconds for name, t in result.paths.items()})
     return result, extra
+
+
+class _Stopper:
+    """The signal handler of a run on workers: the first Ctrl-C lets them
+    finish their example and save, a second ends them; SIGTERM is a
+    deadline (CI cancel, ``timeout``): findings are saved as they happen, so
+    the workers get ``term_grace`` seconds, not the Ctrl-C grace."""
+
+    def __init__(self, ctl: Any, display: Any, term_grace: float) -> None:
+        self.ctl, self.display, self.term_grace = ctl, display, term_grace
+        self.requested = False
+        self.got: list[int] = []
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        first = not self.requested
+        self.got.append(signum)
+        self.requested = True
+        self.ctl.request_stop(self.term_grace if signum == signal.SIGTERM else None)
+        self.display.stopping = True
+        if first:
+            print("\ngradfuzz: interrupted: workers finish their current example and save "
+                  "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
 
 
 def _plan_key(args: argparse.Namespace) -> str | None:
