@@ -29,9 +29,10 @@ MAX_PATHS = 10_000
 MAX_SECONDS = 1e7
 
 
-def plan_key(paths: list[str], examples: int, seed: int, torch_version: str) -> str:
-    """The plan a history belongs to: another budget, seed, path set or torch draws other cases."""
-    text = json.dumps([sorted(paths), examples, seed, torch_version.split("+")[0]])
+def plan_key(selection: str, examples: int, seed: int, torch_version: str) -> str:
+    """The plan a history belongs to (``--paths`` as given): another budget,
+    seed, selection or torch draws other cases."""
+    text = json.dumps([selection, examples, seed, torch_version.split("+")[0]])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -218,8 +218,7 @@ def unavailable(nodes: Any) -> str | None:
     """Why a case of these nodes cannot run on the installed torch: an op of
     another torch's table that this one's lacks (None: every op is here)."""
     for n in nodes:
-        if n.op == "opinfo" and n.attr("fn") not in table():
-            key = n.attr("fn")
+        if n.op == "opinfo" and (key := n.attr("fn")) not in table():
             return f"{missing(key)}; the case runs on torch {', '.join(elsewhere(key))}"
     return None
 

@@ -295,7 +295,7 @@ def _plan_key(args: argparse.Namespace) -> str | None:
 
     if not args.examples or args.minutes:
         return None
-    return timings.plan_key([args.paths or ""], args.examples, args.seed, torch.__version__)
+    return timings.plan_key(args.paths or "", args.examples, args.seed, torch.__version__)
 
 
 def on_workers(options: Options, n: str, ledger: str | None = None) -> Any:

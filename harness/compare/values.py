@@ -210,8 +210,8 @@ def blind_to(tol: Tolerance, oracle: Observation, microbatches: int) -> set[str]
     """The wrong parameter grads ``tol`` would let agree on this case: after
     the first backward, a grad halved, zeroed or sign-flipped; after the last
     backward of the first step (of ``microbatches``), one microbatch's
-    contribution dropped. A case
-    blind to any of them is unjudged: its pass says nothing about that grad."""
+    contribution dropped. A case blind to any of them is unjudged: its pass
+    says nothing about that grad."""
     blind: set[str] = set()
     if tol.exact or not oracle.steps:
         return blind

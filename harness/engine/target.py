@@ -535,8 +535,7 @@ class TargetRun:
             try:
                 return self._rounds()
             finally:
-                self.heap = None
-                self._update_seconds()
+                self.heap = None  # ``_rounds`` left the seconds final
                 for t in self.tallies.values():
                     t.finished += 1
 

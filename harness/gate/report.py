@@ -281,12 +281,14 @@ def _facts(rep: dict[str, Any]) -> str:
     skipped = sum(1 for s in sc if s.get("skipped"))
     parts = [f"self-check {sum(1 for s in sc if s['caught'])}/{len(sc)} canaries caught"
              + (f", {skipped} skipped" if skipped else "") if sc else "no self-check",
-             f"{sum(ex.values()):,} examples over {len(ex)} paths" + _unjudged(rep), f"{rep['seconds']:.0f}s" + _phases(rep)]
+             f"{sum(ex.values()):,} examples over {len(ex)} paths" + _unjudged(rep),
+             f"{rep['seconds']:.0f}s" + _phases(rep)]
     return "; ".join(parts)
 
 
 def _unjudged(rep: dict[str, Any]) -> str:
-    """`` (12 unjudged)``: cases run whose tolerance a wrong grad would have met, counted apart from passes."""
+    """`` (12 unjudged: a wrong grad would agree)``: cases run that a wrong grad
+    would have passed, counted apart from passes."""
     n = sum((rep.get("unjudged") or {}).values())
     return f" ({n:,} unjudged: a wrong grad would agree)" if n else ""
 

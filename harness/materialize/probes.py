@@ -483,9 +483,9 @@ def _sharding_decisions_forgotten() -> Iterator[None]:
     changes a strategy must meet no decision made without it, and leave none
     made with it. Both caches are per thread, and autograd runs a CUDA
     tensor's backward on its device's own thread, so they are cleared there
-    too (``_on_device_threads``): cleared only here, a layer norm backward on
-    an H200 kept the decision made before the probe, and after it the one
-    made under it."""
+    too (``_on_device_threads``): cleared only on the caller's thread, a
+    layer norm backward on a CUDA device keeps the decision made before the
+    probe, and after it the one made under it."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache as forget  # Python's and C++'s
 
     _on_device_threads(forget)

@@ -99,8 +99,8 @@ def test_the_last_run_s_seconds_round_trip_and_a_bad_file_is_named(tmp_path):
     from harness.artifacts import timings
     from harness.case.schema import FileError
 
-    key = timings.plan_key(["split,eager"], 20, 0, "2.13.0+cpu")
-    assert key == timings.plan_key(["split,eager"], 20, 0, "2.13.0") != timings.plan_key(["split,eager"], 20, 1, "2.13.0")
+    key = timings.plan_key("split,eager", 20, 0, "2.13.0+cpu")
+    assert key == timings.plan_key("split,eager", 20, 0, "2.13.0") != timings.plan_key("split,eager", 20, 1, "2.13.0")
     assert timings.load(key, str(tmp_path)) == {}
     timings.save(key, {"split.fixed": 12.345, "eager.accumulate": 3.0}, str(tmp_path))
     assert timings.load(key, str(tmp_path)) == {"split.fixed": 12.35, "eager.accumulate": 3.0}

@@ -12,8 +12,8 @@ from harness.case.namespace import DataNamespace
 from harness.case.spec import Case
 from harness.generate import Draw
 
-BUCKETS = (0, 8, 10**6)
-BF16 = st.sampled_from((False,) * 3 + (True,))  # of the integer-valued cases, shrinking to off  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
+BUCKETS = (0, 8, 10**6)  # reduce_bucket_size: 0 = DeepSpeed's default; 8 elements puts tied weights apart
+BF16 = st.sampled_from((False,) * 3 + (True,))  # of the integer-valued cases, shrinking to off
 # Ways users drive the engine that DeepSpeed's docs do not describe, each a
 # loop a person ports from plain torch or guesses at. What the user meant is
 # the documented drive's grads (the oracle); DeepSpeed raising or warning is
