@@ -150,6 +150,34 @@ def test_every_installed_schedule_is_discovered_and_probed():
     assert "pipeline.ZBVZeroBubble.stock" in names and "pipeline.ZBVZeroBubble.ranks2.fixed" in names
 
 
+def test_the_schedule_names_are_parsed_once_however_many_threads_ask(monkeypatch):
+    """A rank's case threads overlap; two ``ast.parse`` at once break on CPython 3.11."""
+    import ast
+    import threading
+    import time
+
+    from harness.paths.pipeline import rank
+
+    parses = []
+    parse = ast.parse
+
+    def slow_parse(*args, **kwargs):
+        parses.append(threading.get_ident())
+        time.sleep(0.05)  # wide enough that unserialized threads would overlap here
+        return parse(*args, **kwargs)
+
+    rank._read_schedule_names.cache_clear()
+    monkeypatch.setattr(rank.ast, "parse", slow_parse)
+    seen: list[list[str]] = []
+    threads = [threading.Thread(target=lambda: seen.append(rank.schedule_names())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rank._read_schedule_names.cache_clear()
+    assert len(parses) == 1 and len(seen) == 4 and all(s == seen[0] and s for s in seen)
+
+
 def test_a_case_outside_the_schedules_layouts_is_skipped_with_the_reason():
     p = PipelinePath("ZBVZeroBubble", FIXED)
     reason = p.supports(chain((1, 3)))  # three stages: ZBV takes two per rank

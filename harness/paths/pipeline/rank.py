@@ -24,9 +24,11 @@ exception if one was raised. Judging is the parent's job
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import os
+import threading
 import time
 from typing import Any
 
@@ -47,30 +49,46 @@ STOCK = "stock"
 MAX_MICROBATCHES = 4  # layouts are probed up to this many microbatches
 
 
+_READING = threading.Lock()
+
+
 def schedule_names() -> list[str]:
     """The training schedules torch's pipelining package exports, read from
     its ``__all__`` without importing it: the import costs as much as torch
     itself, and listing paths (``gradfuzz paths``, ``--help``, a gate over
     other families) needs only the names. ``discover`` imports the classes
-    where a pipeline path runs."""
+    where a pipeline path runs.
+
+    Read once per process, under a lock: a rank starts each case's thread
+    while the last case's thread may still be starting, and ``ast.parse``
+    in two threads at once raises a spurious ``SystemError`` ("AST
+    constructor recursion depth mismatch") on CPython 3.11, whose AST depth
+    counter is module state shared by threads: the case would report it as
+    the path's error."""
+    with _READING:
+        return list(_read_schedule_names())
+
+
+@functools.cache
+def _read_schedule_names() -> tuple[str, ...]:
     spec = importlib.util.find_spec("torch")
     if spec is None or spec.origin is None:
-        return []
+        return ()
     init = os.path.join(os.path.dirname(spec.origin), "distributed", "pipelining", "__init__.py")
     try:
         with open(init, encoding="utf-8") as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
-        return []
+        return ()
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
             try:
                 names = ast.literal_eval(node.value)
             except ValueError:
-                return []
-            return [n[len("Schedule"):] for n in names if isinstance(n, str) and n.startswith("Schedule")
-                    and "ForwardOnly" not in n]
-    return []
+                return ()
+            return tuple(n[len("Schedule"):] for n in names if isinstance(n, str) and n.startswith("Schedule")
+                         and "ForwardOnly" not in n)
+    return ()
 
 
 def discover() -> dict[str, type]:
