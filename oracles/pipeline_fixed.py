@@ -21,6 +21,12 @@ split functions:
   the graph of another output (one computed from the other) is then needed
   at W, which fails "saved tensor detached in-place". Dropping references
   frees the same memory once W has run;
+- the stage is built with example activations (``takes_example_args``:
+  the rank passes one microbatch's real inputs and outputs as
+  ``input_args``/``output_args``), so the schedule never infers its
+  metadata by running a later stage's forward on inputs it made up (zeros
+  on 2.11, memory it did not fill on 2.13), which raised wherever an op
+  checks its input's values;
 - two stages on one rank (the V placement, or several stages in one
   process) never talk through the process group: torch 2.11's p2p warm-up
   sends to the rank itself, which gloo cannot ("Pair is not connected");
@@ -135,7 +141,11 @@ def _row_major(t: Any) -> Any:
 class FixedPipelineStage(PipelineStage):
     """``PipelineStage`` with the backward above; schedules use it unchanged."""
 
+    takes_example_args = True
+
     def __init__(self, submodule: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("output_args") is not None:  # the outputs as _OwnedLayout returns them
+            kwargs["output_args"] = tuple(_row_major(o) for o in kwargs["output_args"])
         super().__init__(_OwnedLayout(submodule), *args, **kwargs)
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:

@@ -28,6 +28,7 @@ import torch
 from harness.case.ops import OPS
 from harness.case.spec import Case, Node, Use
 from harness.materialize.names import attribute
+from harness.materialize.tensors import Built
 
 MAX_STAGES = 4
 
@@ -140,6 +141,30 @@ class StageModule(torch.nn.Module):
                 out.register_hook((lambda g, f=factor: g * f) if h.kind == "scale" else (lambda g: None))
         outs = tuple(get(u) for u in spec.outputs)
         return outs[0] if len(outs) == 1 else outs
+
+
+def examples_of(case: Case, specs: list[StageSpec], device: torch.device) -> dict[int, dict[str, tuple]]:
+    """Every stage's ``input_args`` and ``output_args``: microbatch 0 run
+    through the stages in order, on parameters of their own, each tensor a
+    fresh leaf that requires grad where the real one does. A stage built
+    with them skips the schedule's metadata inference, which runs each
+    later stage's forward on inputs it makes up (zeros, or memory it did
+    not fill) and raises where an op checks its values."""
+    built = Built(case)
+    values = built.params()
+    drawn = built.inputs(0)
+    args: tuple = tuple(drawn[x.name].to(device, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs)
+    examples = {}
+    for spec in specs:
+        out = StageModule(case, spec, values, device)(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        examples[spec.index] = {"input_args": tuple(_leaf(a) for a in args), "output_args": tuple(_leaf(o) for o in outs)}
+        args = outs
+    return examples
+
+
+def _leaf(t: Any) -> Any:
+    return t.detach().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
 
 
 def requires_grad(case: Case) -> dict[str, bool]:

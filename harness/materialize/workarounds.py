@@ -36,6 +36,8 @@ WORKAROUNDS = {
     "optimizer-for-loop": "construct the optimizer with foreach=False (and without fused=True): the for-loop step",
     "split-clone-adopted": "after stage_backward_weight, replace each .grad it set on a parameter whose .grad was None "
                            "by a contiguous clone",
+    "stage-example-args": "construct each PipelineStage with input_args and output_args (one microbatch's real "
+                          "activations), so the schedule skips its metadata inference",
     # A misuse finding's fix (docs/gate.md "Misuse findings"): a path that makes them applies it itself.
     "documented-drive": "drive the stack as its docs say: the same case without the misuse",
     # Megatron's answer to NVIDIA/Megatron-LM#750 (pipeline size 2): its paths apply it themselves.
@@ -104,6 +106,13 @@ def on_params(params: dict[str, torch.nn.Parameter]) -> None:
         for p in params.values():
             if p.requires_grad:
                 p.register_hook(_cloned)
+
+
+def stage_example_args(wanted: bool = False) -> bool:
+    """Whether pipeline stages are built with example activations: the
+    stage-example-args workaround in force, or a stage class that takes
+    them (``wanted``) as the fixed reference does."""
+    return wanted or "stage-example-args" in ACTIVE.get()
 
 
 def optimizer_impl(impl: str) -> str:

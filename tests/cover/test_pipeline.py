@@ -247,6 +247,52 @@ def test_the_probe_finds_a_runtime_that_sends_between_stages_on_one_rank(tmp_pat
     assert set(fixed["works"]) == multi and fixed["self_send"] == {}, found
 
 
+# The schedule's metadata inference runs a later stage's forward on memory
+# torch.empty_strided did not fill: poisoned with NaN here, so what it holds
+# is known. Each run: the failure's message, and the steps it recorded.
+POISONED_INFERENCE = r"""
+import json, sys, torch
+import torch.distributed as dist
+from torch.distributed.pipelining import _utils
+from harness.artifacts import corpus
+from harness.materialize.workarounds import in_force
+from harness.paths.pipeline import rank as R
+
+made_up = _utils._make_tensor_from_meta
+def poisoned(meta, device):
+    return made_up(meta, device).fill_(float("nan"))
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+case = corpus.load(sys.argv[2]).case
+def run(impl, *effects):
+    with in_force(*effects):
+        r = R.run_case(0, 1, case, "Interleaved1F1B", impl, [0, 0])
+    return [r["failure"] and r["failure"]["message"], repr(r["steps"])]
+out = {"unpoisoned": run("stock", "stage-example-args")}
+_utils._make_tensor_from_meta = poisoned
+out.update(stock=run("stock"), worked_around=run("stock", "stage-example-args"), fixed=run(sys.argv[3]))
+print(json.dumps(out))
+"""
+
+
+def test_stages_built_with_example_activations_never_meet_the_made_up_inference_inputs(tmp_path):
+    from torch.distributed.pipelining import _utils
+
+    if not hasattr(_utils, "_make_tensor_from_meta"):
+        pytest.skip("this torch infers metadata on zeros_like inputs, not on memory it leaves unfilled")
+    import json
+
+    case = os.path.join(ROOT, "benchmarks", "triage", "pipeline_metadata_inference_bce.json")
+    run = subprocess.run([sys.executable, "-c", POISONED_INFERENCE, str(tmp_path / "store"), case, FIXED],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "between 0 and 1" in found["stock"][0]  # binary cross entropy met the NaN the inference made up
+    # With examples the inference never runs: the step is the same, grad for grad, whatever memory holds.
+    assert found["unpoisoned"][0] is None and found["worked_around"] == found["unpoisoned"], found
+    assert found["fixed"][0] is None, found["fixed"]
+
+
 def test_where_stages_on_one_rank_cannot_talk_such_layouts_are_outside_the_contract(monkeypatch):
     import harness.paths.pipeline.paths as pipeline
 

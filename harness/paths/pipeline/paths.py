@@ -244,8 +244,9 @@ class PipelinePath:
         self.timeout = timeout
         self.backend = backend  # --backend; None: NCCL with a GPU per rank, else gloo
         # The gate's workaround reaches the ranks in the pool's request; the stages' parameters take
-        # clone-grads there (rank.run_case), so the W pass's ``weight.grad = dw`` adopts a clone.
-        self.workarounds = ("clone-grads",)
+        # clone-grads there (rank.run_case), so the W pass's ``weight.grad = dw`` adopts a clone,
+        # and the stages are built with example activations under stage-example-args.
+        self.workarounds = ("clone-grads", "stage-example-args")
 
     @property
     def layouts(self) -> tuple[tuple[int, int], ...]:

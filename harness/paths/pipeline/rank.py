@@ -40,7 +40,7 @@ from harness.materialize.schedule import Held, first_line, starts_step, zero_gra
 from harness.materialize.tensors import Built
 from harness.observation import snap
 from harness.case.spec import Case
-from harness.materialize.stages import StageModule, StageSpec, cut
+from harness.materialize.stages import StageModule, StageSpec, cut, examples_of
 from harness.paths.pipeline.data import stage_cuts
 from harness.paths.pipeline.inflight import watched
 from harness.paths.stage_loss import target_rows, vjp_loss
@@ -321,7 +321,10 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
         for mod in modules:
             workarounds.on_params(mod.weights)
         _start_grads(case, built, specs, modules, device)
-        stages = [Stage(mod, mod.spec.index, len(specs), device, group=group) for mod in modules]
+        examples = examples_of(case, specs, device) if workarounds.stage_example_args(
+            getattr(Stage, "takes_example_args", False)) else {}
+        stages = [Stage(mod, mod.spec.index, len(specs), device, group=group, **examples.get(mod.spec.index, {}))
+                  for mod in modules]
         seen: dict[int, list[torch.Tensor | None]] = {}
         schedule_obj = _make_schedule(cls, stages, M, vjp_loss(case, built, seen))
         held = Held()
