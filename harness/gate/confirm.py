@@ -42,29 +42,41 @@ class Confirmed:
 
 def confirm(divergences: Iterable[Divergence], paths: list[Path], ledger_file: str, seconds: float,
             progress: Callable[[str], None] = lambda s: None) -> tuple[dict[tuple[str, str], Confirmed], int]:
-    """Per (path, signature) the ledger fits inside its range, the gate's
-    verdict, checked in the order found until ``seconds`` are spent; and how
-    many fitting findings were left unchecked for lack of time."""
+    """Per (path, signature) the ledger fits inside its range, or that a bug
+    of its path claims by workaround (found known only when the workaround
+    removes it), the gate's verdict, checked in the order found until
+    ``seconds`` are spent; and how many were left unchecked for lack of time."""
     led = ledger_mod.load(ledger_file)
     version = torch.__version__.split("+")[0]
     by_name = {p.name: p for p in paths}
     todo: dict[tuple[str, str], Row] = {}
     for d in divergences:
-        bug = led.match(d.path, d.signature, version=version)
-        if bug is None or bug.relation(version) != "in" or d.case is None or d.path not in by_name:
+        if d.case is None or d.path not in by_name:
             continue
-        todo.setdefault((d.path, d.signature), row_of("known", d, bug, "session"))
+        bug = led.match(d.path, d.signature, version=version)
+        if bug is not None and bug.relation(version) == "in":
+            todo.setdefault((d.path, d.signature), row_of("known", d, bug, "session"))
+        elif bug is None and _claimable(led, d.path, version):  # the gate's claim, as for a new row there
+            todo.setdefault((d.path, d.signature), row_of("new", d, None, "session"))
     done: dict[tuple[str, str], Confirmed] = {}
     deadline = time.monotonic() + seconds
     for i, (key, row) in enumerate(todo.items()):
         if time.monotonic() >= deadline:
             return done, len(todo) - i
-        progress(f"[confirm] {i + 1}/{len(todo)} {row.path} [{row.signature}]: running {row.bug}'s check")
+        progress(f"[confirm] {i + 1}/{len(todo)} {row.path} [{row.signature}]: running "
+                 f"{row.bug or 'the claiming bugs'}'s check")
         before, rows = row.detail, [row]
         confirm_known(rows, [by_name[row.path]], Evidence(led, version), None)
         claim_new(rows, [by_name[row.path]], led, version, None)
+        if row.status == "new":  # no claiming bug's workaround removed it: not in the ledger, as before
+            continue
         done[key] = Confirmed(row.status, row.bug or "", row.detail[len(before) + 2:-1])
         for r in rows[1:]:  # a second bug the check exposed (the first one hid it)
             done.setdefault((r.path, r.signature or ""),
                             Confirmed("new", "", f"exposed by {row.bug}'s check: {r.detail}"))
     return done, 0
+
+
+def _claimable(led: ledger_mod.Ledger, path: str, version: str) -> bool:
+    """Whether a bug of ``path`` affecting ``version`` claims by workaround."""
+    return any(b.claims == "workaround" and b.relation(version) == "in" for b in led.for_path(path))

@@ -3,6 +3,7 @@
 import json
 import os
 
+import pytest
 import torch
 
 from harness.artifacts import corpus
@@ -48,6 +49,29 @@ def test_a_finding_its_bugs_probe_leaves_wrong_is_not_called_known(tmp_path):
     done, _ = confirm(divs, [path], _ledger(tmp_path, "split-param-groups-apart"), 60)
     (got,) = done.values()
     assert got.status == "resembles" and got.label().startswith("NEW? resembles hook-twice")
+
+
+@pytest.mark.parametrize("workaround, claimed", [("clone-grads", True), ("optimizer-for-loop", False)])
+def test_a_finding_no_entry_records_is_claimed_where_its_paths_bug_claims_by_workaround(tmp_path, workaround,
+                                                                                       claimed):
+    """A bug whose error depends on the case's numbers (the pipeline stages'
+    made-up inference inputs) claims by workaround in the gate; a session
+    checks the same, and what its workaround leaves wrong stays unlisted."""
+    (path,) = resolve("eager.accumulate")
+    case = corpus.load(os.path.join(ROOT, "cases", "eager", "accumulategrad_stack_alias.json")).case
+    divs = CaseCheck(case).run(path)
+    for d in divs:
+        d.case = case.to_json()
+    led = tmp_path / "ledger.json"
+    led.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": 2, "bugs": [
+        {"id": "steal", "path": "eager.accumulate", "torch": f">={V}", "summary": "s", "workaround": workaround,
+         "claims": "workaround"}]}))
+    done, left = confirm(divs, [path], str(led), 60)
+    if claimed:
+        assert {(c.status, c.bug) for c in done.values()} == {("known", "steal")} and left == 0
+        assert all("claimed by steal" in c.note for c in done.values())
+    else:
+        assert done == {} and left == 0
 
 
 def test_the_check_stops_at_its_time_budget_and_counts_what_it_left(tmp_path):
