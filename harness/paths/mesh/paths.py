@@ -75,8 +75,10 @@ class MeshPath(PooledPath):
         # The pool's request carries the gate's workaround to the ranks: the
         # trainer takes the for-loop optimizer; clone-grads reaches parameters
         # the rank makes itself (FSDP2 accumulates into unsharded parameters
-        # of its own, which no hook on the sharded ones sees).
-        self.workarounds = {"dtensor2d": IN_PROCESS, "fsdp_tp": ("optimizer-for-loop",)}.get(kind, ())
+        # of its own, which no hook on the sharded ones sees); pp_dp's stage is
+        # built with example activations under stage-example-args.
+        self.workarounds = {"dtensor2d": IN_PROCESS, "fsdp_tp": ("optimizer-for-loop",),
+                            "pp_dp": ("stage-example-args",)}.get(kind, ())
 
     def availability(self) -> Availability:
         if self.broken:

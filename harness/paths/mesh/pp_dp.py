@@ -38,7 +38,7 @@ import torch
 from harness.case.spec import Case
 from harness.materialize import workarounds
 from harness.materialize.schedule import starts_step, zero_grad
-from harness.materialize.stages import StageModule, cut, requires_grad
+from harness.materialize.stages import StageModule, cut, examples_of, requires_grad
 from harness.materialize.tensors import Built
 from harness.objects import load_object
 from harness.paths.mesh.data import DIM_SIZES, PP_DP_DIMS, dp_wrapper, pp_schedule
@@ -175,7 +175,8 @@ def _stock(ctx: Rank, case: Case, built: Built, mesh: Any, out: dict[str, Any]) 
             module.weights[n].grad = DTensor.from_local(shard_piece(full, 0, dp, DIM_SIZES[1]), dp_mesh, [Shard(0)],
                                                         run_check=False, shape=full.shape, stride=full.stride())
     params = module.weights
-    stage = PipelineStage(submod, pp, n_stages, ctx.device, group=mesh.get_group("pp"))
+    examples = examples_of(case, specs, ctx.device)[pp] if workarounds.stage_example_args() else {}
+    stage = PipelineStage(submod, pp, n_stages, ctx.device, group=mesh.get_group("pp"), **examples)
     seen: dict[int, list[Any]] = {}
     schedule = schedule_class(pp_schedule(case))(stage, M, loss_fn=vjp_loss(case, built, seen), scale_grads=False)
     for step_no in range(case.schedule.steps):
