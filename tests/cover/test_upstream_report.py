@@ -70,3 +70,14 @@ def test_the_ledger_page_links_the_written_reports():
     for name in written:
         assert name[:-len(".md")] in ids, f"docs/upstream/{name} names no ledger bug"
         assert f"(upstream/{name})" in page, f"docs/ledger.md does not link docs/upstream/{name}"
+
+
+def test_a_bug_without_a_case_says_so_and_names_no_file(tmp_path):
+    f = tmp_path / "ledger.json"
+    f.write_text(json.dumps({"gradfuzz_ledger": 1, "signature_scheme": ledger.SIGNATURE_SCHEME, "bugs": [
+        {"id": "b", "path": "pipeline.*.stock", "torch": ">=2.0", "summary": "s", "signatures": [],
+         "workaround": "stage-example-args", "claims": "workaround",
+         "upstream": "not reported upstream; torch-only script benchmarks/triage/x.py"}]}))
+    led = ledger.load(str(f))
+    text = upstream.issue(led.bug("b"), led.root)
+    assert "keeps no corpus case of this bug" in text and "None" not in text
