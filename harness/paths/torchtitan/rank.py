@@ -146,5 +146,13 @@ def run_case(ctx: Rank, case: Case, ac: str, compiled: bool, impl: str) -> dict[
 
 
 def handle(ctx: Rank, msg: dict[str, Any]) -> dict[str, Any]:
-    """One case on this rank (a ``call`` message from ``harness.paths.torchtitan.paths``)."""
+    """One case on this rank (a ``call`` message from ``harness.paths.torchtitan.paths``),
+    or the warm-up before the first: torchtitan imported (``paths.warm``)."""
+    if msg.get("warm"):
+        import torchtitan.components.loss  # noqa: F401
+        import torchtitan.config  # noqa: F401
+        import torchtitan.distributed  # noqa: F401
+        import torchtitan.models.llama3  # noqa: F401
+
+        return {"rank": ctx.rank, "warm": True}
     return run_case(ctx, Case.loads(msg["case"]), msg["ac"], bool(msg.get("compile")), msg["impl"])

@@ -27,7 +27,7 @@ from harness.paths.base import Availability, Contract, Repro
 from harness.paths.engine_rules import replay_only
 from harness.paths.pooled import PooledPath
 from harness.paths.torchtitan.data import LLAMA, trainer_refusal
-from harness.paths.torchtitan.paths import BLIND
+from harness.paths.torchtitan.paths import BLIND, warm
 
 STOCK = "stock"
 
@@ -61,6 +61,7 @@ class TorchtitanTPPath(PooledPath):
         return None
 
     def run(self, case: Case) -> Observation:
+        warm(self.group)
         outcome = self.group.request({"op": "call", "module": "harness.paths.torchtitan.tp.rank",
                                       "case": case.dumps(), "impl": self.impl}, self.timeout)
         return observation(self.name, case, outcome)
