@@ -15,6 +15,22 @@ import torch
 
 from harness.paths.base import Availability
 
+# The groups, their ranks (process ids) and the rank modules that ran their warm-up once.
+_WARM: set[tuple[int, tuple[int, ...], str]] = set()
+
+
+def warm_once(group: Any, module: str, timeout: float) -> None:
+    """A ``warm`` call to ``module`` on every rank of ``group``, once per
+    group and its ranks, outside any case's time limit: what a stack does
+    the first time in a process (a C++ op built, a package stack imported)
+    can take minutes under load, and counted in the first case it read as a
+    hang. Ranks restarted after a hang have other process ids: warmed again."""
+    key = (id(group), tuple(group.pids), module)
+    if key in _WARM:
+        return
+    group.request({"op": "call", "module": module, "warm": True}, timeout)
+    _WARM.add(key)
+
 
 class PooledPath:
     """A path whose ranks are ``harness.workers.pool``'s (or torchrun's) processes."""

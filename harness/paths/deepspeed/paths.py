@@ -26,7 +26,7 @@ from harness.paths.assemble import observation as assemble
 from harness.paths.base import STACK_LOOP, Availability, Contract, Options, Repro
 from harness.paths.deepspeed.data import KNOBS, MISUSE, Knobs, knobs
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
-from harness.paths.pooled import PooledPath
+from harness.paths.pooled import PooledPath, warm_once
 
 STOCK = "stock"
 STAGES = (0, 1, 2, 3)
@@ -39,7 +39,6 @@ INSTALL = "pip install 'gradfuzz[deepspeed]'"
 # release's runtime/utils.py: 0.18.2 lacks the hooks, 0.18.3 has them).
 TORCH_DRIVE_SINCE = Version("0.18.3")
 WARM_TIMEOUT = 900.0  # the first compile of DeepSpeed's shared-memory op on a loaded 2-core machine
-_WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process ids) that have started DeepSpeed's communication once
 
 
 # ZeRO keeps every parameter's gradient in flat fp32 partitions and
@@ -240,10 +239,7 @@ def warm(group: Any) -> None:
     outside any case's time limit, so a first case is never a false hang.
     Keyed by the ranks' process ids: ranks restarted after a hang load the
     op again (minutes when a loaded machine has another build holding the lock)."""
-    if (id(group), tuple(group.pids)) in _WARM:
-        return
-    group.request({"op": "call", "module": "harness.paths.deepspeed.rank", "warm": True}, WARM_TIMEOUT)
-    _WARM.add((id(group), tuple(group.pids)))
+    warm_once(group, "harness.paths.deepspeed.rank", WARM_TIMEOUT)
 
 
 def engine_paths(options: Options) -> list[Any]:

@@ -300,6 +300,23 @@ def _record(case: Case, step_no: int, ks: range, params: list[tuple[int, str, An
     return rec
 
 
+def _stages(case: Case, built: Built, specs: list[StageSpec], mine: list[StageSpec], Stage: type,
+            device: torch.device, group: Any) -> tuple[list[StageModule], list[Any]]:
+    """This rank's stage modules (their parameters as the case starts them,
+    with the workarounds in force) and the pipeline stages around them, built
+    with example activations where the stage class or a workaround asks."""
+    values = built.params()
+    modules = [StageModule(case, s, values, device) for s in mine]
+    for mod in modules:
+        workarounds.on_params(mod.weights)
+    _start_grads(case, built, specs, modules, device)
+    examples = examples_of(case, specs, device) if workarounds.stage_example_args(
+        getattr(Stage, "takes_example_args", False)) else {}
+    stages = [Stage(mod, mod.spec.index, len(specs), device, group=group, **examples.get(mod.spec.index, {}))
+              for mod in modules]
+    return modules, stages
+
+
 def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, placement: list[int],
              device: torch.device = torch.device("cpu"), group: Any = None) -> dict[str, Any]:
     """One case on this rank, every step through ``schedule.step()`` as a user
@@ -315,16 +332,7 @@ def run_case(rank: int, world_size: int, case: Case, schedule: str, impl: str, p
     step_no = -1
     try:
         cls = discover()[schedule]
-        Stage = stage_class(impl)
-        values = built.params()
-        modules = [StageModule(case, s, values, device) for s in mine]
-        for mod in modules:
-            workarounds.on_params(mod.weights)
-        _start_grads(case, built, specs, modules, device)
-        examples = examples_of(case, specs, device) if workarounds.stage_example_args(
-            getattr(Stage, "takes_example_args", False)) else {}
-        stages = [Stage(mod, mod.spec.index, len(specs), device, group=group, **examples.get(mod.spec.index, {}))
-                  for mod in modules]
+        modules, stages = _stages(case, built, specs, mine, stage_class(impl), device, group)
         seen: dict[int, list[torch.Tensor | None]] = {}
         schedule_obj = _make_schedule(cls, stages, M, vjp_loss(case, built, seen))
         held = Held()

@@ -26,7 +26,7 @@ from harness.observation import OPTIMIZER_STATE, Observation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import STACK_LOOP, Availability, Contract, Options, Repro
 from harness.paths.engine_rules import exact_mean, replay_only
-from harness.paths.pooled import PooledPath
+from harness.paths.pooled import PooledPath, warm_once
 from harness.paths.torchtitan.data import KNOBS, NO_TRAINING_STEP, knobs, trainer_refusal
 
 STOCK = "stock"
@@ -98,7 +98,6 @@ class TorchtitanPath(PooledPath):
 
 
 WARM_TIMEOUT = 600.0  # torchtitan's first import in a rank on a loaded 2-core machine
-_WARM: set[tuple[int, tuple[int, ...]]] = set()  # the groups and ranks (process ids) that imported it once
 
 
 def warm(group: Any) -> None:
@@ -107,10 +106,7 @@ def warm(group: Any) -> None:
     case's time limit: the case was reported hung, with one rank in an
     import and the other waiting on it in a collective. The ranks import it
     here, once per group and outside any case's time limit."""
-    if (id(group), tuple(group.pids)) in _WARM:
-        return
-    group.request({"op": "call", "module": "harness.paths.torchtitan.rank", "warm": True}, WARM_TIMEOUT)
-    _WARM.add((id(group), tuple(group.pids)))
+    warm_once(group, "harness.paths.torchtitan.rank", WARM_TIMEOUT)
 
 
 @functools.lru_cache(maxsize=64)
