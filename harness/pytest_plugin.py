@@ -314,7 +314,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     target waited behind it (on 16 workers split.fixed started minutes
     into the gate's fuzzing, queued behind a compile flavour). Ours
     starts each worker on one of the first items (heaviest first) with one of
-    the last queued behind it (``first_round``), then schedules like ``load``."""
+    the last queued behind it (``first_round``), then hands out one item at
+    a time as a worker's queue runs low: ``load`` refilled a queue with up
+    to half of a worker's share at once, so one worker queued the compile
+    flavours one behind the other while the other ran out of work."""
     if config.getoption("gradfuzz_paths") is None or config.getvalue("dist") != "load":
         return None
     return _shard_scheduling()(config, log)
@@ -341,7 +344,7 @@ def _shard_scheduling() -> Any:
                 self.collection = next(iter(self.node2collection.values()))
                 n = len(self.collection)
                 if self.maxschedchunk is None:
-                    self.maxschedchunk = max(1, n)
+                    self.maxschedchunk = 1
                 rounds, self.pending[:] = first_round(n, len(self.nodes))
                 for node, items in zip(self.nodes, rounds):
                     self.pending[:0] = items

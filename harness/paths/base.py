@@ -248,10 +248,11 @@ def heaviness(path: Path) -> int:
     first (gate replay groups, fuzz targets) so that the slowest group does
     not start last while the other processes sit idle. A path run in a child
     (``worker``, ``recipe``: compile, graphed) compiles or captures there,
-    about a second per new structure, and ranks first; then the paths with
-    ranks, by their number; in-process paths are 0."""
+    about a second per new structure, and ranks first (the heavier its
+    ``cost``, a small int the path may declare, the earlier); then the
+    paths with ranks, by their number; in-process paths are 0."""
     if in_child(path):
-        return 100
+        return 100 + int(getattr(path, "cost", 0))
     ranks = getattr(path, "world_size", 0)
     return ranks if isinstance(ranks, int) and ranks > 0 else 0
 

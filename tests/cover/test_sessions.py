@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from harness.artifacts import corpus
 from tests.redis_server import redis_server
@@ -233,3 +234,77 @@ def test_first_round_queues_light_items_behind_light_ones():
     rounds, _ = first_round(19, 16)
     assert [r[1:] for r in rounds[:13]] == [[]] * 13
     assert [r[1] for r in rounds[13:]] == [18, 17, 16]
+
+
+def _simulate(costs: list[float], workers: int) -> tuple[float, list[list[int]]]:
+    """The gate's fuzz scheduler run against fake workers: each runs its
+    queued items in order; returns when the last one ends, and what each ran."""
+    import heapq
+
+    from harness.pytest_plugin import _shard_scheduling
+
+    class Node:
+        shutting_down = False
+
+        def __init__(self, i: int) -> None:
+            self.i, self.queue = i, []
+            self.gateway = type("Gateway", (), {"id": f"gw{i}"})()
+
+        def send_runtest_some(self, items: list[int]) -> None:
+            self.queue.extend(items)
+
+        def shutdown(self) -> None:
+            self.shutting_down = True
+
+    class Config:
+        def getvalue(self, name: str) -> Any:
+            return [f"{workers}*popen"]
+
+        def getoption(self, name: str) -> Any:
+            return None
+
+    sched = _shard_scheduling()(Config())
+    nodes = [Node(i) for i in range(workers)]
+    for n in nodes:
+        sched.add_node(n)
+    for n in nodes:
+        sched.add_node_collection(n, [f"item{i}" for i in range(len(costs))])
+    sched.schedule()
+    ran: list[list[int]] = [[] for _ in nodes]
+    clock = [(0.0, n.i) for n in nodes]
+    end = 0.0
+    while clock:
+        t, i = heapq.heappop(clock)
+        node = nodes[i]
+        if not node.queue:
+            end = max(end, t)
+            continue
+        item = node.queue[0]
+        ran[i].append(item)
+        t += costs[item]
+        node.queue.pop(0)
+        sched.mark_test_complete(node, item, duration=costs[item])
+        heapq.heappush(clock, (t, i))
+    return end, ran
+
+
+def test_the_fuzz_scheduler_hands_out_one_item_at_a_time():
+    """Targets heaviest first, then many light ones: xdist's refill sent a
+    worker up to half of its share at once, so the four heaviest queued on
+    one worker (the README gate's fuzz phase: 532 s on one worker, 342 s on
+    the other). One item at a time, the two end within the lightest items."""
+    costs = [246.0, 148.0, 87.0, 66.0, 59.0, 46.0, 34.0, 32.0, 28.0, 26.0] + [4.0] * 30
+    end, ran = _simulate(costs, 2)
+    assert sorted(i for r in ran for i in r) == list(range(len(costs)))
+    assert end <= sum(costs) / 2 + max(costs[10:]) + 1, (end, ran)
+    assert {0, 1} & set(ran[0]) and {0, 1} & set(ran[1])  # the two heaviest on two workers
+
+
+def test_compile_flavours_are_planned_by_their_cost():
+    from harness.engine.session import plan
+    from harness.paths import resolve
+
+    names = [t.name for t in plan(resolve("compile"), exact=None, seed=0)]
+    avail = ["compile.dynamic.symbolic", "compile.autograd", "compile.inductor",
+             "compile.autograd.eager_forward", "compile.dynamic.recompile", "compile.aot_eager"]
+    assert [n for n in names if n in avail] == avail, names

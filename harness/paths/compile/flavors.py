@@ -44,6 +44,11 @@ class Flavor:
     compile_forward: bool = True
     other_size_first: bool = False  # warm up at another batch size (the dynamic paths)
     device: str = "cpu"
+    # Its seconds per structure against the other flavours', a small int (0 the
+    # cheapest): the heaviest flavours start first (``harness.paths.heaviness``),
+    # so no worker is left with two of them at the end. docs/benchmarks.md has
+    # the seconds measured, cold and warm.
+    cost: int = 0
 
     @property
     def contract(self) -> Contract:
@@ -62,11 +67,13 @@ class Flavor:
 
 FLAVORS = {
     "compile.aot_eager": Flavor("compile.aot_eager", backend="aot_eager"),
-    "compile.inductor": Flavor("compile.inductor", backend="inductor"),
-    "compile.autograd": Flavor("compile.autograd", backend="aot_eager", compiled_autograd=True),
+    "compile.inductor": Flavor("compile.inductor", backend="inductor", cost=3),
+    "compile.autograd": Flavor("compile.autograd", backend="aot_eager", compiled_autograd=True, cost=4),
     "compile.autograd.eager_forward": Flavor("compile.autograd.eager_forward", backend="aot_eager",
-                                             compiled_autograd=True, compile_forward=False),
-    "compile.dynamic.symbolic": Flavor("compile.dynamic.symbolic", backend="inductor", dynamic=True, other_size_first=True),
-    "compile.dynamic.recompile": Flavor("compile.dynamic.recompile", backend="inductor", dynamic=False, other_size_first=True),
+                                             compiled_autograd=True, compile_forward=False, cost=2),
+    "compile.dynamic.symbolic": Flavor("compile.dynamic.symbolic", backend="inductor", dynamic=True,
+                                       other_size_first=True, cost=5),
+    "compile.dynamic.recompile": Flavor("compile.dynamic.recompile", backend="inductor", dynamic=False,
+                                        other_size_first=True, cost=1),
     "compile.inductor.cuda": Flavor("compile.inductor.cuda", backend="inductor", device="cuda"),
 }

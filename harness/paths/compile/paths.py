@@ -401,6 +401,7 @@ class IsolatedCompilePath:
         self.overlaps = overlaps  # the engine may start a case on every flavour before reading any (``submit``)
         self.local = make(name)
         self.name = name
+        self.cost = FLAVORS[name].cost  # its rank among the flavours (``harness.paths.heaviness``)
         self.contract = self.local.contract
         self.worker = worker
         self.stats = Stats()
