@@ -823,6 +823,12 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           custom=lambda: _together(_registered_swapped(_CONV_HANDLER, _dtensor_handlers, _aten("convolution.default")),
                                    _registered_swapped(_CONV_BACKWARD_HANDLER, _dtensor_handlers,
                                                        _aten("convolution_backward.default")))),
+    Probe("graphed-clone-static-grads",
+          "make_graphed_callables' backward hands out clones of its static grad buffers instead of detached "
+          "aliases, so no .grad AccumulateGrad adopts is one the next replay overwrites",
+          (Edit("torch.cuda.graphs", "make_graphed_callables",
+                (("                    b.detach() if b is not None else b\n",
+                  "                    b.detach().clone() if b is not None else b\n"),)),)),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "

@@ -92,6 +92,12 @@ IN_CHILD = [
      "compile/inductor_gather_grad_dropped_beside_embedding.json", "compile.inductor"),
 ]
 
+# On a CUDA device only (the graphed paths): run with -m gpu where one is.
+ON_GPU = [
+    ("graphed-clone-static-grads", "graphed-static-grad-alias", "graphed/make_graphed_callables_static_grad_alias.json",
+     "graphed.stock"),
+]
+
 
 def _path(name: str):
     (p,) = [p for p in resolve(name) if p.name == name]
@@ -135,10 +141,26 @@ def test_a_compiler_probe_reaches_the_compile_child(probe, bug_id, case_file, pa
     _removes(probe, bug_id, case_file, path_name)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("probe, bug_id, case_file, path_name", ON_GPU, ids=[r[1] for r in ON_GPU])
+def test_a_probe_reaches_the_graphed_worker_and_removes_its_bug_there(probe, bug_id, case_file, path_name):
+    _removes(probe, bug_id, case_file, path_name)
+
+
+def test_the_graphed_paths_take_the_optimizer_workaround_into_their_worker():
+    """The graphed paths run each case in a worker, where the optimizer is
+    built: the gate's for-loop optimizer reaches it with the case."""
+    for name in ("graphed.stock", "graphed.fixed"):
+        (p,) = [p for p in resolve(name) if p.name == name]
+        assert "optimizer-for-loop" in p.workarounds
+        assert apply(p, "optimizer-for-loop") is not None
+        assert apply(p, "clone-grads") is None
+
+
 def test_every_probe_the_ledger_names_exists_applies_here_and_is_tested():
     named = {s.probe for s in LEDGER.sites if s.probe}
     assert named <= set(probes.PROBES)
-    assert {r[0] for r in IN_PROCESS + ON_RANKS + IN_CHILD} == set(probes.PROBES)
+    assert {r[0] for r in IN_PROCESS + ON_RANKS + IN_CHILD + ON_GPU} == set(probes.PROBES)
     for name in probes.PROBES:
         # A probe applies here, or fixes only bugs gone from this torch (written against an older one's source).
         here = [s for s in LEDGER.sites if s.probe == name and s.relation(V) == "in"]
