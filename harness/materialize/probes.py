@@ -827,8 +827,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "make_graphed_callables' backward hands out clones of its static grad buffers instead of detached "
           "aliases, so no .grad AccumulateGrad adopts is one the next replay overwrites",
           (Edit("torch.cuda.graphs", "make_graphed_callables",
-                (("                    b.detach() if b is not None else b\n",
-                  "                    b.detach().clone() if b is not None else b\n"),)),)),
+                (("b.detach() if b is not None else b", "b.detach().clone() if b is not None else b"),)),)),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "
