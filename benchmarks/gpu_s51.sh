@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_s51.sh final    # both in one call: the scripts, the gate, the fixed runs in what is left
 #   bash benchmarks/gpu_s51.sh triage   # torch-only scripts of the graphed and pipeline findings, fixed paths
 #   bash benchmarks/gpu_s51.sh second   # the gate again from a copy of the tree at another path (/tmp/ckB)
-#   bash benchmarks/gpu_s51.sh cores    # the fixed references, then one --paths gate at -n 16 and at -n 2 on 2 cores
+#   bash benchmarks/gpu_s51.sh cores    # the fixed references (SKIP_FIXED=1: none), then one --paths gate at -n 16 and at -n 2 on 2 cores
 #   N=gloo SCALE=tiny bash benchmarks/gpu_s51.sh gate   # dry run on a CPU machine
 # Logs, JSON reports and findings go to $W, re-tarred into $OUT/all.tgz every 20 s, with the pools'
 # trace (GRADFUZZ_POOL_TRACE), summed into summary.txt at the end. GATE_LIMIT: the gate's seconds
@@ -129,7 +129,7 @@ second)  # the same gate from a second checkout path: its rows must be the first
         --seed 0 $GATE "${LEDGER[@]}" --save "$W/found-gate" --json "$W/gate.json" --markdown "$W/gate.md")
     gate_summary ;;
 cores)  # the fixed references, then a --paths gate at -n 16 and at -n 2 (taskset to two cores), the same rows
-    fixed_runs $FIXED_LIMIT
+    [ "${SKIP_FIXED:-0}" = 1 ] || fixed_runs $FIXED_LIMIT
     for n in 16 2; do
         pin=(); [ $n = 2 ] && pin=(taskset -c 0,1)
         step "cores-n$n" ${CORES_LIMIT:-180} "${pin[@]}" python -m harness gate --backend "$N" --world-size 2 --seed 0 \

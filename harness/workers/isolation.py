@@ -101,11 +101,6 @@ class IsolatedPath:
         self._ahead: tuple[Case, str | None, float] | None = None  # (case, path name, sent at): submitted, not read
         self._booting = False  # spawned by start_soon, its "ready" not read yet
 
-    @property
-    def workarounds(self) -> tuple[str, ...]:
-        """The path's outside workarounds: each goes to the child with the case (``_message``)."""
-        return tuple(getattr(self.local, "workarounds", ()))
-
     def availability(self):
         return self.local.availability()
 

@@ -147,16 +147,6 @@ def test_a_probe_reaches_the_graphed_worker_and_removes_its_bug_there(probe, bug
     _removes(probe, bug_id, case_file, path_name)
 
 
-def test_the_graphed_paths_take_the_optimizer_workaround_into_their_worker():
-    """The graphed paths run each case in a worker, where the optimizer is
-    built: the gate's for-loop optimizer reaches it with the case."""
-    for name in ("graphed.stock", "graphed.fixed"):
-        (p,) = [p for p in resolve(name) if p.name == name]
-        assert "optimizer-for-loop" in p.workarounds
-        assert apply(p, "optimizer-for-loop") is not None
-        assert apply(p, "clone-grads") is None
-
-
 def test_every_probe_the_ledger_names_exists_applies_here_and_is_tested():
     named = {s.probe for s in LEDGER.sites if s.probe}
     assert named <= set(probes.PROBES)

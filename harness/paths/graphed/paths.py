@@ -141,10 +141,6 @@ class GraphedPath:
     4.8e-7 on ``(x @ w @ w).mT``), which is not a bug.
     """
 
-    # The optimizer is built in the worker for each case (``materialize.train``), where the
-    # gate's workaround in force arrives with the case.
-    workarounds = ("optimizer-for-loop",)
-
     def __init__(self, name: str, impl: str = STOCK, device: str = "cuda", owned_outputs: bool = False,
                  warmups: int | None = None) -> None:
         self.name = name
