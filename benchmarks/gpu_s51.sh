@@ -14,7 +14,8 @@
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 N=${N:-nccl}; SCALE=${SCALE:-full}; CALL=${1:?gate or triage}
-W=${W:-/tmp/s51}; mkdir -p "$W"; S=${OUT:?}/summary.txt
+# A fresh folder each call: a warm machine keeps the last call's, whose traces and reports would be summed in.
+W=${W:-/tmp/s51}; rm -rf "$W"; mkdir -p "$W"; S=${OUT:?}/summary.txt
 . benchmarks/device_steps.sh
 # Where the pools' time goes: one line per group start and per request (harness/workers/trace.py),
 # and the fuzz workers' status files (per path: examples, seconds) copied as they change.
@@ -132,7 +133,10 @@ cores)  # the fixed references, then a --paths gate at -n 16 and at -n 2 (taskse
     [ "${SKIP_FIXED:-0}" = 1 ] || fixed_runs $FIXED_LIMIT
     for n in 16 2; do
         pin=(); [ $n = 2 ] && pin=(taskset -c 0,1)
-        step "cores-n$n" ${CORES_LIMIT:-180} "${pin[@]}" python -m harness gate --backend "$N" --world-size 2 --seed 0 \
+        # Each run compiles cold in an Inductor cache of its own: sharing one, the second run
+        # read what the first (or an earlier call's gate) compiled, and the ratio measured the cache.
+        rm -rf "$W/inductor-n$n"
+        TORCHINDUCTOR_CACHE_DIR="$W/inductor-n$n" step "cores-n$n" ${CORES_LIMIT:-180} "${pin[@]}" python -m harness gate --backend "$N" --world-size 2 --seed 0 \
             --paths "$CORE_PATHS" --examples 3 -n $n --no-selfcheck --json "$W/cores-n$n.json"
         python -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], d['passed'], round(d['seconds'], 1), d['phases'], {k: v for k, v in d['counts'].items() if v})" \
             "$W/cores-n$n.json" "n=$n" >>"$S" 2>&1
