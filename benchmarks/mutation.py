@@ -70,6 +70,8 @@ from harness.engine.check import check
 from harness.engine.target import Target
 from harness.paths import resolve
 names, examples, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if "--terms-only" in sys.argv[4:]:  # the tolerance before the float32 noise cap: term bounds alone
+    Tolerance.with_noise = lambda self, *a, **k: self
 out = {}
 for p in resolve(names):
     a = p.availability()
@@ -121,13 +123,13 @@ def _copy_tree(tree: str, dest: str) -> None:
 
 
 def _run_one(workdir: str, file: str, src: str, paths: str, examples: int, seed: int, timeout: float,
-             probe: str = _PROBE) -> dict:
+             probe: str = _PROBE, extra: tuple[str, ...] = ()) -> dict:
     with open(os.path.join(workdir, file), "w") as f:
         f.write(src)
     env = {**os.environ, "PYTHONPATH": workdir, "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, "-c", probe, paths, str(examples), str(seed)], cwd=workdir, env=env,
+        p = subprocess.run([sys.executable, "-c", probe, paths, str(examples), str(seed), *extra], cwd=workdir, env=env,
                            capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "seconds": timeout}
@@ -161,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write every mutant's result here")
     ap.add_argument("--tolerance-only", action="store_true",
                     help="fuzz tolerance-mode cases only (exact mode sees any difference): EXAMPLES draws each")
+    ap.add_argument("--terms-only", action="store_true",
+                    help="with --tolerance-only: judge by the term bounds alone, without the float32 noise cap "
+                         "(the tolerance before it)")
     args = ap.parse_args(argv)
+    if args.terms_only and not args.tolerance_only:
+        ap.error("--terms-only needs --tolerance-only")
 
     if args.mutants:
         with open(args.mutants) as f:
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seeds = [int(x) for x in args.seeds.split(",")]
     probe = _PROBE_TOLERANCE if args.tolerance_only else _PROBE
+    extra = ("--terms-only",) if args.terms_only else ()
     todo = list(enumerate(listed))
     if args.only:
         keep = {int(x) for x in args.only.split(",")}
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.tree, args.file)) as f:
         original = f.read()
     for sd in seeds:
-        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout, probe)
+        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout, probe, extra)
         print(f"baseline (unmutated) seed {sd}: {r['status']}" + (f" after {r['examples']} examples: {r.get('detail')}"
                                                                    if r["status"] == "killed" else "")
               + (f": {r.get('stderr', '')[-600:]}" if r["status"] == "error" else ""), flush=True)
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, (i, (diff, src)) in enumerate(todo):
             if n % len(workers) != w:
                 continue
-            runs = [_run_one(workers[w], args.file, src, args.paths, args.examples, sd, args.timeout, probe)
+            runs = [_run_one(workers[w], args.file, src, args.paths, args.examples, sd, args.timeout, probe, extra)
                     for sd in seeds]
             # A mutant is killed when any seed kills it; its examples-to-kill is the median over the seeds
             # that did (each seed is a cold start: the per-seed numbers are the detection statistics).
