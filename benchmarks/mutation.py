@@ -78,19 +78,24 @@ for p in resolve(names):
     if not a.ok:
         out[p.name] = {"unavailable": a.reason[:300]}
         continue
-    seen = {"run": 0, "hit": None, "signature": None, "detail": None}
+    seen = {"run": 0, "hit": None, "signature": None, "detail": None, "caught": 0}
 
+    # Every tolerance case is checked, not only up to the first kill: "caught" counts
+    # the cases whose check sees the mutant (a one-line mutant changes every case, so
+    # the first kill alone says little about how often tolerance mode sees it).
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck),
               phases=(Phase.generate,), database=None)
     @hseed(seed)
     @given(Target([p]).strategy())
     def draw(case):
-        if seen["hit"] is not None or p.supports(case) is not None or Tolerance.for_case(case).exact:
+        if p.supports(case) is not None or Tolerance.for_case(case).exact:
             return
         seen["run"] += 1
         found = check(case, p)
         if found:
-            seen.update(hit=seen["run"], signature=found[0].signature, detail=found[0].detail[:200])
+            seen["caught"] += 1
+            if seen["hit"] is None:
+                seen.update(hit=seen["run"], signature=found[0].signature, detail=found[0].detail[:200])
 
     draw()
     out[p.name] = seen
@@ -141,7 +146,8 @@ def _run_one(workdir: str, file: str, src: str, paths: str, examples: int, seed:
     hits = [v for v in per_path.values() if v.get("hit") is not None]
     if hits:
         return {"status": "killed", "examples": hits[0]["hit"], "signature": hits[0]["signature"],
-                "detail": hits[0]["detail"], "seconds": secs}
+                "detail": hits[0]["detail"], "seconds": secs,
+                **({"caught": [hits[0]["caught"], hits[0]["run"]]} if "caught" in hits[0] else {})}
     if per_path and all("unavailable" in v for v in per_path.values()):
         return {"status": "unavailable", "reason": next(iter(per_path.values()))["unavailable"], "seconds": secs}
     return {"status": "survived", "seconds": secs}
@@ -228,8 +234,12 @@ def main(argv: list[str] | None = None) -> int:
             if got:
                 r["examples"] = statistics.median(got)
             results[i] = r
+            caught = [x["caught"] for x in runs if "caught" in x]
+            if caught:  # --tolerance-only: the tolerance cases that saw it, over the seeds
+                r["caught"] = [sum(c[0] for c in caught), sum(c[1] for c in caught)]
             print(f"[{len(results)}/{len(todo)}] mutant {i}: {r['status']} {r['per_seed']}"
                   + (f" after {r['examples']} examples" if r.get("examples") is not None else "")
+                  + (f", seen in {r['caught'][0]} of {r['caught'][1]} tolerance cases" if "caught" in r else "")
                   + f" ({r['seconds']:.0f}s)  {diff[:110]}", flush=True)
 
     with cf.ThreadPoolExecutor(len(workers)) as pool:
