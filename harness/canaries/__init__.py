@@ -32,6 +32,13 @@ def all_canaries() -> list[Canary]:
     return [c for f in families() for c in f.canaries()]
 
 
+def for_paths(names: list[str]) -> list[Canary]:
+    """The canaries of the families that make any of the paths ``names``
+    (``gate --paths split`` checks split's teeth, not DeepSpeed's)."""
+    heads = {n.split(".")[0] for n in names}
+    return [c for f in families() if heads & set(f.prefixes or (f.name,)) for c in f.canaries()]
+
+
 def select(names: str | None) -> list[Canary] | None:
     """``--canaries a,b``: those canaries in the order given (None: all)."""
     if not names:

@@ -19,6 +19,7 @@ from harness.gate import known
 from harness.gate import ledger as ledger_mod
 from harness.gate.evidence import Evidence
 from harness.gate.rows import GateReport, Row, classify, row_of
+from harness.canaries import all_canaries, for_paths
 from harness.gate.selfcheck import CanaryResult, selfcheck
 from harness.observation import Divergence
 from harness.paths import Options, Path, close_paths, split_available
@@ -68,10 +69,15 @@ class Context:
         return cls(settings, led, report.torch, report, entries, Evidence(led, report.torch))
 
 
-def selfcheck_phase(ctx: Context) -> None:
-    """A canary not caught, or broken, fails the gate: it has lost its teeth."""
+def selfcheck_phase(ctx: Context, paths: list[Path]) -> None:
+    """A canary not caught, or broken, fails the gate: it has lost its
+    teeth. Only the canaries of the families ``paths`` come from run."""
     s = ctx.settings
-    ctx.report.selfcheck = selfcheck(s.seed, s.progress, s.slack, workers=s.workers)
+    todo = for_paths([p.name for p in paths])
+    left = len(all_canaries()) - len(todo)
+    if left:
+        s.progress(f"[selfcheck] {len(todo)} canaries of the families --paths selects; {left} of the others not run")
+    ctx.report.selfcheck = selfcheck(s.seed, s.progress, s.slack, canaries=todo, workers=s.workers)
     for c in ctx.report.selfcheck:
         why = {"broken": f"is broken: {c.broken}", "missed": f"was not caught: {c.detail}"}.get(c.state)
         if why is not None:

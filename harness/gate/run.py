@@ -48,7 +48,7 @@ def run(paths: list[Path], settings: GateSettings) -> GateReport:
     lap = _Lap(report.phases)
     ctx = Context.start(settings, report)
     if settings.run_selfcheck:
-        phases.selfcheck_phase(ctx)
+        phases.selfcheck_phase(ctx, paths)
         lap("self-check")
     phases.replay_phase(ctx, paths)
     lap("replay")

@@ -50,10 +50,10 @@ def test_a_canary_that_crashes_for_its_own_reasons_is_broken_not_caught():
 
 
 def test_a_broken_canary_fails_the_gate(monkeypatch, tmp_path):
+    from harness.gate import phases
     from harness.gate import run as gate
-    from harness.gate import selfcheck
 
-    monkeypatch.setattr(selfcheck, "all_canaries", lambda: [_crashy()])
+    monkeypatch.setattr(phases, "for_paths", lambda names: [_crashy()])
     report = gate.run_gate(resolve("split.fixed"), corpus_dirs=[], ledger_file="cases/ledger.json", minutes=0,
                            save_dir=str(tmp_path))
     assert report.failed

@@ -182,3 +182,19 @@ def test_baseline_and_ledger_compare_only_the_selected_paths(capsys):
     main(["ledger", "--paths", "split"])
     out = capsys.readouterr().out
     assert "no path matching" not in out and "entries on paths outside --paths split not checked" in out
+
+
+def test_the_gates_self_check_runs_the_canaries_of_the_selected_families():
+    """``gate --paths split`` ran all 21 canaries (DeepSpeed's, the GPU ones
+    skipped with their reasons among them); it runs split's, and says how
+    many others it left. With every path, every canary, as before."""
+    from harness.canaries import all_canaries, for_paths
+    from harness.paths import families, resolve
+
+    everything = [p.name for p in resolve(None)]
+    assert [c.name for c in for_paths(everything)] == [c.name for c in all_canaries()]
+    split = {c.name for f in families() if f.name == "split" for c in f.canaries()}
+    assert split and {c.name for c in for_paths([p.name for p in resolve("split")])} == split
+    ddp = {c.name for c in for_paths(["ddp.fixed"])}
+    assert ddp and ddp == {c.name for f in families() if f.name == "parallel" for c in f.canaries()}
+    assert for_paths([]) == []
