@@ -153,7 +153,7 @@ def _run_one(workdir: str, file: str, src: str, paths: str, examples: int, seed:
     return {"status": "survived", "seconds": secs}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--file", required=True, help="the fixed reference to mutate, relative to the tree")
     ap.add_argument("--paths", required=True, help="the paths that use it (comma-separated)")
@@ -172,6 +172,67 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--terms-only", action="store_true",
                     help="with --tolerance-only: judge by the term bounds alone, without the float32 noise cap "
                          "(the tolerance before it)")
+    return ap
+
+
+def _selected(args: argparse.Namespace, listed: list) -> list:
+    """(index, mutant) for the mutants ``--only`` and ``--sample`` keep."""
+    todo = list(enumerate(listed))
+    if args.only:
+        keep = {int(x) for x in args.only.split(",")}
+        todo = [t for t in todo if t[0] in keep]
+    if args.sample and len(todo) > args.sample:
+        step = len(todo) / args.sample
+        todo = [todo[int(i * step)] for i in range(args.sample)]
+    return todo
+
+
+def _report(args: argparse.Namespace, seeds: list[int], n: int, results: dict[int, dict], wall: float,
+            workers: int) -> None:
+    """The score, the examples to kill, every survivor and error; the JSON record."""
+    by = {s: [i for i, r in results.items() if r["status"] == s] for s in ("killed", "timeout", "survived", "unavailable", "error")}
+    judged = len(by["killed"]) + len(by["timeout"]) + len(by["survived"])
+    killed = len(by["killed"]) + len(by["timeout"])
+    kills = [results[i]["examples"] for i in by["killed"]]
+    print(f"\n{args.file} through {args.paths}, {args.examples} examples per mutant, seeds {args.seeds}, tree {args.tree}:")
+    print(f"  mutants {n}: killed {len(by['killed'])}, hung (counted killed) {len(by['timeout'])}, "
+          f"survived {len(by['survived'])}, import broken {len(by['unavailable'])}, harness error {len(by['error'])}")
+    if judged:
+        print(f"  score {killed}/{judged} = {100 * killed / judged:.1f}% (import-broken mutants left out)")
+    if kills:
+        print(f"  examples to kill: median {statistics.median(kills):g}, max {max(kills)}")
+    print(f"  wall {wall:.0f}s on {workers} workers")
+    for i in sorted(by["survived"]):
+        print(f"  SURVIVED {i}: {results[i]['diff']}")
+    for i in sorted(by["error"]):
+        print(f"  ERROR {i}: {results[i]['diff']}: {results[i].get('stderr', '')[-200:]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"file": args.file, "paths": args.paths, "examples": args.examples, "seeds": seeds,
+                       "tree": args.tree, "mutants": {str(i): r for i, r in sorted(results.items())}}, f, indent=1)
+
+
+def _baseline_passes(args: argparse.Namespace, seeds: list[int], base: str, probe: str, extra: tuple[str, ...]) -> bool:
+    """The unmutated file first, on every seed: a kill of a mutant means nothing
+    if the reference itself diverges on that stream."""
+    check_dir = os.path.join(base, "baseline")
+    _copy_tree(args.tree, check_dir)
+    with open(os.path.join(args.tree, args.file)) as f:
+        original = f.read()
+    for sd in seeds:
+        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout, probe, extra)
+        print(f"baseline (unmutated) seed {sd}: {r['status']}" + (f" after {r['examples']} examples: {r.get('detail')}"
+                                                                   if r["status"] == "killed" else "")
+              + (f": {r.get('stderr', '')[-600:]}" if r["status"] == "error" else ""), flush=True)
+        if r["status"] not in ("survived",):
+            print(f"the unmutated {args.file} does not pass its own test ({r['status']}): fix that first; "
+                  "no mutant can be judged against it")
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.terms_only and not args.tolerance_only:
         ap.error("--terms-only needs --tolerance-only")
@@ -189,29 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(x) for x in args.seeds.split(",")]
     probe = _PROBE_TOLERANCE if args.tolerance_only else _PROBE
     extra = ("--terms-only",) if args.terms_only else ()
-    todo = list(enumerate(listed))
-    if args.only:
-        keep = {int(x) for x in args.only.split(",")}
-        todo = [t for t in todo if t[0] in keep]
-    if args.sample and len(todo) > args.sample:
-        step = len(todo) / args.sample
-        todo = [todo[int(i * step)] for i in range(args.sample)]
+    todo = _selected(args, listed)
     base = tempfile.mkdtemp(prefix="gf-mutation-")
-    # The unmutated file first, on every seed: a kill of a mutant means nothing
-    # if the reference itself diverges on that stream.
-    check_dir = os.path.join(base, "baseline")
-    _copy_tree(args.tree, check_dir)
-    with open(os.path.join(args.tree, args.file)) as f:
-        original = f.read()
-    for sd in seeds:
-        r = _run_one(check_dir, args.file, original, args.paths, args.examples, sd, args.timeout, probe, extra)
-        print(f"baseline (unmutated) seed {sd}: {r['status']}" + (f" after {r['examples']} examples: {r.get('detail')}"
-                                                                   if r["status"] == "killed" else "")
-              + (f": {r.get('stderr', '')[-600:]}" if r["status"] == "error" else ""), flush=True)
-        if r["status"] not in ("survived",):
-            print(f"the unmutated {args.file} does not pass its own test ({r['status']}): fix that first; "
-                  "no mutant can be judged against it")
-            return 1
+    if not _baseline_passes(args, seeds, base, probe, extra):
+        return 1
     workers = []
     for w in range(min(args.jobs, len(todo))):
         d = os.path.join(base, f"w{w}")
@@ -246,26 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         list(pool.map(work, range(len(workers))))
     shutil.rmtree(base, ignore_errors=True)
 
-    by = {s: [i for i, r in results.items() if r["status"] == s] for s in ("killed", "timeout", "survived", "unavailable", "error")}
-    judged = len(by["killed"]) + len(by["timeout"]) + len(by["survived"])
-    killed = len(by["killed"]) + len(by["timeout"])
-    kills = [results[i]["examples"] for i in by["killed"]]
-    print(f"\n{args.file} through {args.paths}, {args.examples} examples per mutant, seeds {args.seeds}, tree {args.tree}:")
-    print(f"  mutants {len(todo)}: killed {len(by['killed'])}, hung (counted killed) {len(by['timeout'])}, "
-          f"survived {len(by['survived'])}, import broken {len(by['unavailable'])}, harness error {len(by['error'])}")
-    if judged:
-        print(f"  score {killed}/{judged} = {100 * killed / judged:.1f}% (import-broken mutants left out)")
-    if kills:
-        print(f"  examples to kill: median {statistics.median(kills):g}, max {max(kills)}")
-    print(f"  wall {time.monotonic() - started:.0f}s on {len(workers)} workers")
-    for i in sorted(by["survived"]):
-        print(f"  SURVIVED {i}: {results[i]['diff']}")
-    for i in sorted(by["error"]):
-        print(f"  ERROR {i}: {results[i]['diff']}: {results[i].get('stderr', '')[-200:]}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"file": args.file, "paths": args.paths, "examples": args.examples, "seeds": seeds,
-                       "tree": args.tree, "mutants": {str(i): r for i, r in sorted(results.items())}}, f, indent=1)
+    _report(args, seeds, len(todo), results, time.monotonic() - started, len(workers))
     return 0
 
 
