@@ -20,7 +20,7 @@ import torch
 
 from harness.gate import ledger as ledger_mod
 from harness.gate.evidence import Evidence
-from harness.gate.known import claim_new, confirm_known
+from harness.gate.known import claim_new, claiming, confirm_known
 from harness.gate.rows import Row, row_of
 from harness.observation import Divergence
 from harness.paths import Path
@@ -56,7 +56,7 @@ def confirm(divergences: Iterable[Divergence], paths: list[Path], ledger_file: s
         bug = led.match(d.path, d.signature, version=version)
         if bug is not None and bug.relation(version) == "in":
             todo.setdefault((d.path, d.signature), row_of("known", d, bug, "session"))
-        elif bug is None and _claimable(led, d.path, version):  # the gate's claim, as for a new row there
+        elif bug is None and claiming(led, d.path, version):  # the gate's claim, as for a new row there
             todo.setdefault((d.path, d.signature), row_of("new", d, None, "session"))
     done: dict[tuple[str, str], Confirmed] = {}
     deadline = time.monotonic() + seconds
@@ -75,8 +75,3 @@ def confirm(divergences: Iterable[Divergence], paths: list[Path], ledger_file: s
             done.setdefault((r.path, r.signature or ""),
                             Confirmed("new", "", f"exposed by {row.bug}'s check: {r.detail}"))
     return done, 0
-
-
-def _claimable(led: ledger_mod.Ledger, path: str, version: str) -> bool:
-    """Whether a bug of ``path`` affecting ``version`` claims by workaround."""
-    return any(b.claims == "workaround" and b.relation(version) == "in" for b in led.for_path(path))

@@ -94,14 +94,17 @@ def claim_new(rows: list[Row], live: list[Path], led: ledger_mod.Ledger, version
     for r in rows:
         if r.status != "new" or r.case is None:
             continue
-        for bug in led.for_path(r.path):
-            if bug.claims != "workaround" or bug.relation(version) != "in":
-                continue
+        for bug in claiming(led, r.path, version):
             v = _workaround_verdict(led, bug, by_name.get(r.path), r, slack, version)
             if v.status in ("known", "known_probe") and not v.exposed:
                 r.status, r.bug, r.upstream, r.finding_class = v.status, bug.id, bug.upstream, bug.finding_class
                 r.detail = f"{r.detail} [claimed by {bug.id}: {v.note}; signature {r.signature} not in its entry]"
                 break
+
+
+def claiming(led: ledger_mod.Ledger, path: str, version: str) -> list[ledger_mod.Site]:
+    """The bugs of ``path`` affecting ``version`` that claim by workaround, in ledger order."""
+    return [b for b in led.for_path(path) if b.claims == "workaround" and b.relation(version) == "in"]
 
 
 @dataclass
