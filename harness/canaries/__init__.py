@@ -10,6 +10,7 @@ path, so what is caught is the injected bug, not another bug the base has.
 
 from __future__ import annotations
 
+from harness.engine.coverage import machinery_family
 from harness.paths import families, resolve
 from harness.paths.family import Canary
 
@@ -35,8 +36,8 @@ def all_canaries() -> list[Canary]:
 def for_paths(names: list[str]) -> list[Canary]:
     """The canaries of the families that make any of the paths ``names``
     (``gate --paths split`` checks split's teeth, not DeepSpeed's)."""
-    heads = {n.split(".")[0] for n in names}
-    return [c for f in families() if heads & set(f.prefixes or (f.name,)) for c in f.canaries()]
+    chosen = {machinery_family(n) for n in names}
+    return [c for f in families() if f.name in chosen for c in f.canaries()]
 
 
 def select(names: str | None) -> list[Canary] | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from harness.artifacts import corpus
+from harness.canaries import all_canaries, for_paths
 from harness.engine.check import Replayed, replay_entries
 from harness.engine.replay_pool import ReplayError, replay_on_workers
 from harness.engine.runner import Result, fuzz
@@ -19,7 +20,6 @@ from harness.gate import known
 from harness.gate import ledger as ledger_mod
 from harness.gate.evidence import Evidence
 from harness.gate.rows import GateReport, Row, classify, row_of
-from harness.canaries import all_canaries, for_paths
 from harness.gate.selfcheck import CanaryResult, selfcheck
 from harness.observation import Divergence
 from harness.paths import Options, Path, close_paths, split_available
