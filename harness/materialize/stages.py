@@ -143,15 +143,15 @@ class StageModule(torch.nn.Module):
         return outs[0] if len(outs) == 1 else outs
 
 
-def examples_of(case: Case, specs: list[StageSpec], device: torch.device) -> dict[int, dict[str, tuple]]:
+def examples_of(built: Built, specs: list[StageSpec], device: torch.device) -> dict[int, dict[str, tuple]]:
     """Every stage's ``input_args`` and ``output_args``: microbatch 0 run
     through the stages in order, on parameters of their own, each tensor a
     fresh leaf that requires grad where the real one does. A stage built
     with them skips the schedule's metadata inference, which runs each
     later stage's forward on inputs it makes up (zeros, or memory it did
     not fill) and raises where an op checks its values."""
-    built = Built(case)
-    values = built.params()
+    case = built.case
+    values = built.params()  # drawn afresh: the stages' own parameters are not touched
     drawn = built.inputs(0)
     args: tuple = tuple(drawn[x.name].to(device, built.dtype).requires_grad_(x.requires_grad) for x in case.inputs)
     examples = {}

@@ -175,7 +175,7 @@ def _stock(ctx: Rank, case: Case, built: Built, mesh: Any, out: dict[str, Any]) 
             module.weights[n].grad = DTensor.from_local(shard_piece(full, 0, dp, DIM_SIZES[1]), dp_mesh, [Shard(0)],
                                                         run_check=False, shape=full.shape, stride=full.stride())
     params = module.weights
-    examples = examples_of(case, specs, ctx.device)[pp] if workarounds.stage_example_args() else {}
+    examples = examples_of(built, specs, ctx.device)[pp] if workarounds.stage_example_args() else {}
     stage = PipelineStage(submod, pp, n_stages, ctx.device, group=mesh.get_group("pp"), **examples)
     seen: dict[int, list[Any]] = {}
     schedule = schedule_class(pp_schedule(case))(stage, M, loss_fn=vjp_loss(case, built, seen), scale_grads=False)

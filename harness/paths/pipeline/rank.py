@@ -310,7 +310,7 @@ def _stages(case: Case, built: Built, specs: list[StageSpec], mine: list[StageSp
     for mod in modules:
         workarounds.on_params(mod.weights)
     _start_grads(case, built, specs, modules, device)
-    examples = examples_of(case, specs, device) if workarounds.stage_example_args(
+    examples = examples_of(built, specs, device) if workarounds.stage_example_args(
         getattr(Stage, "takes_example_args", False)) else {}
     stages = [Stage(mod, mod.spec.index, len(specs), device, group=group, **examples.get(mod.spec.index, {}))
               for mod in modules]
