@@ -9,6 +9,7 @@ the case runs on; a path whose contract does not take the case is not run.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -42,6 +43,13 @@ class Profile:
     path_runs: dict[str, int] = field(default_factory=dict)
 
 
+# The eager runs a check makes in this process (the oracle, the float32 and
+# lower-precision noise runs), one at a time: the gate checks the paths that
+# run in children side by side from threads, and each oracle is then still
+# computed as in a run of one thread.
+_HERE = threading.RLock()
+
+
 class CaseCheck:
     """One case; the oracle and the tolerance are shared by every path run on it.
 
@@ -65,22 +73,24 @@ class CaseCheck:
 
     @property
     def oracle(self) -> Observation:
-        if self._oracle is None:
-            t0 = time.process_time()
-            self._oracle = observe(self.case)
-            if self.profile is not None:
-                self.profile.oracle += time.process_time() - t0
-        return self._oracle
+        with _HERE:
+            if self._oracle is None:
+                t0 = time.process_time()
+                self._oracle = observe(self.case)
+                if self.profile is not None:
+                    self.profile.oracle += time.process_time() - t0
+            return self._oracle
 
     @property
     def tol(self) -> Tolerance:
-        if self._tol is None:
-            t0 = time.process_time()
-            self._tol = Tolerance.for_case(self.case, slack=self.slack, lazy=self.lazy).with_noise(
-                self.case, self.oracle, self._eager32, self._eager_low)
-            if self.profile is not None:
-                self.profile.tolerance += time.process_time() - t0
-        return self._tol
+        with _HERE:
+            if self._tol is None:
+                t0 = time.process_time()
+                self._tol = Tolerance.for_case(self.case, slack=self.slack, lazy=self.lazy).with_noise(
+                    self.case, self.oracle, self._eager32, self._eager_low)
+                if self.profile is not None:
+                    self.profile.tolerance += time.process_time() - t0
+            return self._tol
 
     def _eager32(self) -> Observation | None:
         """Eager autograd in the case's own dtype: the float32 noise the

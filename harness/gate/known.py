@@ -9,6 +9,7 @@ it here.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,33 +22,68 @@ from harness.materialize import probes
 from harness.materialize.workarounds import WORKAROUNDS
 from harness.observation import Divergence
 from harness.paths import Path
-from harness.paths.workarounds import WorkedAround, apply
+from harness.paths.workarounds import WorkedAround, apply, in_child
 
 
-def confirm_known(rows: list[Row], live: list[Path], evidence: Evidence, slack: float | None) -> None:
+def confirm_known(rows: list[Row], live: list[Path], evidence: Evidence, slack: float | None,
+                  workers: int = 1) -> None:
     """"Known" is causal: each (bug, path, signature) row the ledger would call
     known is run again with the bug's outside workaround in force. Gone: known.
     Still wrong at the same place: it only resembles the bug, and fails the
     gate. No workaround (or none this path can apply): known by signature
     only, shown apart. What the worked-around run shows that the plain run did
-    not (a second bug the first one hid, as ``split.twin`` exposes) is new."""
+    not (a second bug the first one hid, as ``split.twin`` exposes) is new.
+    Up to ``workers`` paths in a child of their own are checked side by side."""
     by_name = {p.name: p for p in live}
-    verdicts: dict[tuple[str, str, str | None], tuple[Verdict, ledger_mod.Site]] = {}
     seen = {(r.path, r.signature) for r in rows}
     _start_children(rows, by_name, evidence.led)
+    firsts: dict[tuple[str, str, str | None], Row] = {}
+    for r in rows:
+        if r.status == "known" and r.bug is not None:
+            firsts.setdefault((r.bug, r.path, r.signature), r)
+    verdicts = _all_verdicts(firsts, by_name, evidence, slack, workers)
     for r in list(rows):
         if r.status != "known" or r.bug is None:
             continue
         key = (r.bug, r.path, r.signature)
-        if key not in verdicts:
-            verdicts[key] = _verdict(r, by_name.get(r.path), evidence, slack)
-            v = verdicts[key][0]
+        v, bug = verdicts[key]
+        if firsts.pop(key, None) is not None:
             for d in v.exposed:
                 if (d.path, d.signature) not in seen:
                     seen.add((d.path, d.signature))
                     rows.append(row_of("new", d, None, f"{r.source}, with {v.workaround} in force"))
-        v, bug = verdicts[key]
         r.status, r.detail, r.bug, r.upstream = v.status, f"{r.detail} [{v.note}]", bug.id, bug.upstream
+
+
+Key = tuple[str, str, "str | None"]
+
+
+def _all_verdicts(firsts: dict[Key, Row], by_name: dict[str, Path], evidence: Evidence, slack: float | None,
+                  workers: int) -> dict[Key, tuple[Verdict, ledger_mod.Site]]:
+    """Each key's verdict. Those of a path in a child of its own run in a
+    thread per path (each child meets its cases in the one-thread order, and
+    no probe patches this process for them, see ``in_child``), after the
+    others, one at a time here."""
+    out: dict[Key, tuple[Verdict, ledger_mod.Site]] = {}
+    apart: dict[str, list[Key]] = {}
+    for key, r in firsts.items():
+        path = by_name.get(r.path)
+        if workers > 1 and path is not None and in_child(path):
+            apart.setdefault(r.path, []).append(key)
+        else:
+            out[key] = _verdict(r, path, evidence, slack)
+    if not apart:
+        return out
+
+    def check(keys: list[Key]) -> None:
+        for key in keys:
+            r = firsts[key]
+            out[key] = _verdict(r, by_name.get(r.path), evidence, slack)
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(apart))) as pool:
+        for done in [pool.submit(check, keys) for keys in apart.values()]:
+            done.result()
+    return out
 
 
 def _verdict(r: Row, path: Path | None, evidence: Evidence, slack: float | None

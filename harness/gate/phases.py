@@ -147,7 +147,7 @@ def _fuzz_rows(divergences: list[Divergence], rows: list[Row], evidence: Evidenc
 
 
 def confirm_phase(ctx: Context) -> None:
-    known.confirm_known(ctx.report.rows, ctx.live, ctx.evidence, ctx.settings.slack)
+    known.confirm_known(ctx.report.rows, ctx.live, ctx.evidence, ctx.settings.slack, ctx.settings.workers)
 
 
 def claim_phase(ctx: Context) -> None:

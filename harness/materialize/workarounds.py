@@ -64,19 +64,21 @@ os.register_at_fork(after_in_child=_none_in_child)
 
 
 @contextmanager
-def in_force(*names: str) -> Iterator[None]:
+def in_force(*names: str, here: bool = True) -> Iterator[None]:
     """``names`` in force for what runs inside: the gate's worked-around run
     here, or a worker's case whose message names them (names outside
     ``EFFECTS`` are not applied). A fix probe among them patches torch in
     this process until the block ends (one not in force already: nested
-    blocks patch once)."""
+    blocks patch once); not ``here``, where the case runs in a child that
+    the message reaches, so checks of such paths can run side by side
+    without one's patch reaching another's oracle."""
     before = ACTIVE.get()
     added = {n for n in names if n in EFFECTS}
     token = ACTIVE.set(before | added)
     try:
         with ExitStack() as stack:
             for n in sorted(added - before):
-                if n in probes.PROBES:
+                if here and n in probes.PROBES:
                     stack.enter_context(probes.patch(n))
             yield
     finally:

@@ -176,6 +176,67 @@ def test_a_probe_patches_every_alias_and_restores_the_original():
     assert workarounds.in_force_now() == []
 
 
+class _InChild:
+    """A path whose cases run in a child of its own: what this process holds while one runs."""
+
+    name, contract = "child.standin", None
+
+    def __init__(self):
+        self.seen = []
+
+    def start_soon(self):
+        pass
+
+    def run(self, case):
+        from torch.distributed.pipelining import _backward
+
+        self.seen.append((workarounds.in_force_now(), _backward.stage_backward_weight))
+        return case
+
+
+def test_a_probe_for_a_path_in_a_child_goes_with_the_message_and_leaves_this_process_as_shipped():
+    """The gate checks the paths in children side by side from threads: a
+    probe patched here for one of them would reach another thread's oracle."""
+    from torch.distributed.pipelining import _backward
+
+    from harness.paths.workarounds import WorkedAround, in_child
+
+    shipped, child = _backward.stage_backward_weight, _InChild()
+    worked = WorkedAround(WorkedAround(child, "clone-grads"), "split-clamp-every-intermediate")
+    assert in_child(worked) and not in_child(resolve("split.stock")[0])
+    worked.run("case")
+    assert child.seen == [(["clone-grads", "split-clamp-every-intermediate"], shipped)]
+    with workarounds.in_force("split-clamp-every-intermediate"):  # a path running here still gets the patch
+        assert _backward.stage_backward_weight is not shipped
+
+
+def test_the_gate_checks_paths_in_children_side_by_side_each_in_its_own_order(monkeypatch):
+    """Each path in a child gets its rows in row order from one thread; the
+    rest run first, here; the verdicts are those of one thread."""
+    import threading
+
+    from harness.gate import known
+
+    class Here:
+        pass
+
+    paths = {"a": _InChild(), "b": _InChild(), "h": Here()}
+    for name, p in paths.items():
+        p.name = name
+    rows = [known.Row("known", path, "d", bug=f"bug{i}", signature=f"s{i}") for i, path in enumerate("ahbaab")]
+    calls = []
+    monkeypatch.setattr(known, "_verdict", lambda r, path, ev, slack: (
+        calls.append((r.path, r.bug, threading.current_thread() is threading.main_thread())) or (r.bug, None)))
+    firsts = {(r.bug, r.path, r.signature): r for r in rows}
+    alone = known._all_verdicts(firsts, paths, None, None, workers=1)
+    assert [c[1] for c in calls] == [f"bug{i}" for i in range(6)] and all(c[2] for c in calls)
+    calls.clear()
+    assert known._all_verdicts(firsts, paths, None, None, workers=4) == alone
+    assert calls[0] == ("h", "bug1", True)
+    for p, bugs in (("a", ["bug0", "bug3", "bug4"]), ("b", ["bug2", "bug5"])):
+        assert [c[1] for c in calls if c[0] == p] == bugs and not any(c[2] for c in calls if c[0] == p)
+
+
 def test_a_process_forked_while_a_probe_is_in_force_starts_from_torch_as_shipped():
     """On CPU the pool's ranks are forked from the harness; a pool restarted
     inside the gate's probed run (after a rank crashed) must not keep the
