@@ -14,7 +14,7 @@ from harness.case.spec import Case, Input, Node, Param, Schedule, Use
 from harness.case.validate import infer_shapes
 from harness.engine.target import Target
 from harness.paths.compile import data as compile_data, judgeable, lowering
-from harness.paths.compile.flavors import CONTRACT, FLAVORS
+from harness.paths.compile.flavors import FLAVORS
 from harness.paths.compile.paths import CompilePath
 
 pytestmark = pytest.mark.skipif(not lowering.entries() or not opinfo.keys(),
@@ -68,7 +68,7 @@ def test_the_gentlest_sample_grows_the_bounds_least():
 
 def test_drawn_float64_dense_structures_are_within_the_budget():
     target = Target([CompilePath(FLAVORS["compile.aot_eager"])], seed=1)
-    target.paths[0].contract = CONTRACT
+    target.paths[0].contract = FLAVORS["compile.aot_eager"].contract
     seen = {"float64": 0, "ops": 0}
 
     @hseed(1)

@@ -16,7 +16,7 @@ from harness.case.validate import infer_shapes
 from harness.engine.runner import check
 from harness.engine.target import Target
 from harness.paths.compile import data as compile_data, lowering
-from harness.paths.compile.flavors import CONTRACT, DEVICE_CONTRACT, FLAVORS, INDUCTOR_CONTRACT
+from harness.paths.compile.flavors import DEVICE_CONTRACT, FLAVORS
 from harness.paths.compile.paths import CompilePath
 
 pytestmark = pytest.mark.skipif(not lowering.entries() or not opinfo.keys(),
@@ -70,6 +70,9 @@ def test_a_pick_is_a_hash_of_the_drawn_value_in_its_slots_class():
         assert classes[key] == compile_data.PATTERN[slot] and 0 <= i < len(opinfo.table()[key]["samples"])
     # neighbouring values land on unrelated ops: the shrinker and Hypothesis's small values repeat less
     assert len({compile_data.pick(0, v)[0] for v in range(1, 41)}) >= 30
+    # and another flavour's salt sends Hypothesis's favourite values to other ops
+    a, b = (compile_data.salt_of(f) for f in ("compile.aot_eager", "compile.autograd"))
+    assert sum(compile_data.pick(0, v, a) != compile_data.pick(0, v, b) for v in (1, 2, 3, 2**32 - 1)) >= 3
 
 
 @pytest.mark.parametrize("width", [1, 2, 3])
@@ -92,7 +95,8 @@ def test_inserted_ops_sit_between_the_core_uses_and_the_case_stays_plain_data(wi
 
 def test_compile_targets_draw_hundreds_of_ops_of_every_class_and_a_cuda_flavour_none():
     classes = lowering.classes()
-    for contract, least in ((CONTRACT, 180), (INDUCTOR_CONTRACT, 70)):
+    aot, inductor = FLAVORS["compile.aot_eager"].contract, FLAVORS["compile.inductor"].contract
+    for contract, least in ((aot, 180), (inductor, 70)):
         cases = _draws(contract, 100)
         ops = [n.attr("fn") for c in cases for n in c.nodes if n.op == "opinfo"]
         assert len(set(ops)) >= least, (contract.draws[0].args, len(set(ops)))
@@ -101,8 +105,22 @@ def test_compile_targets_draw_hundreds_of_ops_of_every_class_and_a_cuda_flavour_
         assert _draws(contract, 100) == cases  # the same seed draws the same cases
     assert all(d.name != "compile" for d in DEVICE_CONTRACT.draws)
     assert FLAVORS["compile.inductor.cuda"].contract is DEVICE_CONTRACT
-    assert FLAVORS["compile.dynamic.symbolic"].contract is INDUCTOR_CONTRACT
-    assert FLAVORS["compile.autograd"].contract is CONTRACT
+    assert FLAVORS["compile.dynamic.symbolic"].contract.draws[0].args[0] == compile_data.INDUCTOR_SLOTS
+    assert FLAVORS["compile.autograd"].contract.draws[0].args[0] == compile_data.SLOTS
+
+
+def test_flavours_drawing_one_seed_meet_the_same_structures_with_other_ops():
+    """One seed draws the same core cases for every flavour; each flavour's
+    salt puts other ops among them, so together they meet more ops."""
+    def ops(cases):
+        return {n.attr("fn") for c in cases for n in c.nodes if n.op == "opinfo"}
+
+    def core(c):
+        return [n for n in c.nodes if n.op != "opinfo"][:2], c.params
+
+    a, b = (_draws(FLAVORS[f].contract, 40) for f in ("compile.aot_eager", "compile.autograd"))
+    assert [core(c) for c in a if c.exact] == [core(c) for c in b if c.exact] != []
+    assert len(ops(a) | ops(b)) >= 1.6 * len(ops(a))
 
 
 def test_a_dense_structure_with_retain_grad_compiles_every_op_and_agrees():

@@ -3,34 +3,41 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from harness.generate import PLACEMENTS
 from harness.observation import LIFETIME, RECOMPUTATION
 from harness.paths.base import PLAIN_GRADS, RNG_NOT_COMPARED, Contract
-from harness.paths.compile.data import INDUCTOR_OPS, JUDGEABLE, OPS
+from harness.paths.compile.data import INDUCTOR_SLOTS, JUDGEABLE, SLOTS, ops_draw
 
 # The compile paths promise everything eager does (retained grads too), and
 # want parameter hooks (drawn with the lifetime schedules) and training steps
 # (clip and optimizer, drawn with the DTensor flag; the placements it also
 # draws are ignored here), and the model parts (dropout included: see
 # ``CompilePath.config`` and ``structure_key``), with OpInfo ops placed among
-# them by the family's own draw (``strategy``), a float64 structure then kept
+# them by the family's own draw (``data``; each flavour its own picks, see
+# ``data.salt_of``), a float64 structure then kept
 # within what its term bounds can judge (``judgeable``). A drawn structure is checked
 # with ``DATA_VARIANTS`` data (``Contract.data_variants``): a compile costs 0.3
 # to 2 s, a case on a compiled structure 10 to 20 ms.
 DATA_VARIANTS = 16
-CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(OPS, PLACEMENTS, JUDGEABLE), model_parts=True,
+CONTRACT = Contract(retained_grads=True, lifetime_schedules=True, draws=(PLACEMENTS, JUDGEABLE), model_parts=True,
                     data_variants=DATA_VARIANTS, blind=(
     PLAIN_GRADS, RNG_NOT_COMPARED,
     (RECOMPUTATION, "what a compiled graph recomputes is the partitioner's choice (AOTAutograd's min-cut partitioner "
                     "recomputes cheap ops by design), not a count the user can see"),
     (LIFETIME, "not watched: graph_freed is off for the compile family")))
-# Inductor pays seconds per OpInfo op (``data.INDUCTOR_SLOTS``): its
-# flavours draw fewer per structure, a case stream of their own.
-INDUCTOR_CONTRACT = replace(CONTRACT, draws=(INDUCTOR_OPS, PLACEMENTS, JUDGEABLE))
 # Off the CPU every OpInfo node is refused (``engine_rules.off_its_devices``):
 # a CUDA flavour draws no dense ops, which it would only throw away.
 DEVICE_CONTRACT = replace(CONTRACT, draws=(PLACEMENTS,))
+
+
+@lru_cache(maxsize=None)
+def cpu_contract(flavour: str, backend: str) -> Contract:
+    """``CONTRACT`` with the flavour's dense ops drawn first. Inductor pays
+    seconds per OpInfo op (``data.INDUCTOR_SLOTS``): its flavours draw fewer."""
+    slots = INDUCTOR_SLOTS if backend == "inductor" else SLOTS
+    return replace(CONTRACT, draws=(ops_draw(flavour, slots),) + CONTRACT.draws)
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,7 @@ class Flavor:
 
     @property
     def contract(self) -> Contract:
-        if self.device != "cpu":
-            return DEVICE_CONTRACT
-        return INDUCTOR_CONTRACT if self.backend == "inductor" else CONTRACT
+        return DEVICE_CONTRACT if self.device != "cpu" else cpu_contract(self.name, self.backend)
 
     def describe(self) -> str:
         what = f'torch.compile(backend="{self.backend}", dynamic={self.dynamic})'
