@@ -205,6 +205,12 @@ def _may_make(family: Family, heads: set[str] | None) -> bool:
     return heads is None or not family.prefixes or bool(heads & set(family.prefixes))
 
 
+def noise_reference() -> Path | None:
+    """The path a family declares as its ``noise_reference``; None where none does."""
+    names = [f.noise_reference for f in families() if f.noise_reference]
+    return next((p for p in resolve(names[:1]) if p.name == names[0]), None) if names else None
+
+
 def resolve(selection: Iterable[str] | str | None, options: Options = Options()) -> list[Path]:
     """Path names or family prefixes -> paths, in registry order.
 

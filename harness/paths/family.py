@@ -113,6 +113,10 @@ class Family:
     # issue title names it (``{"ddp": "DDP", "fsdp2": "FSDP2"}``): what
     # ``gradfuzz report`` puts in brackets. A head it leaves out is its own.
     components: dict[str, str] = field(default_factory=dict)
+    # Its path that runs a case as plain eager autograd in the case's own
+    # dtype: the float32 noise every check's tolerance caps a path's
+    # difference by (``harness.engine.check``). One family declares it.
+    noise_reference: str = ""
 
 
 def lazy(ref: str) -> Callable[..., Any]:

@@ -43,3 +43,15 @@ def test_kinds_leaves_out_the_path_classes_a_family_says_the_probe_cannot_speak_
     monkeypatch.setattr(probe, "families", lambda: [toy])
     monkeypatch.setattr(probe, "_blind", lambda path: frozenset())
     assert [p.name for p in probe.kinds("toy")] == ["toy.plain"]
+
+
+def test_the_float32_noise_run_is_the_path_a_family_declares() -> None:
+    """The core asks the registry for the noise reference; it names no family."""
+    import pathlib
+
+    from harness.engine import check
+    from harness.paths import families, noise_reference
+
+    assert [f.name for f in families() if f.noise_reference] == ["eager"]
+    assert noise_reference().name == "eager.accumulate"
+    assert "eager.accumulate" not in pathlib.Path(check.__file__).read_text()
