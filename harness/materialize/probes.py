@@ -783,6 +783,17 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "Inductor's index_add decomposition falls back to the aten kernel (as it does for bfloat16) instead of "
           "an index_put into self's own buffer",
           custom=lambda: _recompiled(_registered_swapped(_INDEX_ADD, _inductor_tables, _aten("index_add.default")))),
+    Probe("inductor-frexp-exponent-vectors",
+          "Inductor's vectorized frexp holds the int32 exponent in as many vectors as int32 takes, not as many "
+          "as the input's dtype (two for float64, where the kernel's conversions of it expect one)",
+          custom=lambda: _recompiled(_edits_in_force((Edit("torch._inductor.codegen.cpp", "CppVecOverrides.frexp", (
+              ("        n_vec = V.kernel._get_num_vectors(x.dtype)\n",
+               "        n_vec = V.kernel._get_num_vectors(x.dtype)\n"
+               "        n_exp = V.kernel._get_num_vectors(torch.int32)\n"),
+              ('            if n_vec == 1\n            else f"at::vec::VectorizedN<int32_t, {n_vec}> {exponent};"',
+               '            if n_exp == 1\n            else f"at::vec::VectorizedN<int32_t, {n_exp}> {exponent};"'),
+              ("                if n_vec == 1\n                else f\"{exponent} = at::vec::VectorizedN<int32_t, {n_vec}>",
+               "                if n_exp == 1\n                else f\"{exponent} = at::vec::VectorizedN<int32_t, {n_exp}>"))),)))),
     Probe("inductor-embedding-backward-fallback",
           "Inductor runs embedding_dense_backward as the aten kernel instead of its decomposition",
           custom=lambda: _recompiled(_entry_removed(_inductor_tables, _aten("embedding_dense_backward.default")))),

@@ -90,6 +90,8 @@ IN_CHILD = [
      "compile.inductor"),
     ("inductor-embedding-backward-fallback", "inductor-gather-grad-dropped-beside-embedding",
      "compile/inductor_gather_grad_dropped_beside_embedding.json", "compile.inductor"),
+    ("inductor-frexp-exponent-vectors", "inductor-frexp-float64-exponent-vectors",
+     "compile/inductor_frexp_float64_exponent_vectors.json", "compile.dynamic.symbolic"),
 ]
 
 # On a CUDA device only (the graphed paths): run with -m gpu where one is.
