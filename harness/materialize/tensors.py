@@ -47,6 +47,12 @@ class Built:
         # caller last reset it: eager fires a tensor hook once per backward.
         self.fired: dict[str, int] = {}
         self.random = draws_random(case)
+        # Whether ``forward`` seeds the global RNG itself. A compiled forward
+        # must not: Inductor with ``fallback_random`` differentiated other
+        # masks than its forward drew after a seed set inside the compiled
+        # function (torch's, not the case's), so the compile paths seed
+        # before they call it, as a user seeds before a step.
+        self.seeds_itself = True
 
     def seed_rng(self) -> None:
         """Random ops (dropout) draw from the global RNG, as real models do, so
@@ -111,7 +117,7 @@ class Built:
         """
         env: dict[str, Any] = dict(values)
         self.retained = {}
-        if not bound:
+        if not bound and self.seeds_itself:
             self.seed_rng()
         self.run_span(env, 0, len(self.case.nodes), bound=bound, on_node=on_node)
         return self.outputs_of(env)

@@ -56,9 +56,9 @@ def structure_key(case: Case, shapes: bool = True) -> str:
     key = [params, inputs, data["nodes"], data["outputs"], data.get("hooks", []),
            data.get("retain_grad", []), case.dtype]
     if draws_random(case):
-        # The compiled forward is the first case's Built, whose seed_rng seeds
-        # the global RNG from *that* case's seed (dynamo bakes the constant in):
-        # a later seed of the structure would run the first seed's masks.
+        # One artifact per seed, as when the compiled forward seeded the RNG
+        # itself (dynamo baked that seed in); the paths now seed before the
+        # call, and keeping the key keeps which cases share a compile.
         key.append(("rng seed", case.seed))
     return json.dumps(key, sort_keys=True)
 

@@ -213,6 +213,7 @@ class CompilePath:
         if a is not None:
             return a, True
         built = Built(case)  # structure only: its forward reads nodes, outputs, hooks, retain_grad
+        built.seeds_itself = False  # the case's RNG is seeded before the compiled call (``_Run.forward``)
         label = f"gradfuzz_structure_{self.cache.made}"
         # Built.forward with a code object of this structure's own too: after a graph
         # break dynamo compiles the rest of it as a frame of its own (and its resume
@@ -281,6 +282,7 @@ class _Run:
             self.warmed = True
             self._warm_up(built)
         with self._config():
+            built.seed_rng()
             outs = self._timed(lambda: self.artifact.forward(values))
         built.retained = dict(self.artifact.built.retained)  # retain_grad happened on the structure's Built
         self.built = built  # the case hooks count on the structure's Built: backward hands the counts over
@@ -315,6 +317,7 @@ class _Run:
         inputs = {x.name: t.to(dev, built.dtype).requires_grad_(x.requires_grad)
                   for (n, t), x in zip(vb.inputs(0).items(), variant.inputs)}
         with self._config():
+            vb.seed_rng()
             outs = self._timed(lambda: self.artifact.forward({**params, **inputs}))
             live = [(o, torch.ones_like(o)) for o in outs if o.requires_grad]
             if live:
