@@ -48,7 +48,9 @@ def forward_source(case: Case) -> str:
     hooks = {h.node: h for h in case.hooks}
     lines = ["def forward(v):"]
     if draws_random(case):  # as Built.seed_rng: every forward draws the same masks
-        lines.append(f"    torch.manual_seed({case.seed * 7919 + 77})")
+        # A compiled forward is called unseeded, the RNG seeded before the call (``RNG_SEED``).
+        lines = [f"RNG_SEED = {case.seed * 7919 + 77}", "", "", "def forward(v, seeded=True):",
+                 "    if seeded:", "        torch.manual_seed(RNG_SEED)"]
     for n in case.nodes:
         args = [_ref(u, nodes) for u in n.args]
         name = variable(n.name)

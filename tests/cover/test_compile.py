@@ -97,6 +97,22 @@ def test_inductor_differentiates_the_masks_its_forward_drew_when_the_rng_is_seed
         assert not path.artifact(case)[0].built.seeds_itself
     finally:
         path.close()
+    # and the standalone script compiles the forward unseeded, seeding before each call as the path does
+    from harness.artifacts.repro import script
+
+    text = script(case, "compile.inductor", path.repro(case))
+    assert "def forward(v, seeded=True):" in text and "return forward(v, seeded=False)" in text
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(text)
+    try:
+        run = subprocess.run([sys.executable, f.name], capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(f.name)
+    assert run.returncode == 0 and "agrees" in run.stdout, run.stdout[-400:] + run.stderr[-400:]
 
 
 def test_other_size_grows_the_batch_dim_only_where_the_shape_rules_allow():

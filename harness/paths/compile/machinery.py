@@ -21,7 +21,14 @@ def machinery(f: Flavor, backend: str) -> Repro:
                   "torch._dynamo.config.compiled_autograd = True", "",
                   "", "def _backward_body(outs, cots):", "    torch.autograd.backward(outs, cots)", "", "",
                   f"_compiled_backward = {make.format(fn='_backward_body')}"]
-    lines.append(f"_compiled = {make.format(fn='forward')}" if f.compile_forward else "_compiled = forward")
+    # Seeded inside a compiled function, Inductor (fallback_random) differentiated another
+    # dropout mask than its forward drew: the RNG is seeded before the call, as gradfuzz does.
+    lines += ["# A forward that draws random masks is compiled unseeded; the RNG is seeded before each call.",
+              "_SEEDED = 'RNG_SEED' in globals()", "", "",
+              "def _unseeded(v):", "    return forward(v, seeded=False)", "", "",
+              "def _seed():", "    if _SEEDED:", "        torch.manual_seed(RNG_SEED)", "", ""]
+    lines.append(f"_compiled = {make.format(fn='(_unseeded if _SEEDED else forward)')}" if f.compile_forward
+                 else "_compiled = forward")
     lines.append("_warmed = []")
     lines += ["", "", "def machinery_forward(v):",
               f'    """The forward under test: {f.describe()}."""']
@@ -33,13 +40,14 @@ def machinery(f: Flavor, backend: str) -> Repro:
             "             else (torch.cat([t.detach(), t.detach()[:1]]) if t.dim() >= 2 else t.detach().clone()).requires_grad_(t.requires_grad)",
             "             for n, t in v.items()}",
             "        try:",
+            "            _seed()",
             "            outs = [o for o in _compiled(w) if o.requires_grad]",
             "        except RuntimeError:  # the other size does not fit this module's shapes",
             "            outs = []",
             "        if outs:",
             "            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])",
         ]
-    lines.append("    return list(_compiled(v))")
+    lines += ["    _seed()", "    return list(_compiled(v))"]
     call = "_compiled_backward(" if f.compiled_autograd else "torch.autograd.backward("
     body = (
         "    live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]\n"
