@@ -21,8 +21,8 @@ from harness.gate.rows import Row, row_of
 from harness.materialize import probes
 from harness.materialize.workarounds import WORKAROUNDS
 from harness.observation import Divergence
-from harness.paths import Path
-from harness.paths.workarounds import WorkedAround, apply, in_child
+from harness.paths import Path, in_child
+from harness.paths.workarounds import WorkedAround, apply
 
 
 def confirm_known(rows: list[Row], live: list[Path], evidence: Evidence, slack: float | None,
@@ -62,7 +62,7 @@ def _all_verdicts(firsts: dict[Key, Row], by_name: dict[str, Path], evidence: Ev
                   workers: int) -> dict[Key, tuple[Verdict, ledger_mod.Site]]:
     """Each key's verdict. Those of a path in a child of its own run in a
     thread per path (each child meets its cases in the one-thread order, and
-    no probe patches this process for them, see ``in_child``), after the
+    no probe patches this process for them, see ``WorkedAround.run``), after the
     others, one at a time here."""
     out: dict[Key, tuple[Verdict, ledger_mod.Site]] = {}
     apart: dict[str, list[Key]] = {}

@@ -21,6 +21,7 @@ from typing import Any
 from harness.materialize import probes
 from harness.materialize.workarounds import in_force
 from harness.case.spec import Case
+from harness.paths.base import in_child
 from harness.observation import Observation
 
 # The workarounds a path running its schedule in this process applies with no code of its own.
@@ -41,19 +42,18 @@ class WorkedAround:
         return self.path.supports(case)
 
     def run(self, case: Case) -> Observation:
-        with in_force(self.workaround, here=not in_child(self.path)):
+        with in_force(self.workaround, here=not in_child(_innermost(self.path))):
             return self.path.run(case)
 
     def repro(self, case: Case) -> Any:
         return self.path.repro(case)
 
 
-def in_child(path: Any) -> bool:
-    """Whether ``path`` runs its cases in a child process of its own (it can
-    be started ahead, ``start_soon``): nothing of a case runs here."""
+def _innermost(path: Any) -> Any:
+    """The path under any workarounds wrapped around it."""
     while isinstance(path, WorkedAround):
         path = path.path
-    return callable(getattr(path, "start_soon", None))
+    return path
 
 
 def apply(path: Any, workaround: str) -> Any | None:

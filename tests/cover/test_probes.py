@@ -181,7 +181,7 @@ def test_a_probe_patches_every_alias_and_restores_the_original():
 class _InChild:
     """A path whose cases run in a child of its own: what this process holds while one runs."""
 
-    name, contract = "child.standin", None
+    name, contract, worker = "child.standin", None, None  # ``worker``: what marks a path in a child
 
     def __init__(self):
         self.seen = []
@@ -201,11 +201,12 @@ def test_a_probe_for_a_path_in_a_child_goes_with_the_message_and_leaves_this_pro
     probe patched here for one of them would reach another thread's oracle."""
     from torch.distributed.pipelining import _backward
 
-    from harness.paths.workarounds import WorkedAround, in_child
+    from harness.paths import in_child
+    from harness.paths.workarounds import WorkedAround
 
     shipped, child = _backward.stage_backward_weight, _InChild()
     worked = WorkedAround(WorkedAround(child, "clone-grads"), "split-clamp-every-intermediate")
-    assert in_child(worked) and not in_child(resolve("split.stock")[0])
+    assert in_child(child) and not in_child(resolve("split.stock")[0])
     worked.run("case")
     assert child.seen == [(["clone-grads", "split-clamp-every-intermediate"], shipped)]
     with workarounds.in_force("split-clamp-every-intermediate"):  # a path running here still gets the patch
