@@ -51,6 +51,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gradfuzz-ledger", metavar="FILE", default=None,
                 help="known-bug ledger that labels findings (default: cases/ledger.json of the installed gradfuzz "
                      "project; none there: a usage error)")
+    g.addoption("--gradfuzz-settle-known", action="store_true",
+                help="keep a first hit whose signatures the ledger places on its path as drawn, unshrunk "
+                     "(the gate's fuzzing phase, as in one process)")
     g.addoption("--gradfuzz-coverage", choices=("measure", "guide"), default=None,
                 help="trace the machinery each family tests: report its line coverage ('guide': and steer "
                      "Hypothesis towards new lines), as gradfuzz fuzz --coverage")
@@ -191,10 +194,15 @@ def _worker_session(config: pytest.Config) -> Any:
         run_dir = config.getoption("gradfuzz_run_dir")
         stop = Stop(os.path.join(run_dir, "stop") if run_dir else None)
         db = config.getoption("gradfuzz_db")
-        from harness.gate.ledger import labeller
+        from harness.gate.ledger import labeller, load, settled_by
 
+        settled = None
+        if config.getoption("gradfuzz_settle_known"):
+            import torch
+
+            settled = settled_by(load(_ledger_file(config)), torch.__version__)
         _session = Session(save_dir=config.getoption("gradfuzz_save") or None, db_spec=db, database=open_database(db),
-                           label=labeller(_ledger_file(config)),
+                           label=labeller(_ledger_file(config)), settled=settled,
                            stop=stop, seed=config.getoption("gradfuzz_seed"),
                            worker=os.environ.get("PYTEST_XDIST_WORKER", "main"),
                            coverage=config.getoption("gradfuzz_coverage"))

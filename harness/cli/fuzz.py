@@ -233,7 +233,8 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     cmd = parallel.pytest_command(
         run_dir, workers=n, paths=args.paths, examples=args.examples, minutes=args.minutes, seed=args.seed,
         mode=args.mode, db=args.db, save=args.save, shards=args.shards, options=_option_overrides(options),
-        extra_paths=list(options.extra), ledger=getattr(args, "ledger", None), coverage=getattr(args, "coverage", None))
+        extra_paths=list(options.extra), ledger=getattr(args, "ledger", None), coverage=getattr(args, "coverage", None),
+        settle_known=getattr(args, "settle_known", False))
     ctl = parallel.Controller(cmd, run_dir, n)
     ctl.unavailable = unavailable
     plan = _plan_key(args)
@@ -313,7 +314,7 @@ def on_workers(options: Options, n: str, ledger: str | None = None) -> Any:
             raise UsageError("--tolerance-slack needs the fuzzing in this process: leave out -n")
         args = argparse.Namespace(paths=",".join(p.name for p in live), examples=examples, minutes=minutes, seed=seed,
                                   mode="both", db="none", save=save_dir, shards=1, progress="plain",
-                                  progress_every=30.0, keep_run_dir=False, ledger=ledger)
+                                  progress_every=30.0, keep_run_dir=False, ledger=ledger, settle_known=True)
         result, extra = _parallel(args, options, n, Display, {}, planned(live, examples))
         if extra.get("interrupted"):
             # SIGTERM from a CI timeout stops the workers between examples; what

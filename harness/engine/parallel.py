@@ -36,7 +36,7 @@ def _plugin_args() -> list[str]:
 def pytest_command(run_dir: str, *, workers: str, paths: str | None, examples: int | None, minutes: float | None,
                    seed: int, mode: str, db: str | None, save: str | None, shards: int | None,
                    options: dict[str, Any], extra_paths: list[str], ledger: str | None = None,
-                   coverage: str | None = None) -> list[str]:
+                   coverage: str | None = None, settle_known: bool = False) -> list[str]:
     ini = os.path.join(run_dir, "pytest.ini")
     with open(ini, "w") as fh:
         fh.write("[pytest]\n")  # not the project's ini: no testpaths, addopts or markers of someone else's
@@ -59,6 +59,8 @@ def pytest_command(run_dir: str, *, workers: str, paths: str | None, examples: i
         cmd += ["--gradfuzz-path", p]
     if coverage is not None:
         cmd += ["--gradfuzz-coverage", coverage]
+    if settle_known:
+        cmd.append("--gradfuzz-settle-known")
     if ledger is not None:  # the workers' cwd is the caller's: an absolute path survives any change of it
         cmd += ["--gradfuzz-ledger", os.path.abspath(ledger)]
     cmd.append(run_dir)

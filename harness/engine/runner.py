@@ -66,12 +66,14 @@ def fuzz(
     exact: bool | None = None,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
     slack: float | None = None,
+    settled: Callable[[str, str], bool] | None = None,
 ) -> Result:
-    """An in-process fuzzing session over ``paths`` (what ``gradfuzz fuzz`` runs without ``-n``)."""
+    """An in-process fuzzing session over ``paths`` (what ``gradfuzz fuzz`` runs without ``-n``);
+    ``settled``: which first hits stay unshrunk (``TargetRun``)."""
     from harness.engine import session
 
     return session.fuzz(paths, examples=examples, minutes=minutes, seed=seed, save_dir=save_dir, exact=exact,
-                        on_event=progress, slack=slack).result
+                        on_event=progress, slack=slack, settled=settled).result
 
 
 def replay(

@@ -58,14 +58,17 @@ class Session:
     def __init__(self, *, save_dir: str | None, db_spec: str | None = None, database: Any = None,
                  stop: Stop | None = None, seed: int = 0, worker: str = "main",
                  on_event: Callable[[str], None] | None = None,
-                 label: Callable[[str, str], str] | None = None, coverage: str | None = None) -> None:
+                 label: Callable[[str, str], str] | None = None, coverage: str | None = None,
+                 settled: Callable[[str, str], bool] | None = None) -> None:
         """``label(path, signature)`` names the known bug a finding is (the
-        ledger lives above the engine: the front passes it in). ``coverage``:
+        ledger lives above the engine: the front passes it in); ``settled``:
+        which first hits are kept unshrunk (``TargetRun``). ``coverage``:
         None (off), ``measure`` or ``guide`` (``harness.engine.coverage``)."""
         if coverage is not None and coverage not in MODES:
             raise ValueError(f"coverage {coverage!r}: expected one of {MODES}")
         self.result = Result()
         self.label = label
+        self.settled = settled
         self.save_dir = save_dir
         self.db_spec = db_spec
         self.database = database
@@ -154,7 +157,7 @@ class Session:
             target.relative_to = relative_to
         run = TargetRun(target, self.result, examples=examples, deadline=deadline, database=self.database,
                         stop=self.stop, on_finding=self.on_finding, heartbeat=heartbeat, meter=self.meter,
-                        guide=self.coverage == "guide")
+                        guide=self.coverage == "guide", settled=self.settled)
         self.runs.append(run)
         try:
             run.run()
@@ -278,12 +281,12 @@ def read_statuses(run_dir: str) -> list[dict[str, Any]]:
 def fuzz(paths: list[Path], *, examples: int | None = None, minutes: float | None = None, seed: int = 0,
          save_dir: str | None = None, exact: bool | None = None, db: str | None = "none", stop: Stop | None = None,
          on_event: Callable[[str], None] | None = None, session: Session | None = None,
-         slack: float | None = None) -> Session:
+         slack: float | None = None, settled: Callable[[str, str], bool] | None = None) -> Session:
     """An in-process session over ``paths`` (one shard per target)."""
     from harness.engine.database import open_database
 
     session = session or Session(save_dir=save_dir, db_spec=db, database=open_database(db), stop=stop, seed=seed,
-                                 on_event=on_event)
+                                 on_event=on_event, settled=settled)
     _single_thread()
     session.set_budget(examples, minutes)
     examples = session.examples_budget

@@ -325,7 +325,7 @@ class TargetRun:
                  heartbeat: Callable[[], None] | None = None, beat: float = 0.5, chunk: int = 200,
                  detect_only: bool = False, record: list[Case] | None = None,
                  until_kinds: tuple[str, ...] | None = None, meter: Meter | None = None,
-                 guide: bool = False) -> None:
+                 guide: bool = False, settled: Callable[[str, str], bool] | None = None) -> None:
         self.target = target
         self.result = result
         self.examples = examples
@@ -345,6 +345,11 @@ class TargetRun:
         # drawing on for other signatures decide nothing there).
         self.until_kinds = until_kinds
         self.record = record
+        # settled(path, signature): the ledger already places that signature on that
+        # path here; a first hit whose every divergence is settled is kept as drawn,
+        # not shrunk (the gate: its row is judged on the drawn case, and every
+        # shrink step of a compile path compiles again).
+        self.settled = settled
         # --coverage: ``meter`` traces the drawn examples' path runs (not shrink steps, not the
         # database's replay pass, not the confirming re-run: their number follows the bug, and
         # the coverage of N examples must be a function of the N examples); ``guide`` hands
@@ -461,6 +466,8 @@ class TargetRun:
         hang = not self.replaying and any(d.kind == "timeout" for d in divs)
         if hang and rnd.focus is not None:
             raise _Stopped()
+        keep = hang or rnd.focus is None and self.settled is not None and all(
+            self.settled(path.name, d.signature) for d in divs)
         if rnd.focus is None:
             t = self.tallies[path.name]
             if t.first_hit_examples is None and not self.replaying:  # from this path's cold start
@@ -469,7 +476,7 @@ class TargetRun:
             rnd.focus = path
             self._first = (self.drawn, time.monotonic() - self.started)
         rnd.case, rnd.divs = case, divs
-        if self.detect_only or self.until_kinds is not None or hang:
+        if self.detect_only or self.until_kinds is not None or keep:
             raise _Stopped()
         raise _Found(divs[0].detail)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
@@ -468,6 +468,20 @@ def signature_label(bug: Site | None, version: str) -> str:
     return {"in": f"resembles {bug.id} (signature; `gradfuzz gate` checks its workaround)",
             "after": f"regression? {bug.id} (fixed in its range {bug.range})",
             "before": f"range wrong? {bug.id} (its range {bug.range} starts later)"}[bug.relation(version)]
+
+
+def settled_by(led: Ledger, version: str) -> Callable[[str, str], bool]:
+    """``settled(path, signature)``: the ledger places the signature on the
+    path, in its range here. The gate keeps such a first hit as drawn instead
+    of shrinking it: the row is judged on that case either way, the ledger's
+    own cases are the small ones, and every shrink step of a compile path
+    compiles again (minutes per hit on a cold cache)."""
+
+    def settled(path: str, signature: str) -> bool:
+        site = led.match(path, signature, version=version)
+        return site is not None and site.relation(version) == "in"
+
+    return settled
 
 
 def labeller(file: str | None = None):

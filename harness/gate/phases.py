@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterable
 
 from harness.artifacts import corpus
@@ -114,8 +115,10 @@ def fuzz_phase(ctx: Context) -> None:
     """One row per fuzzed (path, signature) the replay did not already report."""
     s, report = ctx.settings, ctx.report
     # --examples: the same cases on every machine whatever its load (the CI form); --minutes: local use.
-    result = (s.fuzzer or fuzz)(ctx.live, examples=s.examples, minutes=None if s.examples else s.minutes, seed=s.seed,
-                                save_dir=s.save_dir, progress=s.progress, slack=s.slack)
+    # A first hit the ledger already places is kept as drawn (``ledger.settled_by``), on workers too.
+    fuzzer = s.fuzzer or partial(fuzz, settled=ledger_mod.settled_by(ctx.led, ctx.version))
+    result = fuzzer(ctx.live, examples=s.examples, minutes=None if s.examples else s.minutes, seed=s.seed,
+                    save_dir=s.save_dir, progress=s.progress, slack=s.slack)
     # Part of the budget that did not run cannot have passed: a harness error fails the gate.
     report.rows.extend(Row("error", "fuzz", e[:2000], source="fuzz") for e in result.errors)
     for name, t in result.paths.items():

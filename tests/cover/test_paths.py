@@ -155,3 +155,36 @@ def test_a_hang_is_found_once_and_not_shrunk():
     hangs = [d for d in result.divergences if d.kind == "timeout"]
     assert hangs and len({d.signature for d in hangs}) == 1, result.divergences
     assert path.calls <= 40 + 2 * len(hangs) + 2, path.calls  # the examples, a confirmation each, nothing shrunk
+
+
+class _Wrong(_Hangs):
+    """A path whose every case with two or more nodes gets a wrong grad."""
+
+    name = "wrong"
+
+    def run(self, case):
+        obs = super().run(case)
+        for v in obs.violations:
+            v.kind, v.key = "value", "value"
+        return obs
+
+
+def test_a_first_hit_the_ledger_settles_is_kept_as_drawn():
+    """The gate keeps a first hit whose signature the ledger already places
+    on its path as drawn (every shrink step of a compile path compiles); any
+    other hit still shrinks, and both find the same signatures in the same
+    examples."""
+    from harness.engine import session
+
+    def run(settled):
+        path = _Wrong()
+        result = session.fuzz([path], examples=40, seed=0, settled=settled).result
+        return path.calls, result
+
+    signatures = []
+    calls_kept, kept = run(lambda path, signature: signatures.append((path, signature)) is None)
+    calls_shrunk, shrunk = run(None)
+    assert {d.signature for d in kept.divergences} == {d.signature for d in shrunk.divergences} != set()
+    assert {p for p, _ in signatures} == {"wrong"}
+    assert kept.paths["wrong"].examples == shrunk.paths["wrong"].examples
+    assert calls_kept <= 40 + 2 * len(kept.divergences) + 2 < calls_shrunk, (calls_kept, calls_shrunk)
