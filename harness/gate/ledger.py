@@ -271,9 +271,9 @@ def _place(p: dict[str, Any], where: str) -> Place:
     if probe and no_probe:
         raise SpecError(f"{where}.no_probe", "a place with a fix probe cannot also say why it has none")
     claims = sc.string(p.get("claims", CLAIMS[0]), f"{where}.claims", choices=CLAIMS)
-    if claims == "workaround" and wa == NO_WORKAROUND:
-        raise SpecError(f"{where}.claims", "claims \"workaround\" needs a workaround other than \"none\": "
-                        "the gate files a new divergence under this bug only where its workaround removes it")
+    if claims == "workaround" and wa == NO_WORKAROUND and not probe:
+        raise SpecError(f"{where}.claims", "claims \"workaround\" needs a workaround or a fix probe: the gate "
+                        "files a new divergence under this bug only where that check removes it")
     sigs = tuple(sc.signature(x, f"{where}.signatures[{j}]")
                  for j, x in enumerate(sc.array(p.get("signatures", []), f"{where}.signatures", MAX_SIGNATURES)))
     return Place(p["path"], p["torch"], packages, wa, claims, sigs, _cases(p.get("cases", []), f"{where}.cases"),

@@ -591,7 +591,47 @@ _GRAD_LIKE_PARAM = (Edit(_BACKWARD, "stage_backward_weight",
                            "                        weight.grad = (dw if dw.stride() == weight.stride()\n"
                            "                                       else torch.empty_like(weight).copy_(dw))\n"),)),)
 
+def _fp16_engine_scales_loss() -> ContextManager[None]:
+    """``DeepSpeedEngine.backward`` multiplies the loss by the fp16
+    optimizer's scale when that optimizer is ZeRO 0's (not a ZeROOptimizer),
+    as it does for ZeRO's; its step divides by that scale either way. A
+    wrapper, not an edit: ``backward`` is decorated (``instrument_w_nvtx``)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    shipped = inspect.getattr_static(DeepSpeedEngine, "backward")
+
+    def backward(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self.optimizer, FP16_UnfusedOptimizer):
+            loss = loss.float() * self.optimizer.loss_scale
+        return shipped(self, loss, *args, **kwargs)
+
+    return _swapped(DeepSpeedEngine, "backward", backward, [])
+
+
+_ZERO_STEP = "deepspeed.runtime.zero.stage_1_and_2"
+
+
 PROBES: dict[str, Probe] = {p.name: p for p in (
+    Probe("deepspeed-fp16-engine-scales-loss",
+          "DeepSpeedEngine.backward multiplies the loss by the loss scale for ZeRO 0's fp16 optimizer too "
+          "(FP16_UnfusedOptimizer, whose step divides the grads by that scale)",
+          custom=_fp16_engine_scales_loss),
+    Probe("deepspeed-fp16-scale-updated-after-step",
+          "FP16_UnfusedOptimizer.step (ZeRO 0's fp16 optimizer) raises the loss scale after the grads are "
+          "unscaled, so they are divided by the scale they were multiplied by",
+          (Edit("deepspeed.runtime.fp16.unfused_optimizer", "FP16_UnfusedOptimizer.step", (
+              ("        self._update_scale(False)\n        self.unscale_and_clip_grads(self._global_grad_norm)\n",
+               "        self.unscale_and_clip_grads(self._global_grad_norm)\n        self._update_scale(False)\n"),)),)),
+    Probe("deepspeed-zero-scale-updated-after-step",
+          "DeepSpeedZeroOptimizer.step raises or lowers the loss scale after the grads are unscaled and applied "
+          "(on overflow, before it returns), so they are divided by the scale they were multiplied by",
+          (Edit(_ZERO_STEP, "DeepSpeedZeroOptimizer.step", (
+              ("        prev_scale = self.loss_scale\n        self._update_scale(self.overflow)\n",
+               "        prev_scale = self.loss_scale\n        if self.overflow:\n"
+               "            self._update_scale(self.overflow)\n"),
+              ("        self.timers.log(OPTIMIZER_TIMERS)\n",
+               "        self._update_scale(self.overflow)\n        self.timers.log(OPTIMIZER_TIMERS)\n"))),)),
     Probe("split-clamp-saved-grads",
           "stage_backward_weight holds the intermediates of a group of several to the grads the input pass saved "
           "for the weight pass (2.13's clamp, pytorch#181365, in an older release's source)",

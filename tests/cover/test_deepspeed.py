@@ -4,15 +4,19 @@ every ZeRO stage with its canary caught."""
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
+from harness.artifacts import corpus
 from harness.case.spec import Case
 from harness.paths import resolve
 from harness.paths.deepspeed.data import Knobs, config, pipe_config
 from tests.helpers import torchrun_verdict
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INSTALLED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not INSTALLED, reason="deepspeed is not installed: pip install 'gradfuzz[deepspeed]'")
 
@@ -24,10 +28,28 @@ def test_the_paths_are_listed_and_say_how_to_install_when_absent():
                                        + ["deepspeed.zero0.nosync", "deepspeed.zero1.nosync"]
                                        + [f"deepspeed.zero{s}.torch" for s in (1, 2, 3)]
                                        + [f"deepspeed.zero{s}.misuse" for s in range(4)]
+                                       + [f"deepspeed.zero{s}.fp16" for s in (0, 1, 2)]
                                        + ["deepspeed.pipe.stock", "deepspeed.pipe.zero1"])
     for p in paths:
         a = p.availability()
+        if INSTALLED and p.name.endswith(".fp16"):  # gloo here: DeepSpeed's CPU accelerator has no fp16
+            assert not a.ok and "CUDA accelerator" in a.reason and "--backend nccl" in a.reason, a.reason
+            continue
         assert a.ok == INSTALLED and (INSTALLED or "pip install 'gradfuzz[deepspeed]'" in a.reason)
+
+
+def test_fp16_knobs_reach_the_config_and_round_trip():
+    """fp16 is drawn for the fp16 paths only, on integer-valued cases,
+    with its loss scaling; clipping is off so the step applies the grad."""
+    from tests.helpers import nested
+
+    k = Knobs(fp16=True, loss_scale=0, scale_power=5, scale_window=2, hysteresis=1)
+    case = nested(microbatches=2).with_data("deepspeed", k)
+    assert Case.loads(case.dumps()) == case
+    cfg = config(case, 1, 1)
+    assert cfg["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 5, "loss_scale_window": 2,
+                           "hysteresis": 1, "min_loss_scale": 1} and cfg["gradient_clipping"] == 0.0
+    assert "fp16" not in config(nested(microbatches=2), 1, 1)
 
 
 def test_the_knobs_are_case_data_that_reach_the_config():
@@ -365,3 +387,33 @@ def test_the_pipe_script_runs_alone_shows_the_corpus_finding_agrees_on_a_clean_c
     assert doubled != text
     line, rc = torchrun_verdict(doubled, tmp_path)
     assert "DIVERGES" in line and rc == 1, line
+
+
+def test_what_fp16_overflowed_is_judged_on_nothing():
+    """An input grad the loss scale pushed past fp16's range (DeepSpeed checks
+    only the parameters' grads) and a window whose step DeepSpeed skipped
+    for overflow are left unjudged, never read as wrong grads; a case all
+    of whose windows were skipped counts as unjudged."""
+    from harness.compare.values import compare
+    from harness.paths.deepspeed.paths import judged_at_fp16
+    from oracles.eager import observe
+
+    case = corpus.load(os.path.join(ROOT, "tests", "data", "deepspeed_fp16_input_grad_overflow.json")).case
+    oracle = observe(case)
+
+    def seen(input_inf: bool = False, zeroed: bool = False, **extra):
+        obs = observe(case)
+        obs.path, obs.precision = "deepspeed.zero2.fp16", "float16"
+        if input_inf:
+            obs.steps[0].input_grads["x0"] = torch.full_like(obs.steps[0].input_grads["x0"], float("inf"))
+        if zeroed:
+            obs.steps[0].grads = {n: torch.zeros_like(g) for n, g in obs.steps[0].grads.items()}
+        obs.extra.update(extra)
+        obs = judged_at_fp16(case, obs)
+        return compare(case, oracle, obs), obs.extra.get("unjudged")
+
+    assert seen() == ([], None)
+    assert seen(input_inf=True)[0] and seen(zeroed=True)[0]  # unmarked: a finding
+    assert seen(input_inf=True, input_overflow=[0]) == ([], None)
+    assert seen(zeroed=True, overflow=[0]) == ([], None)  # one of two windows skipped: the other judged
+    assert seen(zeroed=True, overflow=[0, 1])[1]  # every window skipped: unjudged

@@ -98,6 +98,19 @@ IN_CHILD = [
 ON_GPU = [
     ("graphed-clone-static-grads", "graphed-static-grad-alias", "graphed/make_graphed_callables_static_grad_alias.json",
      "graphed.stock"),
+    # DeepSpeed's fp16 (two GPUs and DeepSpeed installed): the probe reaches the NCCL ranks.
+    ("deepspeed-fp16-engine-scales-loss", "deepspeed-fp16-zero0-loss-never-scaled",
+     "deepspeed/fp16_zero0_update_divided_by_loss_scale.json", "deepspeed.zero0.fp16"),
+    ("deepspeed-zero-scale-updated-after-step", "deepspeed-fp16-raised-scale-halves-update",
+     "deepspeed/fp16_zero_raised_scale_halves_update.json", "deepspeed.zero1.fp16"),
+]
+
+# Two bugs in one case, each probe alone leaving it wrong: ZeRO 0's fp16 (the loss never scaled, and the
+# scale raised before the grads are unscaled by it); both in force, the case agrees.
+STACKED_ON_GPU = [
+    (("deepspeed-fp16-engine-scales-loss", "deepspeed-fp16-scale-updated-after-step"),
+     "deepspeed-fp16-raised-scale-halves-update", "deepspeed/fp16_zero_raised_scale_halves_update.json",
+     "deepspeed.zero0.fp16"),
 ]
 
 
@@ -145,14 +158,30 @@ def test_a_compiler_probe_reaches_the_compile_child(probe, bug_id, case_file, pa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("probe, bug_id, case_file, path_name", ON_GPU, ids=[r[1] for r in ON_GPU])
-def test_a_probe_reaches_the_graphed_worker_and_removes_its_bug_there(probe, bug_id, case_file, path_name):
+def test_a_probe_removes_its_bug_on_gpus(probe, bug_id, case_file, path_name):
     _removes(probe, bug_id, case_file, path_name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("both, bug_id, case_file, path_name", STACKED_ON_GPU, ids=[r[1] for r in STACKED_ON_GPU])
+def test_two_probes_together_remove_two_stacked_bugs(both, bug_id, case_file, path_name):
+    site = LEDGER.bug(bug_id).at(path_name)
+    assert site is not None and site.probe in both and case_file in site.cases
+    if site.relation(V) != "in":
+        pytest.skip(f"{bug_id} is not in its range on torch {V}")
+    path = _path(path_name)
+    cc = CaseCheck(corpus.load(os.path.join(ROOT, "cases", case_file)).case)
+    assert cc.run(path), f"{case_file} agrees on {path_name} without the probes"
+    for one in both:
+        assert cc.run(apply(path, one)), f"{one} alone makes {case_file} agree: the bugs are not stacked there"
+    assert cc.run(apply(apply(path, both[0]), both[1])) == [], f"{both} together leave {case_file} wrong"
 
 
 def test_every_probe_the_ledger_names_exists_applies_here_and_is_tested():
     named = {s.probe for s in LEDGER.sites if s.probe}
     assert named <= set(probes.PROBES)
-    assert {r[0] for r in IN_PROCESS + ON_RANKS + IN_CHILD + ON_GPU} == set(probes.PROBES)
+    stacked = {p for r in STACKED_ON_GPU for p in r[0]}
+    assert {r[0] for r in IN_PROCESS + ON_RANKS + IN_CHILD + ON_GPU} | stacked == set(probes.PROBES)
     for name in probes.PROBES:
         # A probe applies here, or fixes only bugs gone from this torch (written against an older one's source).
         here = [s for s in LEDGER.sites if s.probe == name and s.relation(V) == "in"]

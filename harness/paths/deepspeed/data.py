@@ -40,6 +40,13 @@ class Knobs:
     scatter: bool = True  # zero_optimization.reduce_scatter
     bf16: bool = False  # bf16.enabled: the module, its forward and backward in bfloat16, fp32 master grads
     misuse: str = ""  # MISUSES: how the loop drives the engine against the docs ("": as documented)
+    # fp16.enabled with loss scaling (``FP16``, drawn for the fp16 paths only), DeepSpeed's defaults:
+    # loss_scale 0 is dynamic, from 2**scale_power, raised after scale_window steps without overflow.
+    fp16: bool = False
+    loss_scale: int = 0
+    scale_power: int = 16
+    scale_window: int = 1000
+    hysteresis: int = 2
 
 
 def knobs(case: Case) -> Knobs:
@@ -68,6 +75,10 @@ def config(case: Case, stage: int, batch: int, gas: int | None = None) -> dict:
            "wall_clock_breakdown": False}
     if k.bf16:
         out["bf16"] = {"enabled": True}
+    if k.fp16:  # clipping off (0.19.8 clips to norm 1.0 by default): the update the step applies is the grad
+        out["fp16"] = {"enabled": True, "loss_scale": k.loss_scale, "initial_scale_power": k.scale_power,
+                       "loss_scale_window": k.scale_window, "hysteresis": k.hysteresis, "min_loss_scale": 1}
+        out["gradient_clipping"] = 0.0
     return out
 
 
@@ -89,12 +100,35 @@ def _misuse(draw, case: Case) -> Case:
     return case.with_data("deepspeed", replace(knobs(case), misuse=draw(st.sampled_from(tuple(MISUSES)))))
 
 
+@st.composite
+def _fp16(draw, case: Case) -> Case:
+    """fp16 with loss scaling (after ``_knobs``, whose bf16 it replaces), on
+    integer-valued cases as bf16 is. A dynamic scale starts small (2**4 to
+    2**8: the default 2**16 overflows the first windows of most cases, and a
+    skipped window judges nothing) and is raised after 1 or 2 steps as often
+    as after DeepSpeed's 1000, so the windows that raise it are drawn too:
+    the first raise comes at the second step at the earliest, so a case has
+    two windows or three."""
+    if not case.exact:
+        return case
+    case = replace(case, schedule=replace(case.schedule, steps=max(case.schedule.steps, draw(st.integers(2, 3)))))
+    dynamic = draw(st.booleans())
+    k = replace(knobs(case), bf16=False, fp16=True, loss_scale=0 if dynamic else draw(st.sampled_from((1, 128, 1024))),
+                scale_power=draw(st.integers(4, 8)), scale_window=draw(st.sampled_from((1, 2, 1000))),
+                hysteresis=draw(st.sampled_from((2, 1))))
+    return case.with_data("deepspeed", k)
+
+
 KNOBS = Draw("deepspeed", (_knobs,))
+FP16 = Draw("deepspeed.fp16", (_fp16,))
 MISUSE = Draw("deepspeed.misuse", (_misuse,))
 CASE_DATA = DataNamespace("deepspeed", Knobs, {
     "bucket": lambda v, w: sc.integer(v, w, 0, 2**31),
     "contiguous": sc.boolean, "overlap": sc.boolean, "scatter": sc.boolean, "bf16": sc.boolean,
     "misuse": lambda v, w: sc.string(v, w, choices=("", *MISUSES)),
+    "fp16": sc.boolean, "loss_scale": lambda v, w: sc.integer(v, w, 0, 2**24),
+    "scale_power": lambda v, w: sc.integer(v, w, 0, 24), "scale_window": lambda v, w: sc.integer(v, w, 1, 10**6),
+    "hysteresis": lambda v, w: sc.integer(v, w, 1, 100),
 })
 
 

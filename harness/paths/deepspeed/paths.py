@@ -24,7 +24,7 @@ from harness.case.spec import Case
 from harness.observation import GRAD_NONE, MISUSE_CLASS, OPTIMIZER_STATE, Observation, Violation
 from harness.paths.assemble import observation as assemble
 from harness.paths.base import STACK_LOOP, Availability, Contract, Options, Repro
-from harness.paths.deepspeed.data import KNOBS, MISUSE, Knobs, knobs
+from harness.paths.deepspeed.data import FP16, KNOBS, MISUSE, Knobs, knobs
 from harness.paths.engine_rules import engine_owned, exact_mean, replay_only
 from harness.paths.pooled import PooledPath, warm_once
 
@@ -100,6 +100,11 @@ class DeepSpeedPath(PooledPath):
             return Observation(self.name, refused=refused[0])
         obs = assemble(self.name, case, outcome)
         obs.violations += skipped_steps(case, outcome.replies)
+        for key in ("overflow", "input_overflow"):  # fp16 (``Fp16Path``): what overflowed, by backward
+            ks = sorted({s["k"] for r in outcome.replies.values() if isinstance(r, dict)
+                         for s in r.get("steps", []) if s.get(key)})
+            if ks:
+                obs.extra[key] = ks
         obs.precision, obs.rounded = self.rounding(case)
         return obs
 
@@ -153,6 +158,65 @@ class MisusePath(DeepSpeedPath):
         return self._engine_refusal(case)
 
 
+FP16_STAGES = (0, 1, 2)  # ZeRO 3 keeps its fp16 weights partitioned: _step could not put them back
+NO_FP16_HERE = ("fp16 needs DeepSpeed's CUDA accelerator (its CPU accelerator has no fp16): "
+                "run it with --backend nccl on GPUs")
+
+
+class Fp16Path(DeepSpeedPath):
+    """``deepspeed.zero<N>.fp16``: the documented drive with fp16 and loss
+    scaling (``data.FP16``), on GPUs. A window's grads are what the step
+    applied (``rank._step``), compared at fp16's rounding; input grads are
+    read over the loss scale, as a user reads them. A window DeepSpeed
+    skipped for overflow is judged on nothing, and a case all of whose
+    windows overflowed is unjudged."""
+
+    contract = Contract(retained_grads=True, draws=(KNOBS, FP16), model_parts=True, judged_against="eager.accumulate",
+                        blind=BLIND)
+
+    def availability(self) -> Availability:
+        where = super().availability()
+        if where.ok and self.backend_name() != "nccl":
+            return Availability(False, NO_FP16_HERE)
+        return where
+
+    def supports(self, case: Case) -> str | None:
+        if not knobs(case).fp16:
+            return "fp16 is not drawn on this case (integer-valued cases only): deepspeed.zero{0,1,2}.stock run it"
+        return super().supports(case)
+
+    def run(self, case: Case) -> Observation:
+        return judged_at_fp16(case, super().run(case))
+
+    def rounding(self, case: Case) -> tuple[str | None, dict | None]:
+        return ("float16", None)
+
+    def with_workaround(self, name: str) -> Any | None:
+        return None
+
+    def repro(self, case: Case) -> Repro:
+        return replay_only(self.name)
+
+
+def judged_at_fp16(case: Case, obs: Observation) -> Observation:
+    """What overflowed judges nothing: a window whose step DeepSpeed skipped
+    (``rank._step`` marks it), and an input's or retained grad the loss scale
+    made pass fp16's range (``rank._unscale``); a case all of whose windows
+    were skipped is unjudged, never passed."""
+    gas = case.schedule.microbatches
+    skipped = {int(k) // gas for k in obs.extra.get("overflow", ())}
+    inputs = set(obs.extra.get("input_overflow", ()))
+    for st in obs.steps:
+        if st.k // gas in skipped:
+            st.grads = None  # type: ignore[assignment]
+        if st.k // gas in skipped or st.k in inputs:
+            st.input_grads, st.retained = None, None  # type: ignore[assignment]
+    windows = case.schedule.backwards // gas
+    if obs.steps and len(skipped) >= windows:
+        obs.extra["unjudged"] = f"every window ({windows}) overflowed fp16 and DeepSpeed skipped its step"
+    return obs
+
+
 DOCUMENTED_DRIVE = "documented-drive"
 
 
@@ -189,7 +253,8 @@ def skipped_steps(case: Case, replies: dict[int, Any]) -> list[Violation]:
     for r in sorted(replies):
         for s in replies[r].get("steps", []) if isinstance(replies[r], dict) else []:
             k, n = s.get("k", -1), s.get("optimizer_steps")
-            if n is not None and k % gas == gas - 1 and n != (k + 1) // gas:
+            # A step DeepSpeed skipped for overflow (fp16's dynamic scale) is its documented behaviour.
+            if n is not None and k % gas == gas - 1 and n + s.get("skipped", 0) != (k + 1) // gas:
                 out.append(Violation("step", k, "optimizer step",
                                      f"rank {r}: window {k // gas} ended after backward {k} and the optimizer has "
                                      f"stepped {n} time(s), not {(k + 1) // gas}: the engine skipped (or added) "
@@ -251,6 +316,8 @@ def engine_paths(options: Options) -> list[Any]:
 
     misuse = [MisusePath(f"deepspeed.zero{s}.misuse", s, STOCK, options.world_size, max(options.timeout, 60.0),
                          options.backend) for s in STAGES]
+    fp16 = [Fp16Path(f"deepspeed.zero{s}.fp16", s, STOCK, options.world_size, max(options.timeout, 60.0),
+                     options.backend) for s in FP16_STAGES]
     return ([made(s, STOCK, "auto") for s in STAGES] + [made(s, "manual", "manual") for s in STAGES]
             + [made(s, "nosync", "nosync") for s in NO_SYNC_STAGES] + [made(s, "torch", "torch") for s in TORCH_STAGES]
-            + misuse)
+            + misuse + fp16)

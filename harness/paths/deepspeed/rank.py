@@ -102,11 +102,13 @@ def _clear_stale_build_locks() -> None:
 
 def _engine(case: Case, built: Built, stage: int, ctx: Rank, gas: int) -> tuple[Any, Any, list[int]]:
     """The engine, the optimizer ``deepspeed.initialize`` returned beside it
-    (what a user's loop holds), and the count of the optimizer's real steps."""
+    (what a user's loop holds), and the count of the optimizer's real steps.
+    Under fp16 the SGD steps at learning rate 1 (its update is the grad it
+    was given; ``_step`` reads it and puts the weights back)."""
     deepspeed = _deepspeed(ctx)
     module = CaseModule(built, built.params(), ctx.device, built.dtype)
     trainable = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(trainable, lr=0.0)
+    opt = torch.optim.SGD(trainable, lr=1.0 if knobs(case).fp16 else 0.0)
     engine, returned, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config(case, stage, 1, gas))
     return engine, returned, _count_steps(opt)
 
@@ -160,7 +162,8 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
     try:
         fault = load_object(impl, "deepspeed impl") if impl != STOCK else None
         gas = case.schedule.microbatches
-        low = torch.bfloat16 if knobs(case).bf16 else None
+        fp16 = knobs(case).fp16
+        low = torch.bfloat16 if knobs(case).bf16 else torch.float16 if fp16 else None
         # Under bf16 the engine accumulates into fp32 buffers of its own and
         # .grad is not the running sum: grads are read at boundaries only.
         # A misuse is judged by the grads the window ends with (what the
@@ -179,7 +182,8 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                 elif misuse == "optimizer_zero_grad":
                     returned.zero_grad()
                 inputs, cots = rank_data(case, built, k, ctx)
-                if low is not None:  # the user feeds a bf16 module bf16 data
+                loss_scale = float(engine.optimizer.loss_scale) if fp16 else 1.0  # changes only in step()
+                if low is not None:  # the user feeds a bf16 (fp16) module bf16 (fp16) data
                     inputs = [x.detach().to(low).requires_grad_(x.requires_grad) for x in inputs]
                     cots = [c.to(low) for c in cots]
                 outs = engine(*inputs)
@@ -188,11 +192,14 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
                     fault.before_backward(engine, k % gas)
                 if live:
                     _backward(engine, sum((o * c).sum() for o, c in live) * scale, drive, misuse, boundary)
+                overflowed = fp16 and _unscale(inputs, built, loss_scale)
                 out["steps"].append(_step_facts(case, built, k, engine, stage, boundary, inputs, outs, mid_window,
                                                 misuse, ctx.device))
+                if overflowed:
+                    out["steps"][-1]["input_overflow"] = True
                 if boundary or drive in (AUTO, TORCH) and misuse not in ONE_STEP_A_WINDOW:
-                    engine.step()
-                out["steps"][-1]["optimizer_steps"] = stepped[0]
+                    _step(engine, out["steps"][-1] if fp16 and boundary else None)
+                out["steps"][-1].update(optimizer_steps=stepped[0], skipped=int(getattr(engine, "skipped_steps", 0)))
         if misuse and told:
             out.update(steps=[], refused=f"warned: {told[0]}")
     except Exception as e:  # a rank that raises reports it; the parent judges
@@ -201,6 +208,82 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
         else:
             out["failure"] = rank_failure(k, e)
     return out
+
+
+def _unscale(inputs: list[torch.Tensor], built: Built, loss_scale: float) -> bool:
+    """What a user of fp16 reads as an input's (a retained) grad: .grad
+    over the loss scale the engine multiplied the loss by (a power of two:
+    exact in fp16). True where one overflowed: the scale is chosen for the
+    parameters' grads (DeepSpeed checks only those), so an input's scaled
+    grad can pass fp16's largest value while every step is right."""
+    overflowed = False
+    for t in [*inputs, *built.retained.values()]:
+        if t.grad is not None:
+            t.grad.div_(loss_scale)
+            overflowed = overflowed or not bool(torch.isfinite(t.grad).all())
+    return overflowed
+
+
+def _step(engine: Any, facts: dict[str, Any] | None) -> None:
+    """``engine.step()``; with ``facts`` (an fp16 window's end), what the
+    step applied is that window's grads: the fp32 master weights' change
+    under SGD at learning rate 1, so a loss scale not undone, or undone by
+    another scale, shows in the training and not only in an accessor whose
+    convention differs by stage. The weights are put back after it (as the
+    learning rate 0 of the other paths keeps them), so every window is
+    judged at the case's weights. A step DeepSpeed skipped for overflow
+    applied nothing: its window is marked and judged on nothing."""
+    if facts is None:
+        engine.step()
+        return
+    params = {n: p for n, p in engine.module.params().items() if p.requires_grad}
+    before, kept = _masters(engine, params), {n: p.detach().clone() for n, p in params.items()}
+    skipped = engine.skipped_steps
+    engine.step()
+    if engine.skipped_steps > skipped:
+        facts.update(overflow=True, observable=False)
+        return
+    after = _masters(engine, params)
+    facts["grads"] = {n: encode(before[n] - after[n], "R") if n in params else encode(None, "R")
+                      for n in engine.module.params()}
+    _put_back(engine, params, before, kept)
+
+
+def _fp32_of(engine: Any) -> dict[int, torch.Tensor]:
+    """ZeRO 0's fp16 optimizer keeps one fp32 master per parameter (``fp32_groups``)."""
+    opt, out = engine.optimizer, {}
+    for low, high in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", [])):
+        out.update({id(a): b for a, b in zip(low, high)})
+    return out
+
+
+def _masters(engine: Any, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each trainable parameter's fp32 master weight: ZeRO 0's own, else
+    DeepSpeed's ``safe_get_full_fp32_param`` (ZeRO 1 and 2; a collective,
+    which every rank reaches in the same order)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    own = _fp32_of(engine)
+    out = {}
+    for n, p in params.items():
+        t = own.get(id(p))
+        t = safe_get_full_fp32_param(p) if t is None else t
+        out[n] = t.detach().reshape(p.shape).clone()
+    return out
+
+
+def _put_back(engine: Any, params: dict[str, torch.Tensor], masters: dict[str, torch.Tensor],
+              kept: dict[str, torch.Tensor]) -> None:
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    own = _fp32_of(engine)
+    with torch.no_grad():
+        for n, p in params.items():
+            if id(p) in own:
+                own[id(p)].copy_(masters[n].reshape(own[id(p)].shape))
+            else:
+                safe_set_full_fp32_param(p, masters[n])
+            p.copy_(kept[n])
 
 
 def _backward(engine: Any, loss: torch.Tensor, drive: str, misuse: str, boundary: bool) -> None:
