@@ -35,5 +35,6 @@ timeout "$LIMIT" python -m harness gate --paths "$P" --examples "$EX" --seed $((
 echo "gate rc $?" >>"$S"; grep -E "^ +(known|new|resembles|fixed|unavailable|NEW)|====|row|\[" "$O/gate.log" | cut -c1-300 | tail -30 >>"$S"
 timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/cover/test_probes.py -k "deepspeed" >"$O/pytest.log" 2>&1
 echo "pytest rc $?" >>"$S"; tail -5 "$O/pytest.log" | cut -c1-400 >>"$S"
-(cd "$O" && tar czf found.tgz found found-gate 2>/dev/null && rm -rf found found-gate)
+# At most 8 files come back from a device call: the summary, the logs, and one archive of the rest.
+(cd "$O" && tar czf rest.tgz found found-gate ./*.json 2>/dev/null && rm -rf found found-gate ./*.json)
 cat "$S"
