@@ -29,9 +29,15 @@ def _no_output_needs_grad() -> Case:
 def test_every_zero_path_refuses_a_case_whose_outputs_need_no_grad() -> None:
     case = _no_output_needs_grad()
     for path in _zero_paths():
-        misuse = path.name.endswith(".misuse")  # a misuse path takes only a case with a misuse drawn
-        reason = path.supports(case.with_data("deepspeed", Knobs(misuse="zero_grad")) if misuse else case)
+        reason = path.supports(_its_knobs(path, case))
         assert reason and "no output requires grad" in reason, path.name
+
+
+def _its_knobs(path, case: Case) -> Case:
+    """A misuse path takes only a case with a misuse drawn, an fp16 path one with fp16."""
+    if path.name.endswith(".misuse"):
+        return case.with_data("deepspeed", Knobs(misuse="zero_grad"))
+    return case.with_data("deepspeed", Knobs(fp16=True)) if path.name.endswith(".fp16") else case
 
 
 def test_an_output_that_needs_grad_through_an_input_alone_still_runs() -> None:
@@ -48,4 +54,4 @@ def test_a_trainable_output_is_still_taken() -> None:
                 nodes=(Node("n0", "matmul", (Use("x0"), Use("w0"))),), outputs=(Use("n0"),))
     for path in _zero_paths():
         if not path.name.endswith(".misuse"):
-            assert path.supports(case) is None, path.name
+            assert path.supports(_its_knobs(path, case)) is None, path.name
