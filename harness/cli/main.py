@@ -321,7 +321,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
             f.write(gate_report.markdown(rep, **where))
     if args.html:
-        atomic_write(args.html, gate_report.html_page(rep, **where))
+        from harness.gate import html as gate_html
+
+        atomic_write(args.html, gate_html.html_page(rep, **where))
     written = [f"{relative(args.json)} (every row)"] + [relative(f) for f in (args.markdown, args.junit, args.html) if f]
     notes = [f"reports: {', '.join(written)}", cli_report.findings_note(args.save, _findings_since(args.save, started))]
     print(gate_report.terminal(rep, width=line_width(sys.stdout), notes=notes, **where))  # the verdict first and last

@@ -11,6 +11,7 @@ import torch
 
 from harness.artifacts import corpus
 from harness.gate import run as gate
+from harness.gate import html as gate_html
 from harness.gate import report as gate_report
 from harness.gate import ledger
 from harness.gate.ledger import report_from_json
@@ -195,7 +196,7 @@ def test_reports_render_from_the_json(tmp_path):
     md = gate_report.markdown(rep)
     row = next(ln for ln in md.splitlines() if ln.startswith("| NEW divergence |"))  # one row per signature
     assert "split.stock: " in row and "(value)" in row and "`split.stock`" in row  # its title and path
-    page = gate_report.html_page(rep)
+    page = gate_html.html_page(rep)
     assert "def forward(v):" in page  # the repro script inline
     try:
         import matplotlib  # noqa: F401

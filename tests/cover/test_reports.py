@@ -7,6 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from harness.cli.progress import PhaseLines, fit, plain_line
+from harness.gate import html as gate_html
 from harness.gate import report as gate_report
 from harness.gate.run import GateReport, Row
 from harness.gate.status import STATUSES
@@ -128,7 +129,7 @@ def test_every_status_in_the_table_renders_with_its_words():
 
 
 def test_html_page_has_the_verdict_first_and_at_most_forty_rows():
-    page = gate_report.html_page(_report(new=0, bugs=60))
+    page = gate_html.html_page(_report(new=0, bugs=60))
     assert page.index("<h1>gradfuzz gate PASSED") < page.index("<table>")
     assert page.count("<tr class=") == 40 and "… and 21 more rows" in page
     assert CWD + "/" not in page
