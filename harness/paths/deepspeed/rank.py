@@ -175,17 +175,9 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
         with _told() as told:
             for k in range(case.schedule.backwards):
                 boundary = k % gas == gas - 1
-                if drive == MANUAL:
-                    engine.set_gradient_accumulation_boundary(boundary)
-                if misuse == "zero_grad":
-                    engine.zero_grad()
-                elif misuse == "optimizer_zero_grad":
-                    returned.zero_grad()
-                inputs, cots = rank_data(case, built, k, ctx)
+                _before_micro_step(engine, returned, drive, misuse, boundary)
+                inputs, cots = _in_low(*rank_data(case, built, k, ctx), low)
                 loss_scale = float(engine.optimizer.loss_scale) if fp16 else 1.0  # changes only in step()
-                if low is not None:  # the user feeds a bf16 (fp16) module bf16 (fp16) data
-                    inputs = [x.detach().to(low).requires_grad_(x.requires_grad) for x in inputs]
-                    cots = [c.to(low) for c in cots]
                 outs = engine(*inputs)
                 live = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
                 if fault is not None:
@@ -208,6 +200,25 @@ def run_case(ctx: Rank, case: Case, stage: int, impl: str, drive: str = AUTO) ->
         else:
             out["failure"] = rank_failure(k, e)
     return out
+
+
+def _before_micro_step(engine: Any, returned: Any, drive: str, misuse: str, boundary: bool) -> None:
+    """What the loop does before a micro-step's forward: the manual drive
+    says whether it ends a window; a zero_grad misuse clears the grads."""
+    if drive == MANUAL:
+        engine.set_gradient_accumulation_boundary(boundary)
+    if misuse == "zero_grad":
+        engine.zero_grad()
+    elif misuse == "optimizer_zero_grad":
+        returned.zero_grad()
+
+
+def _in_low(inputs: list[torch.Tensor], cots: list[torch.Tensor],
+            low: torch.dtype | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The user feeds a bf16 (fp16) module bf16 (fp16) data."""
+    if low is None:
+        return inputs, cots
+    return [x.detach().to(low).requires_grad_(x.requires_grad) for x in inputs], [c.to(low) for c in cots]
 
 
 def _unscale(inputs: list[torch.Tensor], built: Built, loss_scale: float) -> bool:
