@@ -6,8 +6,12 @@ included, repeat up to the machine's speed. Examples are a poor unit of
 work for an ETA: a compile structure costs seconds where a split case costs
 milliseconds, and a target that finds a bug spends minutes shrinking it.
 The last run's seconds are a unit that already holds all of that
-(``harness.cli.progress.fuzz_left``). A run of a plan never run here has
-no history and its ETA waits until it holds steady.
+(``harness.cli.progress.fuzz_left``). A plan never run here reads the
+seconds gradfuzz ships for it, if any (``REFERENCE_DIR``: the README's
+gate on the 2-core machine the docs measure on), so a fresh checkout's CI
+log gets the same unit of work; only their proportions matter, the pace
+is this run's. Other plans have no history, and their ETA waits until it
+holds steady.
 
 The file is read as untrusted input, as every file gradfuzz reads is: a bad
 one is an error naming it and its field (delete it to start over).
@@ -24,6 +28,7 @@ from harness.case import schema as sc
 from harness.case.spec import SpecError
 
 TIMINGS_DIR = os.path.join(".gradfuzz", "timings")
+REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_timings")
 MAX_BYTES = 1 << 20
 MAX_PATHS = 10_000
 MAX_SECONDS = 1e7
@@ -54,6 +59,11 @@ def load(key: str, root: str = TIMINGS_DIR) -> dict[str, float]:
     except SpecError as e:
         what = f"field {e}" if e.where else "expected a JSON object with paths"
         raise sc.FileError(file, f"{what} (a cache of run times: delete the file to start over)") from None
+
+
+def load_or_reference(key: str, root: str = TIMINGS_DIR) -> dict[str, float]:
+    """This machine's last run of the plan, else the one gradfuzz ships for it ({} if neither)."""
+    return load(key, root) or load(key, REFERENCE_DIR)
 
 
 def save(key: str, seconds: dict[str, float], root: str = TIMINGS_DIR) -> None:

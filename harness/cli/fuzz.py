@@ -238,7 +238,7 @@ def _parallel(args: argparse.Namespace, options: Options, n: str, Display: Any,
     ctl = parallel.Controller(cmd, run_dir, n)
     ctl.unavailable = unavailable
     plan = _plan_key(args)
-    history = timings.load(plan) if plan else {}
+    history = timings.load_or_reference(plan) if plan else {}
     display = Display(lambda: {**ctl.view(), "planned": total, "history": history}, args.progress,
                       args.progress_every)
 

@@ -1,6 +1,7 @@
 """The live display and the plain lines, from a view (no fuzzing needed)."""
 
 import io
+import os
 import re
 import time
 
@@ -189,3 +190,38 @@ def test_instant_skipped_steps_give_no_eta():
         t[0] = 3.0
         shown.append(lines.line(f"[selfcheck {i}/21] c{i}: skipped (unavailable here: needs CUDA)"))
     assert not any("left" in s for s in shown)
+
+
+def test_a_plan_never_run_here_reads_the_seconds_gradfuzz_ships(tmp_path, monkeypatch):
+    """A fresh checkout (CI) has no history of its own: the README gate's
+    plan then reads the seconds shipped in the package, and this machine's
+    own last run, once there is one, wins."""
+    from harness.artifacts import timings
+
+    here, ref = str(tmp_path / "here"), str(tmp_path / "ref")
+    monkeypatch.setattr(timings, "REFERENCE_DIR", ref)
+    key = timings.plan_key("split.fixed,eager.accumulate", 20, 0, "2.13.0")
+    assert timings.load_or_reference(key, here) == {}
+    timings.save(key, {"split.fixed": 3.0}, ref)
+    assert timings.load_or_reference(key, here) == {"split.fixed": 3.0}
+    timings.save(key, {"split.fixed": 5.0}, here)
+    assert timings.load_or_reference(key, here) == {"split.fixed": 5.0}
+
+
+def test_the_shipped_seconds_are_the_readme_gate_s_plan_here():
+    """Every shipped file loads as any timings file does; on the torch and
+    paths of the README's CI (2.13, no training stack installed) the
+    README gate's plan is among them."""
+    import torch
+
+    from harness.artifacts import timings
+    from harness.paths import resolve, split_available
+
+    shipped = [f[:-5] for f in os.listdir(timings.REFERENCE_DIR) if f.endswith(".json")]
+    assert shipped and all(timings.load(k, timings.REFERENCE_DIR) for k in shipped)
+    live, _ = split_available(resolve(None))
+    if torch.__version__.split("+")[0] != "2.13.0" or any(p.name.startswith(("deepspeed", "megatron", "torchtitan"))
+                                                            for p in live):
+        pytest.skip("not the README's CI setting")
+    key = timings.plan_key(",".join(p.name for p in live), 20, 0, torch.__version__)
+    assert key in shipped, "the README gate's plan has no shipped seconds: copy .gradfuzz/timings/<key>.json of a run"
