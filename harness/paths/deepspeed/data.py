@@ -103,18 +103,20 @@ def _misuse(draw, case: Case) -> Case:
 @st.composite
 def _fp16(draw, case: Case) -> Case:
     """fp16 with loss scaling (after ``_knobs``, whose bf16 it replaces), on
-    integer-valued cases as bf16 is. A dynamic scale starts small (2**4 to
-    2**8: the default 2**16 overflows the first windows of most cases, and a
-    skipped window judges nothing) and is raised after 1 or 2 steps as often
-    as after DeepSpeed's 1000, so the windows that raise it are drawn too:
-    the first raise comes at the second step at the earliest, so a case has
-    two windows or three."""
+    integer-valued cases as bf16 is. Scales stay small (static 1, 8 or 64; a
+    dynamic one from 2**2 to 2**6): the default 2**16 overflows the first
+    windows of most cases, a skipped window judges nothing, and with static
+    scales up to 1024 about one case in 25 overflowed every window (their
+    grads reach thousands). A dynamic scale is raised after 1 or 2 steps as
+    often as after DeepSpeed's 1000, so the windows that raise it are drawn
+    too: the first raise comes at the second step at the earliest, so a case
+    has two windows or three."""
     if not case.exact:
         return case
     case = replace(case, schedule=replace(case.schedule, steps=max(case.schedule.steps, draw(st.integers(2, 3)))))
     dynamic = draw(st.booleans())
-    k = replace(knobs(case), bf16=False, fp16=True, loss_scale=0 if dynamic else draw(st.sampled_from((1, 128, 1024))),
-                scale_power=draw(st.integers(4, 8)), scale_window=draw(st.sampled_from((1, 2, 1000))),
+    k = replace(knobs(case), bf16=False, fp16=True, loss_scale=0 if dynamic else draw(st.sampled_from((1, 8, 64))),
+                scale_power=draw(st.integers(2, 6)), scale_window=draw(st.sampled_from((1, 2, 1000))),
                 hysteresis=draw(st.sampled_from((2, 1))))
     return case.with_data("deepspeed", k)
 
