@@ -191,9 +191,6 @@ class Fp16Path(DeepSpeedPath):
     def rounding(self, case: Case) -> tuple[str | None, dict | None]:
         return ("float16", None)
 
-    def with_workaround(self, name: str) -> Any | None:
-        return None
-
     def repro(self, case: Case) -> Repro:
         return replay_only(self.name)
 

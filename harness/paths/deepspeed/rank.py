@@ -248,16 +248,17 @@ def _step(engine: Any, facts: dict[str, Any] | None) -> None:
         engine.step()
         return
     params = {n: p for n, p in engine.module.params().items() if p.requires_grad}
-    before, kept = _masters(engine, params), {n: p.detach().clone() for n, p in params.items()}
+    own = _fp32_of(engine)  # the optimizer's groups: the same before and after the step
+    before, kept = _masters(own, params), {n: p.detach().clone() for n, p in params.items()}
     skipped = engine.skipped_steps
     engine.step()
     if engine.skipped_steps > skipped:
         facts.update(overflow=True, observable=False)
         return
-    after = _masters(engine, params)
+    after = _masters(own, params)
     facts["grads"] = {n: encode(before[n] - after[n], "R") if n in params else encode(None, "R")
                       for n in engine.module.params()}
-    _put_back(engine, params, before, kept)
+    _put_back(own, params, before, kept)
 
 
 def _fp32_of(engine: Any) -> dict[int, torch.Tensor]:
@@ -268,13 +269,12 @@ def _fp32_of(engine: Any) -> dict[int, torch.Tensor]:
     return out
 
 
-def _masters(engine: Any, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each trainable parameter's fp32 master weight: ZeRO 0's own, else
-    DeepSpeed's ``safe_get_full_fp32_param`` (ZeRO 1 and 2; a collective,
-    which every rank reaches in the same order)."""
+def _masters(own: dict[int, torch.Tensor], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each trainable parameter's fp32 master weight: ZeRO 0's own
+    (``_fp32_of``), else DeepSpeed's ``safe_get_full_fp32_param`` (ZeRO 1
+    and 2; a collective, which every rank reaches in the same order)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    own = _fp32_of(engine)
     out = {}
     for n, p in params.items():
         t = own.get(id(p))
@@ -283,11 +283,10 @@ def _masters(engine: Any, params: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-def _put_back(engine: Any, params: dict[str, torch.Tensor], masters: dict[str, torch.Tensor],
+def _put_back(own: dict[int, torch.Tensor], params: dict[str, torch.Tensor], masters: dict[str, torch.Tensor],
               kept: dict[str, torch.Tensor]) -> None:
     from deepspeed.utils import safe_set_full_fp32_param
 
-    own = _fp32_of(engine)
     with torch.no_grad():
         for n, p in params.items():
             if id(p) in own:
