@@ -28,10 +28,14 @@ import torch
 
 
 def _accumulate(t: torch.Tensor, g: torch.Tensor) -> None:
+    """Stands in for AccumulateGrad, so it also runs the leaf's post-accumulate-grad
+    hooks once ``.grad`` holds the sum (optimizer-in-backward steps in them)."""
     if t.grad is None:
         t.grad = g.detach().clone(memory_format=torch.contiguous_format)
     else:
         t.grad += g
+    for hook in (t._post_accumulate_grad_hooks or {}).values():
+        hook(t)
 
 
 def stage_backward_input(

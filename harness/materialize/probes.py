@@ -879,6 +879,22 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "aliases, so no .grad AccumulateGrad adopts is one the next replay overwrites",
           (Edit("torch.cuda.graphs", "make_graphed_callables",
                 (("b.detach() if b is not None else b", "b.detach().clone() if b is not None else b"),)),)),
+    Probe("graphed-non-differentiable-outputs",
+          "make_graphed_callables' autograd.Function marks the static outputs that needed no grad at capture "
+          "non-differentiable, so they come back needing none, as in eager",
+          (Edit("torch.cuda.graphs", "make_graphed_callables",
+                (("return tuple(o.detach() for o in static_outputs)\n",
+                  "outs = tuple(o.detach() for o in static_outputs)\n"
+                  "                ctx.mark_non_differentiable(*[d for d, o in zip(outs, static_outputs) if not o.requires_grad])\n"
+                  "                return outs\n"),)),)),
+    Probe("graphed-wire-params-with-grads",
+          "make_graphed_callables hands its autograd.Function detached copies of the parameters that got no grad "
+          "at capture, so autograd never reaches (nor runs the hooks of) a parameter the callable does not use",
+          (Edit("torch.cuda.graphs", "make_graphed_callables",
+                (("out = Graphed.apply(*(tuple(flatten_user_args) + module_params))",
+                  "out = Graphed.apply(*(tuple(flatten_user_args) + tuple(\n"
+                  "                p if g is not None else p.detach()\n"
+                  "                for p, g in zip(module_params, static_grad_inputs[len_user_args:]))))"),)),)),
     Probe("split-grad-like-param",
           "stage_backward_weight lays a weight grad it adopts out like the weight (as AccumulateGrad does) when "
           "autograd computed it with other strides (an expanded grad too, whose adoption is "

@@ -98,6 +98,10 @@ IN_CHILD = [
 ON_GPU = [
     ("graphed-clone-static-grads", "graphed-static-grad-alias", "graphed/make_graphed_callables_static_grad_alias.json",
      "graphed.stock"),
+    ("graphed-non-differentiable-outputs", "graphed-output-without-grad-requires-grad",
+     "graphed/make_graphed_callables_output_without_grad.json", "graphed.stock"),
+    ("graphed-wire-params-with-grads", "graphed-unused-param-hooks",
+     "graphed/make_graphed_callables_unused_param_hooks.json", "graphed.stock"),
     # DeepSpeed's fp16 (two GPUs and DeepSpeed installed): the probe reaches the NCCL ranks.
     ("deepspeed-fp16-engine-scales-loss", "deepspeed-fp16-zero0-loss-never-scaled",
      "deepspeed/fp16_zero0_update_divided_by_loss_scale.json", "deepspeed.zero0.fp16"),
