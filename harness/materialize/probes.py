@@ -632,6 +632,14 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                "            self._update_scale(self.overflow)\n"),
               ("        self.timers.log(OPTIMIZER_TIMERS)\n",
                "        self._update_scale(self.overflow)\n        self.timers.log(OPTIMIZER_TIMERS)\n"))),)),
+    Probe("deepspeed-zero-skip-unallocated-bucket",
+          "DeepSpeedZeroOptimizer.reduce_ipg_grads skips a contiguous IPG bucket no gradient hook allocated "
+          "(a backward that reached no trainable parameter) instead of indexing its empty buffer list",
+          (Edit(_ZERO_STEP, "DeepSpeedZeroOptimizer.reduce_ipg_grads", (
+              ("                    self.average_tensor(bucket.buffer[bucket.index].narrow(0, 0, bucket.elements), comm_dtype)\n",
+               "                    if bucket.buffer:\n"
+               "                        self.average_tensor(bucket.buffer[bucket.index].narrow(0, 0, bucket.elements), "
+               "comm_dtype)\n"),)),)),
     Probe("split-clamp-saved-grads",
           "stage_backward_weight holds the intermediates of a group of several to the grads the input pass saved "
           "for the weight pass (2.13's clamp, pytorch#181365, in an older release's source)",
