@@ -177,6 +177,16 @@ class Tolerance:
             return False
         return bool((magnitude <= self._capped(by_terms, at) + rounding).all())
 
+    def rounds_to_zero(self, t: torch.Tensor, at: tuple) -> bool:
+        """Whether ``t`` is within float64's own rounding where it was measured
+        (``at``): NOISE_K times eager float32's error there, scaled to float64's
+        step. A grad off by that much is the right one as far as the oracle can
+        tell. Unmeasured (a float64 case, or eager in float32 exact there): no."""
+        if self.exact or self.precision is not None:
+            return False
+        err = self._noise().get(at, (0.0, 0.0))[0]
+        return bool((t.abs() <= NOISE_K * err * EPS["float64"] / EPS["float32"]).all())
+
     def _by_terms(self, what: str, shape: torch.Size) -> torch.Tensor | float:
         bound = self.bounds.get(what)
         if bound is not None and bound.shape == shape:
@@ -211,21 +221,23 @@ def blind_to(tol: Tolerance, oracle: Observation, microbatches: int) -> set[str]
     the first backward, a grad halved, zeroed or sign-flipped; after the last
     backward of the first step (of ``microbatches``), one microbatch's
     contribution dropped. A case blind to any of them is unjudged: its pass
-    says nothing about that grad."""
+    says nothing about that grad. Nor is a grad or contribution that is
+    float64's own rounding (``Tolerance.rounds_to_zero``): the wrong grad it
+    makes is the right one as far as the oracle can tell."""
     blind: set[str] = set()
     if tol.exact or not oracle.steps:
         return blind
     for name, g in oracle.steps[0].grads.items():
         if g is None or not g.numel() or float(g.abs().max()) == 0:
             continue
-        for kind, off in WRONGS:
-            if not tol.covers(name, g.abs() * off, ("param", name, 0)):
-                break
-            blind.add(kind)
+        hidden = {kind for kind, off in WRONGS if tol.covers(name, g.abs() * off, ("param", name, 0))}
+        if hidden and not tol.rounds_to_zero(g, ("param", name, 0)):
+            blind |= hidden
     last = min(microbatches, len(oracle.steps)) - 1
     for name, own in (oracle.contributions[last] if 0 < last < len(oracle.contributions) else {}).items():
         if own is not None and own.numel() and float(own.abs().max()) > 0 \
-                and tol.covers(name, own.abs(), ("param", name, last)):
+                and tol.covers(name, own.abs(), ("param", name, last)) \
+                and not tol.rounds_to_zero(own, ("param", name, last)):
             blind.add("dropped")
             break
     return blind

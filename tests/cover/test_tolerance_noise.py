@@ -101,6 +101,32 @@ def test_a_case_is_blind_to_a_halved_grad_before_a_zeroed_one_and_to_a_dropped_m
     assert blind_to(Tolerance(True, 0.0, {}, 0.0), oracle(small / 2, small / 2), 2) == set()
 
 
+def test_a_wrong_grad_within_float64_s_own_rounding_is_no_wrong_grad_and_not_a_blind_spot():
+    """A grad or a microbatch's contribution no larger than float64's rounding
+    where eager float32 was measured (its error scaled by 2**-29, NOISE_K
+    times) is one the oracle cannot tell from zero: zeroing or dropping it
+    leaves the right answer. Just above that, the case stays unjudged; and
+    where float32 came out exact nothing is called float64's rounding."""
+    err = 1e-3
+    rounding = NOISE_K * err * 2.0**-52 / 2.0**-23
+    tol = _tol(torch.tensor([1.0, 1.0]), err=err, top=1.0, largest=1.0)
+
+    def oracle(g: torch.Tensor, own: torch.Tensor) -> Observation:
+        return Observation("eager", steps=[Step(0, {"w": g}, {}, []), Step(1, {"w": g + own}, {}, [])],
+                           contributions=[{"w": g}, {"w": own}])
+
+    big = torch.tensor([1.0, -1.0])
+    below, above = torch.tensor([rounding, 0.0]), torch.tensor([rounding * 4, 0.0])
+    assert tol.rounds_to_zero(below, ("param", "w", 0)) and not tol.rounds_to_zero(above, ("param", "w", 0))
+    object.__setattr__(tol, "noise", {**tol.noise, ("param", "w", 1): (err, 1.0)})
+    assert blind_to(tol, oracle(below, big), 2) == set()
+    assert blind_to(tol, oracle(above, big), 2) == {"halved", "zeroed", "flipped"}
+    assert blind_to(tol, oracle(big, below), 2) == set()
+    assert blind_to(tol, oracle(big, above), 2) == {"dropped"}
+    exact_there = _tol(torch.tensor([1.0, 1.0]), err=0.0, top=1.0, largest=1.0)
+    assert not exact_there.rounds_to_zero(torch.tensor([1e-300, 0.0], dtype=torch.float64), ("param", "w", 0))
+
+
 def _hidden(n: int, terms_only: bool) -> tuple[int, int]:
     """(tolerance cases, cases where a zeroed, halved or flipped grad after
     the first backward would agree) over n eager.accumulate draws, seed 1."""
