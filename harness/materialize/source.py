@@ -119,6 +119,8 @@ def function_helpers(case: Case) -> list[str]:
     if "opinfo" in used:  # the very function the harness runs, with the constant it reads
         out.append(f"MOVE = {opcall.MOVE!r}\n\n\n" + inspect.getsource(opcall.opinfo_recipe) + "\n\n"
                    + inspect.getsource(opcall.opinfo_node))
+    if any(n.op == "opinfo" and n.attr("place") is not None for n in case.nodes):  # on a mesh: how it places
+        out.append(f"PARTIAL = {opcall.PARTIAL!r}\n\n\n" + inspect.getsource(opcall.opinfo_on_mesh))
     return out
 
 

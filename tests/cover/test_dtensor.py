@@ -419,3 +419,21 @@ def test_a_grad_whose_local_shard_is_laid_out_unlike_its_parameter_is_a_layout_f
     finally:
         path.close()
         fixed.close()
+
+
+def test_a_script_places_an_opinfo_input_on_the_mesh_as_the_harness_did(tmp_path):
+    """An OpInfo node whose input the case places Partial(sum): the script
+    carries the placing helper too (it raised NameError without it), and
+    shows the raise the harness saw, in mvlgamma's own backward."""
+    from harness.artifacts import repro
+
+    entry = corpus.load(os.path.join(os.path.dirname(SEED), "mvlgamma_partial_input_backward_raises.json"))
+    path = DTensorPath("dtensor.fixed", "oracles.dtensor_fixed")
+    script = tmp_path / "repro.py"
+    script.write_text(repro.script(entry.case, path.name, path.repro(entry.case), title="mvlgamma on Partial"))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "NameError" not in r.stderr and "aten.digamma_.default: in-place operations" in r.stderr, \
+        r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.returncode != 0
