@@ -315,6 +315,36 @@ def _vector_norm_kernel() -> Callable[..., Any]:
     return kernel
 
 
+def _mvlgamma_kernel() -> Callable[..., Any]:
+    """An autograd kernel for ``aten::mvlgamma`` whose backward is ATen's
+    ``mvlgamma_backward`` (FunctionsManual.cpp) op for op, with its in-place
+    ``digamma_`` made out of place: on a Partial DTensor input the shifted
+    arguments stay Partial, and DTensor refuses an in-place op that would
+    change that placement. The forward is torch's own, below autograd."""
+    import torch
+
+    class Mvlgamma(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, p: int) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                y = torch.ops.aten.mvlgamma.default(x, p)
+            ctx.save_for_backward(x)
+            ctx.p = p
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> tuple[Any, ...]:
+            (x,) = ctx.saved_tensors
+            args = torch.arange(-ctx.p / 2.0 + 0.5, 0.5, 0.5, dtype=x.dtype, device=x.device)
+            args = args.add(x.unsqueeze(-1))
+            return g * args.digamma().sum(-1), None
+
+    def kernel(self: Any, p: int) -> Any:
+        return Mvlgamma.apply(self, p)
+
+    return kernel
+
+
 def _tensor_split_kernel() -> Callable[..., Any]:
     """``aten::tensor_split.tensor_indices_or_sections`` as ATen's composite
     (TensorShape.cpp) writes it, reading the indices with ``item``/``tolist``
@@ -765,6 +795,10 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "linalg_vector_norm's backward is ATen's norm_backward with its in-place masked_fill_ made out of place "
           "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",
           custom=lambda: _kernel_swapped("linalg_vector_norm", _vector_norm_kernel, "Autograd")),
+    Probe("mvlgamma-backward-out-of-place",
+          "mvlgamma's backward is ATen's mvlgamma_backward with its in-place digamma_ made out of place "
+          "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",
+          custom=lambda: _kernel_swapped("mvlgamma", _mvlgamma_kernel, "Autograd")),
     Probe("tensor-split-indices-as-list",
           "tensor_split with a tensor of indices reads them with tolist() (or item() for a section count) and "
           "splits by the list, as ATen's composite does through their data pointer",

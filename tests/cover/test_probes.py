@@ -83,6 +83,10 @@ ON_RANKS = [
      "pipeline/passthrough_output_detaches_recv_buffer.json", "pipeline.GPipe.ranks2.stock"),
     ("dtensor-norm-backward-replicated-weight", "dtensor-layer-norm-backward-keeps-sharded-weight",
      "dtensor/layer_norm_sharded_weight_backward_raises.json", "dtensor.fixed"),
+    ("mvlgamma-backward-out-of-place", "dtensor-mvlgamma-backward-partial-input-raises",
+     "dtensor/mvlgamma_partial_input_backward_raises.json", "dtensor.stock"),
+    ("mvlgamma-backward-out-of-place", "dtensor-mvlgamma-backward-partial-input-raises",
+     "dtensor/mvlgamma_partial_input_backward_raises.json", "mesh.dtensor2d.stock"),
     # DeepSpeed installed (CPU, gloo): the probe reaches the ranks' ZeRO optimizer.
     ("deepspeed-zero-skip-unallocated-bucket", "deepspeed-zero12-backward-reaches-no-parameter",
      "deepspeed/zero12_backward_reaches_no_parameter.json", "deepspeed.zero1.stock"),
