@@ -670,6 +670,12 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                "                    if bucket.buffer:\n"
                "                        self.average_tensor(bucket.buffer[bucket.index].narrow(0, 0, bucket.elements), "
                "comm_dtype)\n"),)),)),
+    Probe("sgd-nesterov-foreach-out-of-place",
+          "SGD's foreach step adds the momentum buffer to the grads out of place for Nesterov, so .grad keeps "
+          "what backward left there",
+          (Edit("torch.optim.sgd", "_multi_tensor_sgd",
+                (("torch._foreach_add_(device_grads, bufs, alpha=momentum)",
+                  "device_grads = torch._foreach_add(device_grads, bufs, alpha=momentum)"),)),)),
     Probe("split-clamp-saved-grads",
           "stage_backward_weight holds the intermediates of a group of several to the grads the input pass saved "
           "for the weight pass (2.13's clamp, pytorch#181365, in an older release's source)",

@@ -111,6 +111,10 @@ ON_GPU = [
      "graphed/make_graphed_callables_output_without_grad.json", "graphed.stock"),
     ("graphed-wire-params-with-grads", "graphed-unused-param-hooks",
      "graphed/make_graphed_callables_unused_param_hooks.json", "graphed.stock"),
+    ("sgd-nesterov-foreach-out-of-place", "optim-sgd-nesterov-foreach-writes-grad",
+     "dtensor/sgd_nesterov_foreach_writes_grad.json", "graphed.stock"),
+    ("sgd-nesterov-foreach-out-of-place", "optim-sgd-nesterov-foreach-writes-grad",
+     "dtensor/sgd_nesterov_foreach_writes_grad.json", "graphed.compile"),
     # DeepSpeed's fp16 (two GPUs and DeepSpeed installed): the probe reaches the NCCL ranks.
     ("deepspeed-fp16-engine-scales-loss", "deepspeed-fp16-zero0-loss-never-scaled",
      "deepspeed/fp16_zero0_update_divided_by_loss_scale.json", "deepspeed.zero0.fp16"),
