@@ -192,7 +192,7 @@ def test_where_plain_backward_already_diverges_the_difference_is_not_the_checkpo
     assert CaseCheck(case).run(Alone()), "without the base, eager's bug shows through the checkpoint path"
 
 
-# --- recomputation counts, hook fires and the RNG state (issue 33) ------------------
+# --- recomputation counts, hook fires and the RNG state ------------------
 
 
 def _wrap(region_cls):

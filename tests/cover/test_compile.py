@@ -227,7 +227,7 @@ def test_stats_sum_per_case_figures():
 def test_an_index_tensor_made_while_compiling_is_not_kept_for_later_cases():
     """Made inside a compiled region, the index tensor is a graph output: under
     mode="reduce-overhead" a CUDA-graph pool buffer the next run overwrites.
-    The 2.11 H100 gate raised on the next embedding case's trace until the
+    The 2.11 gate on a GPU machine raised on the next embedding case's trace until the
     cache stopped keeping it; eager calls still build it once."""
     from harness.case import ops
 

@@ -1,4 +1,4 @@
-"""A misuse's grad read that DeepSpeed refuses on some ranks only (issue 30's
+"""A misuse's grad read that DeepSpeed refuses on some ranks only (a
 60-example misuse gate, seed 1, stopped at 1,500 s without a verdict).
 
 At ZeRO 2, ``engine.step()`` once a window without

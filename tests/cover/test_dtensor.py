@@ -358,7 +358,7 @@ def test_placements_and_training_steps_are_case_data():
 def test_pool_never_forks_on_a_machine_with_gpus(monkeypatch):
     """After autograd has run with GPUs present, a forked child cannot use
     autograd ("Unable to handle autograd's threading in combination with
-    fork-based multiprocessing", seen on the H100 with gloo): only a machine
+    fork-based multiprocessing", seen on the GPU machine with gloo): only a machine
     without GPUs may fork its gloo workers."""
     import torch
 

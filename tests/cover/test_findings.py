@@ -123,7 +123,7 @@ def test_a_failure_saved_yesterday_is_replayed_first_today(tmp_path):
 def test_the_database_adds_finds_but_never_changes_the_seeded_stream(tmp_path):
     """Same seed and budget, run again in the same folder: the saved failures
     are replayed apart, so the examples, the counts and the divergences of the
-    seeded stream are those of the cold start (issue 28: 5,318 vs 5,322
+    seeded stream are those of the cold start (5,318 vs 5,322
     examples). The replay may add finds (examples Hypothesis saved while
     shrinking can show other signatures), after the stream's and marked."""
     cold = _db_session(tmp_path, 1)

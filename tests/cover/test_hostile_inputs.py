@@ -244,7 +244,7 @@ def _case(params: list, nodes: list, outputs: list, **schedule) -> dict:
 
 
 def chunk_views(chunks: int = 2**20, nodes: int = 3) -> dict:
-    """Issue 32: 901 bytes; three nodes cut one 2**20-element parameter into
+    """901 bytes; three nodes cut one 2**20-element parameter into
     2**20 views each. Under the element budget (128 MiB); it built 2.5 GB
     of tensor objects on eager alone (22.8 s) before the count of tensors."""
     return _case([{"name": "w0", "shape": [2**20], "requires_grad": True}],
@@ -253,7 +253,7 @@ def chunk_views(chunks: int = 2**20, nodes: int = 3) -> dict:
 
 
 def big_script() -> dict:
-    """Issue 32: 567 bytes, one 2**21-element parameter: inside the element
+    """567 bytes, one 2**21-element parameter: inside the element
     budget, and a 27 MB repro script (8 s, 540 MB) before script size was budgeted."""
     return _case([{"name": "w0", "shape": [2**20, 2], "requires_grad": True}],
                  [{"name": "n0", "op": "sum", "args": [_use("w0")], "attrs": []}], [_use("n0")])
@@ -500,7 +500,7 @@ def _plant(where, mark) -> None:
 
 
 def test_a_worker_runs_nothing_from_the_directory_it_starts_in(tmp_path, monkeypatch):
-    """Issue 32: the compile and graphed workers put the working directory
+    """The compile and graphed workers put the working directory
     first on their path, so a sitecustomize.py there ran inside them."""
     from harness.paths.compile.paths import FlavorWorker
 
@@ -529,7 +529,7 @@ def test_child_commands_start_isolated_with_absolute_paths_only():
 # --- what is read: regular files only, bounded trees, sizes before bytes ---------------
 
 def test_a_fifo_named_json_is_refused_not_waited_on(tmp_path, capsys):
-    """Issue 32: a FIFO named *.json in a corpus directory hung replay and merge."""
+    """A FIFO named *.json in a corpus directory hung replay and merge."""
     from harness.cli.main import main
 
     (tmp_path / "cases").mkdir()
@@ -554,7 +554,7 @@ def test_a_device_is_not_a_corpus_file(special):
 
 
 def test_a_deep_corpus_tree_is_refused_without_recursion(tmp_path):
-    """Issue 32: 10,000 nested folders ended in RecursionError."""
+    """10,000 nested folders ended in RecursionError."""
     here = tmp_path
     for _ in range(corpus.MAX_TREE_DEPTH + 5):
         here = here / "d"
@@ -565,7 +565,7 @@ def test_a_deep_corpus_tree_is_refused_without_recursion(tmp_path):
 
 
 def test_a_redis_item_is_measured_before_it_is_read(tmp_path, monkeypatch):
-    """Issue 32: merge read every item of the log before checking sizes (a MemoryError)."""
+    """Merge read every item of the log before checking sizes (a MemoryError)."""
     redis = pytest.importorskip("redis")
     from harness.artifacts import campaign
 
@@ -581,7 +581,7 @@ def test_a_redis_item_is_measured_before_it_is_read(tmp_path, monkeypatch):
 
 
 def test_merged_counts_past_2_53_are_refused_before_writing(tmp_path):
-    """Issue 32: two files each within 2**53 merged into a file gradfuzz then refused to read."""
+    """Two files each within 2**53 merged into a file gradfuzz then refused to read."""
     for name in ("a", "b"):
         src = tmp_path / name
         src.mkdir()
@@ -596,7 +596,7 @@ def test_merged_counts_past_2_53_are_refused_before_writing(tmp_path):
         corpus.load(f)  # what was written still reads
 
 
-# --- output that could be turned against the reader (issue 32, item 6) ----------------
+# --- output that could be turned against the reader ----------------
 
 # Clear the screen, set the terminal's title, go back to the start of the line.
 ESCAPES = ["\x1b[2J", "\x1b]0;title\x07", "\r"]

@@ -1,4 +1,4 @@
-"""The misuse class of findings (issue 30): a stack that silently accepts a
+"""The misuse class of findings: a stack that silently accepts a
 use its docs do not support and gets it wrong. Such a finding carries
 ``finding_class: "misuse"`` in every record (checked as untrusted input like
 every other field) and is listed apart in every report; the gate's verdict

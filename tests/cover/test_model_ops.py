@@ -1,4 +1,4 @@
-"""The model-part ops (issue 14) against finite differences, their magnitude
+"""The model-part ops against finite differences, their magnitude
 bounds against the ops themselves, and exact mode where an op allows it."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Every name a case may use is safe on every path (issue 32, item 1).
+"""Every name a case may use is safe on every path.
 
 A parameter or node named ``cuda``, ``training`` or ``override`` once made
 DDP, FSDP2, the two-rank pipeline and DTensor tensor parallelism fail where

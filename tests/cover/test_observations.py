@@ -75,7 +75,7 @@ def test_every_declared_blind_spot_names_an_observation_and_a_reason():
 def test_a_family_makes_every_observation_its_contract_does_not_declare_blind(family):
     """The probe (``harness.engine.probe``) shows which observations a path
     made. One it skips, or whose trigger its contract refuses, without
-    declaring it blind is the silent blind spot issue 33 is about. (A blind
+    declaring it blind is the silent blind spot the observation contract exists to prevent. (A blind
     one may still be made: split records retained grads that compare, by
     its contract, does not hold it to.)"""
     from harness.engine.probe import kinds, survey
@@ -133,7 +133,7 @@ def test_the_rng_state_is_recorded_and_compared_where_the_contract_is_not_blind_
 
 def test_a_grad_only_the_path_has_is_compared():
     """compare walks the path's names too: an oracle that dropped a retained
-    grad (mutant 110 of oracles/eager.py survived every path, session 17)
+    grad (mutant 110 of oracles/eager.py survived every path)
     shows as a finding, not as nothing to compare."""
     case = Case(**{**_unused_case().__dict__, "retain_grad": ("n0",)})
     oracle = observe(case)

@@ -1,4 +1,4 @@
-"""The observations issue 20 added, each shown to fail on a split
+"""The observations the loop records, each shown to fail on a split
 implementation broken in exactly that way (and to pass on the fixed one)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pairwise draws (issue 33 item 2): the pair measurement of
+"""Pairwise draws: the pair measurement of
 ``benchmarks/pairs.py`` on known cases, and the generator's pair targets
 (``harness.generate.focus``) holding coverage and contract waste where they
 were measured."""

@@ -1,4 +1,4 @@
-"""Processes and files (issue 32 item 7): an erroring rank ends its case in
+"""Processes and files: an erroring rank ends its case in
 seconds, findings files follow the umask, and killing or terminating a fuzz
 run leaves no process behind (timings printed; run with -s to see them)."""
 
@@ -280,7 +280,7 @@ def test_each_running_child_has_its_own_slot(tmp_path) -> None:
                                                ("GPU-a,GPU-b,GPU-c,GPU-d", "0", "GPU-a")])
 def test_one_process_workers_see_only_their_blocks_gpu(monkeypatch, visible, slot, want) -> None:
     """A compile or graphed flavour's child sees one GPU, its process's
-    block's: their CUDA contexts all sat on GPU 0 (62.3 GB, session 17)."""
+    block's: their CUDA contexts all sat on GPU 0 (62.3 GB)."""
     import torch
 
     from harness.workers.jobs import SLOT_ENV

@@ -1,4 +1,4 @@
-"""Every file gradfuzz writes loads back through its own schema (issue 28).
+"""Every file gradfuzz writes loads back through its own schema.
 
 Divergences are made the way the harness makes them: a path returns an
 ``Observation`` (a ``Failure``, ``Violation``s and ``Mutation``s with any

@@ -1,4 +1,4 @@
-"""Generated repro scripts run whatever the case names its parts (issue 32, item 6).
+"""Generated repro scripts run whatever the case names its parts.
 
 A repro script spells the case out as Python: its nodes become variables in
 functions where the script binds names of its own (the ``PassThrough``

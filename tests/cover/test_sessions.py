@@ -108,7 +108,7 @@ def _one_core() -> None:
 
 
 def test_more_workers_than_cores_on_the_process_group_paths_share_their_files(tmp_path):
-    """Issue 28: ``gate -n 16`` on 16 cores ended in a harness error in the
+    """``gate -n 16`` on 16 cores ended in a harness error in the
     ddp/fsdp2 fuzz shard. Two xdist workers, each with its own two-rank
     process group, on one core, two shards of one target writing into one
     findings folder, one example database and one run folder: no harness

@@ -1,4 +1,4 @@
-"""Setup errors are loud (issue 28, item 4) and replay sums up honestly (item 6).
+"""Setup errors are loud and replay sums up honestly.
 
 A setup the user got wrong must exit 2 naming the thing and the fix before
 anything runs: an unimportable ``--split-impl`` read as "no divergence" and

@@ -1,4 +1,4 @@
-"""Start-up builds only what a command names (issue 34, item 5).
+"""Start-up builds only what a command names.
 
 ``resolve`` builds only the families whose declared ``prefixes`` can make a
 selected name, so these check that the narrow build picks exactly what the

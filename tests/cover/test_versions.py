@@ -88,7 +88,7 @@ def test_ranges_open_at_the_ends_the_list_reaches_and_gaps_are_said():
 
 
 def test_a_refusal_or_a_release_without_the_drive_is_not_affected_and_not_agreement():
-    """Session 17 found the six DeepSpeed misuse ranges by hand because the
+    """A review found the six DeepSpeed misuse ranges by hand because the
     tool read a refusal (the stack raised: the user was told) as "agrees" and
     a release without loss.backward() as "diverges". Both are releases the
     bug is not in, said as what they are."""

@@ -50,7 +50,7 @@ def test_fixed_clean_with_pressure(graphed):
 
 def test_weakref_canary_caught_on_lifetime_schedules_while_fixed_stays_clean(graphed):
     """Seed 003's class: the canary holds its input surface by raw pointer. On
-    the H100 it is caught within ten examples, with or without pressure
+    the GPU machine it is caught within ten examples, with or without pressure
     events: the wrapper's own output clones and the loop's small allocations
     already take the freed blocks (benchmarks/graphed_gpu.py measures both)."""
     canary = weakref_canary()
