@@ -140,6 +140,24 @@ def test_phase_lines_drop_the_emitters_estimates_and_show_one_only_when_it_holds
     assert not any("~0s" in s or "00:00 left" in s for s in shown)
 
 
+def test_the_replay_pool_s_count_gets_no_pace_based_eta():
+    """The pool's pairs differ a thousandfold in cost, heaviest first: its
+    line says how many ran and how many units wait, and at a steady pace
+    that would give any D/N count an ETA, it gets none."""
+    from harness.cli.progress import PhaseLines
+    from harness.engine.replay_pool import tick_line
+
+    t = [0.0]
+    lines = PhaseLines(width=None, clock=lambda: t[0])
+    paced = PhaseLines(width=None, clock=lambda: t[0])
+    for k in range(1, 8):
+        t[0] = 10.0 * k
+        ours = lines.line(tick_line(600 * k, 4834, 2, 34 - 4 * k, 34))
+        assert "left" not in ours and f"{600 * k} of 4834" in ours, ours
+        last = paced.line(f"[phase] replay {600 * k}/4834 (case, path) pairs")
+    assert "left" in last  # the same pace as a D/N count: an ETA, which the pool's line must not get
+
+
 def test_the_fuzz_line_counts_against_a_total_known_in_advance_and_never_reads_0_per_second():
     view = {"now": 100.0, "started": 40.0, "examples_budget": 20, "planned": 2960, "workers": 2,
             "paths": {}, "counts": {}, "details": {}}
