@@ -210,6 +210,8 @@ def plain_line(view: View, width: int | None = None, steady: Steady | None = Non
 LOG_LISTING = 200  # characters of a log line's list of the slowest paths: the few that matter, the rest counted
 
 _COUNT = re.compile(r"^\[(?P<announce>phase\] )?(?P<phase>[a-z][\w-]*)[^\]\d]*?\b(?P<done>\d+)/(?P<total>\d+)")
+# "[phase] NAME" with no D/N count: the line names its phase itself.
+_PHASE = re.compile(r"^\[phase\] (?P<phase>[a-z][\w-]*)")
 # An emitter's own estimate (", ~12s left", ", ~01:30 left"): PhaseLines gives the ETA, by one rule.
 _OWN_ETA = re.compile(r",? ~(?:\d+s|\d+(?::\d\d)+) left")
 
@@ -241,6 +243,9 @@ class PhaseLines:
         """``text`` as shown: phase, count, ETA, width."""
         text = _OWN_ETA.sub("", text)
         m = _COUNT.match(text)
+        if m is None and (named := _PHASE.match(text)):  # a phase that counts with no pace (the replay pool)
+            self.phase, self.total, self.since = named["phase"], -1, self.clock()
+            return fit(text, self._width())
         if m is None:
             return fit(f"[{self.phase}] {text}" if self.phase and not text.startswith(f"[{self.phase}") else text,
                        self._width())
