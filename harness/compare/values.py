@@ -230,7 +230,11 @@ def blind_to(tol: Tolerance, oracle: Observation, microbatches: int) -> set[str]
     for name, g in oracle.steps[0].grads.items():
         if g is None or not g.numel() or float(g.abs().max()) == 0:
             continue
-        hidden = {kind for kind, off in WRONGS if tol.covers(name, g.abs() * off, ("param", name, 0))}
+        hidden: set[str] = set()
+        for kind, off in WRONGS:  # nearest first: one the tolerance sees, it sees the farther ones too
+            if not tol.covers(name, g.abs() * off, ("param", name, 0)):
+                break
+            hidden.add(kind)
         if hidden and not tol.rounds_to_zero(g, ("param", name, 0)):
             blind |= hidden
     last = min(microbatches, len(oracle.steps)) - 1
