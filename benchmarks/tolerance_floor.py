@@ -63,7 +63,7 @@ def main() -> None:
             tol = tol.with_noise(case, oracle, lambda: eager.run(case) if eager.supports(case) is None else None,
                                  CaseCheck(case)._eager_low)
         tol = tol.lowered(precision, case, None if terms_only else rounded)
-        hidden = blind_to(tol, oracle, case.schedule.microbatches)
+        hidden = blind_to(tol, oracle, case.schedule.microbatches, case.dtype)
         counts["a wrong grad agrees"] += bool(hidden)
         for w in hidden:
             counts[f"a {w} grad agrees"] += 1

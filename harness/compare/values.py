@@ -100,20 +100,32 @@ class Tolerance:
     # there, element by element (Observation.rounded): ROUNDING_STEPS of it
     # are allowed on top of the case's own tolerance.
     rounded: dict = field(default_factory=dict)
+    # What ``noise`` is multiplied by before it caps: 1 where the case is
+    # float32; float64's step over float32's where eager in float32 stands in
+    # for a float64 case's own order (float64 eager is the oracle itself).
+    noise_scale: float = 1.0
 
     def with_noise(self, case: Case, oracle: Observation, eager: Callable[[], Observation | None],
                    low: Callable[[str], Observation | None] | None = None) -> "Tolerance":
         """This tolerance capped by the float32 noise eager itself shows on
-        each tensor (``NOISE_K``), for float32 cases in tolerance mode (in
-        float64 eager is the oracle: its noise says nothing). ``eager`` runs
-        on the first comparison that needs it (None: eager cannot run the case).
-        ``low(precision)``: eager with its forward and backward in that type,
-        whose noise caps a path that computes in it (``lowered``)."""
+        each tensor (``NOISE_K``), for cases in tolerance mode. ``eager``
+        runs on the first comparison that needs it (None: eager cannot run
+        the case). ``low(precision)``: eager with its forward and backward in
+        that type, whose noise caps a path that computes in it (``lowered``).
+        A float64 case's own eager is the oracle, so eager in float32 stands
+        in, its error scaled by float64's step over float32's: rounding in
+        another order scales with the type's step, and the term bounds alone
+        ran to 1e11 times a grad (a saturated chain) and hid a dropped
+        microbatch of 8e-6 beside grads of 2."""
         if low is not None:
             object.__setattr__(self, "_low_of", lambda p: measured_noise(oracle, low(p)))
-        if self.exact or self.precision is not None or case.dtype != "float32":
+        if self.exact or self.precision is not None:
             return self
-        object.__setattr__(self, "_noise_of", lambda: measured_noise(oracle, eager()))
+        if case.dtype == "float32":
+            object.__setattr__(self, "_noise_of", lambda: measured_noise(oracle, eager()))
+        elif case.dtype == "float64" and low is not None:
+            object.__setattr__(self, "_noise_of", lambda: measured_noise(oracle, low("float32")))
+            object.__setattr__(self, "noise_scale", EPS["float64"] / EPS["float32"])
         return self
 
     def _noise(self) -> dict:
@@ -181,7 +193,8 @@ class Tolerance:
         """Whether ``t`` is within float64's own rounding where it was measured
         (``at``): NOISE_K times eager float32's error there, scaled to float64's
         step. A grad off by that much is the right one as far as the oracle can
-        tell. Unmeasured (a float64 case, or eager in float32 exact there): no."""
+        tell. Unmeasured (eager in float32 could not run, or came out exact
+        there): no."""
         if self.exact or self.precision is not None:
             return False
         err = self._noise().get(at, (0.0, 0.0))[0]
@@ -201,7 +214,7 @@ class Tolerance:
         largest = max([self.noise.get((role, "*", at[2]), (0.0, 0.0))[1] for role in kin] + [top])
         k, floor = (NOISE_K, self.eps) if self.precision is None else \
             (LOW_NOISE_K, LOW_EPS[self.precision] * LOW_FLOOR_STEPS * self.scale)
-        cap = max(k * self.scale * err, floor * largest) + 1e-30
+        cap = max(k * self.scale * self.noise_scale * err, floor * largest) + 1e-30
         return torch.clamp(by_terms, max=cap) if isinstance(by_terms, torch.Tensor) else min(by_terms, cap)
 
     def _rounding(self, at: tuple | None) -> torch.Tensor | float:
@@ -216,14 +229,16 @@ class Tolerance:
 WRONGS = (("halved", 0.5), ("zeroed", 1.0), ("flipped", 2.0))
 
 
-def blind_to(tol: Tolerance, oracle: Observation, microbatches: int) -> set[str]:
+def blind_to(tol: Tolerance, oracle: Observation, microbatches: int, dtype: str = "float64") -> set[str]:
     """The wrong parameter grads ``tol`` would let agree on this case: after
     the first backward, a grad halved, zeroed or sign-flipped; after the last
     backward of the first step (of ``microbatches``), one microbatch's
     contribution dropped. A case blind to any of them is unjudged: its pass
-    says nothing about that grad. Nor is a grad or contribution that is
-    float64's own rounding (``Tolerance.rounds_to_zero``): the wrong grad it
-    makes is the right one as far as the oracle can tell."""
+    says nothing about that grad. Not counted: a wrong grad that is the right
+    one as far as the oracle can tell (``Tolerance.rounds_to_zero``) or as
+    far as the case's ``dtype`` can hold it (a grad that underflows there, a
+    contribution that rounds away beside the sum it joins): no path in that
+    type could tell them apart."""
     blind: set[str] = set()
     if tol.exact or not oracle.steps:
         return blind
@@ -235,16 +250,24 @@ def blind_to(tol: Tolerance, oracle: Observation, microbatches: int) -> set[str]
             if not tol.covers(name, g.abs() * off, ("param", name, 0)):
                 break
             hidden.add(kind)
-        if hidden and not tol.rounds_to_zero(g, ("param", name, 0)):
+        if hidden and not tol.rounds_to_zero(g, ("param", name, 0)) and _held(g, dtype).any():
             blind |= hidden
     last = min(microbatches, len(oracle.steps)) - 1
     for name, own in (oracle.contributions[last] if 0 < last < len(oracle.contributions) else {}).items():
+        total = oracle.steps[last].grads.get(name)
         if own is not None and own.numel() and float(own.abs().max()) > 0 \
                 and tol.covers(name, own.abs(), ("param", name, last)) \
-                and not tol.rounds_to_zero(own, ("param", name, last)):
+                and not tol.rounds_to_zero(own, ("param", name, last)) \
+                and (total is None or total.shape != own.shape
+                     or not torch.equal(_held(total.double() - own.double(), dtype), _held(total, dtype))):
             blind.add("dropped")
             break
     return blind
+
+
+def _held(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``t`` as the case's dtype holds it (rounded from float64)."""
+    return t.double().to(getattr(torch, dtype))
 
 
 class _LazyTolerance(Tolerance):

@@ -131,7 +131,7 @@ class CaseCheck:
         if obs is not None and obs.extra.get("unjudged"):  # the path saw no grad to judge (fp16 overflow)
             return True
         tol = self.tol if obs is None else self.tol.lowered(obs.precision, self.case, obs.rounded)
-        return bool(blind_to(tol, self.oracle, self.case.schedule.microbatches))
+        return bool(blind_to(tol, self.oracle, self.case.schedule.microbatches, self.case.dtype))
 
     def observe(self, path: Path) -> Observation:
         """What ``path`` saw on this case (which must be in its contract)."""

@@ -158,13 +158,58 @@ def test_a_wrong_grad_agrees_far_less_often_than_under_the_term_bounds_alone():
     assert after <= max(1, cases // 100), (after, cases)
 
 
-def test_an_unjudgeable_case_is_counted_and_shown_never_as_a_plain_pass():
-    with open(os.path.join(DATA, "unjudged_norm_attention_case.json")) as f:
+def _data_case(name: str) -> Case:
+    with open(os.path.join(DATA, name)) as f:
         raw = json.load(f)
     if any(n["op"] == "opinfo" and dict(n["attrs"])["fn"] not in opinfo.table() for n in raw["nodes"]):
         pytest.skip(f"an op of the case is not in torch {opinfo.version_key()}'s table")
-    case = Case.from_json(raw)
-    assert CaseCheck(case).unjudged()  # its norms and attention make term bounds of 1e18
+    return Case.from_json(raw)
+
+
+def test_a_float64_case_is_judged_by_eager_float32_s_noise_scaled_to_float64():
+    """A float64 case (training steps) has no eager noise of its own, since
+    float64 eager is the oracle; its norms and attention make term bounds of
+    1e18, which hid every wrong grad. Eager in float32, its error scaled by
+    float64's step over float32's, caps them: no wrong grad agrees, and
+    paths computing in other orders still agree."""
+    case = _data_case("unjudged_norm_attention_case.json")
+    cc = CaseCheck(case)
+    mb = case.schedule.microbatches
+    assert case.dtype == "float64"
+    assert blind_to(Tolerance.for_case(case), cc.oracle, mb, "float64") == {"halved", "zeroed", "flipped", "dropped"}
+    assert cc.tol.noise_scale == 2.0**-29
+    assert not cc.unjudged()
+    for name in ("split.fixed", "checkpoint.fixed", "eager.accumulate"):
+        assert cc.run(resolve(name)[0]) == [], name
+
+
+def test_a_wrong_grad_the_case_s_dtype_cannot_hold_is_no_blind_spot():
+    """A grad that underflows in float32, or a microbatch's contribution that
+    rounds away beside the float32 sum it joins, is the same wrong or right
+    for a float32 path: it is not counted unjudged there, and still is in
+    float64, which holds it."""
+    tol = _tol(torch.tensor([1.0, 1.0]), err=0.0, top=1.0, largest=1.0)
+
+    def oracle(g: torch.Tensor, own: torch.Tensor) -> Observation:
+        return Observation("eager", steps=[Step(0, {"w": g}, {}, []), Step(1, {"w": g + own}, {}, [])],
+                           contributions=[{"w": g}, {"w": own}])
+
+    big = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    tiny = torch.tensor([1e-50, 0.0], dtype=torch.float64)
+    assert blind_to(tol, oracle(tiny, big), 2, "float32") == set()
+    assert blind_to(tol, oracle(tiny, big), 2, "float64") == {"halved", "zeroed", "flipped"}
+    rounds_away = torch.tensor([1e-9, 0.0], dtype=torch.float64)
+    assert blind_to(tol, oracle(big, rounds_away), 2, "float32") == set()
+    assert blind_to(tol, oracle(big, rounds_away), 2, "float64") == {"dropped"}
+    assert blind_to(tol, oracle(big, rounds_away * 1e3), 2, "float32") == {"dropped"}  # 1e-6 beside 1: held
+
+
+def test_an_unjudgeable_case_is_counted_and_shown_never_as_a_plain_pass():
+    case = _data_case("unjudged_zeroed_tiny_grad_case.json")
+    assert case.dtype == "float32"
+    # w1's grad, 4e-15, is below what eager float32 gets right there (7e-15 off) and
+    # beside grads of 1 and 2: a path that zeroes it agrees, and no float32 path can show otherwise
+    assert CaseCheck(case).unjudged()
     from harness.cli.report import summary
 
     result = Result(paths={"eager.accumulate": Tally(examples=4, run=4, unjudged=3)})
