@@ -494,7 +494,12 @@ _CONV_HANDLER = Edit("torch.distributed.tensor._tp_conv", "convolution_handler",
                        "    # local propagation\n    local_results = tp_convolution(\n"),))
 _CONV_BACKWARD_HANDLER = Edit(
     "torch.distributed.tensor._tp_conv", "convolution_backward_handler",
-    (("    # local propagation\n    local_results = tp_convolution_backward(\n",
+    (("    args[0] = args[0].redistribute(args[1].device_mesh, args[1].placements)\n",
+      "    if any(p.is_partial() for p in args[1].placements):  # reduced, as the forward's propagation did\n"
+      "        args[1] = args[1].redistribute(args[1].device_mesh, [\n"
+      "            torch.distributed.tensor.Replicate() if p.is_partial() else p for p in args[1].placements])\n"
+      "    args[0] = args[0].redistribute(args[1].device_mesh, args[1].placements)\n"),
+     ("    # local propagation\n    local_results = tp_convolution_backward(\n",
       "    _dim_map = op_info.flat_args_schema[0].dim_map\n"
       "    if output_sharding.needs_redistribute:\n"
       "        dtensor.DTensor._op_dispatcher.redistribute_local_args(\n"
@@ -918,7 +923,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
                         "                    self.reshard()\n"),)),)),
     Probe("dtensor-conv-redistribute-first",
           "DTensor's convolution handlers (forward and backward) redistribute the local arguments as sharding "
-          "propagation decided, as every other op's dispatch does, before they run the local convolution",
+          "propagation decided, as every other op's dispatch does, before they run the local convolution; the "
+          "backward reduces a Partial input first, as the forward's propagation did, instead of sending the grad "
+          "output to a Partial placement",
           custom=lambda: _together(_registered_swapped(_CONV_HANDLER, _dtensor_handlers, _aten("convolution.default")),
                                    _registered_swapped(_CONV_BACKWARD_HANDLER, _dtensor_handlers,
                                                        _aten("convolution_backward.default")))),
