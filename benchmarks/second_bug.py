@@ -466,7 +466,7 @@ def _signature_rows() -> list[Row]:
             note="workaround none"),
         Row("signature", "accumulategrad-steals-views", ("pipeline.1F1B.stock",), (STACK,),
             Recount(("w0",), 1), note="clone-grads: not applied on a worker path"),
-        Row("signature", "pipeline-split-adopts-aliased-grad", ("pipeline.ZBVZeroBubble.stock",),
+        Row("signature", "split-adopts-aliased-grad", ("pipeline.ZBVZeroBubble.stock",),
             ("pipeline/expanded_weight_grad_adopted.json",), Raise("RuntimeError", CLONE_MSG, 0),
             note="workaround none"),
         Row("signature", "accumulategrad-steals-views", ("compile.aot_eager",), (STACK,),

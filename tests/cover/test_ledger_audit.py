@@ -28,7 +28,8 @@ def test_a_signature_filed_under_the_wrong_bug_is_reported(tmp_path):
     assert not right.problems
     with open(LEDGER) as f:
         led = json.load(f)
-    sig = next(b for b in led["bugs"] if b["id"] == "split-param-groups-share-graph")["signatures"][0]
+    entry = next(b for b in led["bugs"] if b["id"] == "split-param-groups-share-graph")
+    sig = next(p for p in entry["places"] if p["path"].startswith("split."))["signatures"][0]
     bugs = [
         {"id": "the-real-bug", "path": "split.stock", "torch": ">=2.0", "summary": "s", "cases": ["case.json"]},
         {"id": "another-bug", "path": "split.stock", "torch": ">=2.0", "summary": "s", "signatures": [sig]},

@@ -25,7 +25,7 @@ LEDGER = ledger.load(os.path.join(ROOT, "cases", "ledger.json"))
 IN_PROCESS = [
     ("split-clamp-every-intermediate", "split-hook-applied-twice", "split/scale_hook_applied_twice.json",
      "split.stock"),
-    ("split-clamp-every-intermediate", "pipeline-split-hook-applied-twice",
+    ("split-clamp-every-intermediate", "split-hook-applied-twice",
      "pipeline/scale_hook_applied_twice_zero_bubble_one_microbatch.json", "pipeline.ZBVZeroBubble.stock"),
     ("split-param-groups-apart", "split-param-groups-share-graph", "pipeline/param_groups_share_graph_zero_bubble.json",
      "split.twin"),
