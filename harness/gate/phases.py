@@ -244,7 +244,8 @@ def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str
     for b in led.sites:
         if not any(b.covers(n) for n in live_names):
             continue
-        divs = reproduced.get(b.id, [])
+        # This place's paths only: another place of the bug may reproduce where this one does not.
+        divs = [d for d in reproduced.get(b.id, []) if b.covers(d.path)]
         if b.id not in ran or not divs and b.relation(version) == "before":
             continue  # a bug that starts after this version and is absent here is no news
         status = classify(b, version, bool(divs))

@@ -61,6 +61,22 @@ def test_classification(tmp_path, impl, torch_range, status, fails):
     assert rep["passed"] is (not fails) and rep["counts"][status] == 1
 
 
+def test_a_place_whose_cases_agree_is_not_reproduced_though_another_place_of_its_bug_is(tmp_path):
+    """A bug at two places: its case diverges at one and agrees at the other.
+    The quiet place gets its own not-reproduced row, not the other's finding."""
+    cases, led = _world(tmp_path, f">={V}")
+    data = json.load(open(led))
+    bug = data["bugs"][0]
+    data["bugs"][0] = {k: v for k, v in bug.items() if k not in ("path", "torch")} | {"places": [
+        {"path": "split.stock", "torch": f">={V}"}, {"path": "split.fixed", "torch": f">={V}"}]}
+    open(led, "w").write(json.dumps(data))
+    paths = resolve("split.stock,split.fixed",
+                    Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
+    report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
+    assert sorted((r.status, r.path) for r in report.rows) == [
+        ("known_signature_only", "split.stock"), ("not_reproduced", "split.fixed")], [r.detail for r in report.rows]
+
+
 def _ledger_world(tmp_path, case_file: str, bug: dict) -> tuple[str, str]:
     """A corpus of one filed case (copied from cases/) under one ledger entry."""
     cases = tmp_path / "cases"
