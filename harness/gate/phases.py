@@ -166,7 +166,7 @@ class _Replay:
     def __init__(self, ctx: Context, count: bool) -> None:
         self.ctx, self.led, self.version = ctx, ctx.led, ctx.version
         self.reproduced: dict[str, list[Divergence]] = {}
-        self.ran: set[str] = set()
+        self.ran: set[tuple[str, str]] = set()  # (bug id, place) whose cases ran here
         self.unmatched: list[tuple[Divergence, str]] = []
         # ``count`` False: the results were gathered already (the workers
         # counted the replay as it ran): walking them is no second count.
@@ -185,7 +185,7 @@ class _Replay:
         for d, file in self.unmatched:
             b = self.ctx.evidence.owner(d)
             if b is not None:
-                self.reproduced[b.id].append(d)
+                self.add(b, d)
             else:  # the ledger is the gate's authority; a case's own meta.expect is not
                 report.rows.append(row_of("new", d, None, f"corpus {file}"))
         report.rows.extend(_bug_rows(self.led, {p.name for p in self.ctx.live}, self.reproduced, self.ran,
@@ -198,21 +198,21 @@ class _Replay:
             # A case filed under several bugs: each divergence goes to the one
             # whose recorded signatures name it, else to the first.
             if not divs:  # the case agrees: evidence about the bug it is first filed under
-                self.add(owners[0].id, None)
+                self.add(owners[0], None)
             for d in divs:
-                self.add(_owner_of(self.led, owners, d, self.version).id, d)
+                self.add(_owner_of(self.led, owners, d, self.version), d)
             return
         for d in divs:
             b = self.led.match(path, d.signature, version=self.version)
             if b is not None:
-                self.add(b.id, d)
+                self.add(b, d)
             else:
                 self.unmatched.append((d, file))
         self.ctx.settings.progress(f"[case] {path} {file}: {len(divs)} divergence(s)")
 
-    def add(self, bug_id: str, d: Divergence | None) -> None:
-        self.ran.add(bug_id)
-        divs = self.reproduced.setdefault(bug_id, [])
+    def add(self, site: ledger_mod.Site, d: Divergence | None) -> None:
+        self.ran.add((site.id, site.path))
+        divs = self.reproduced.setdefault(site.id, [])
         if d is not None:
             divs.append(d)
 
@@ -236,17 +236,18 @@ class _ReplayProgress:
             self.say(f"[phase] replay {self.done}/{self.n} corpus cases on {self.paths} paths, ~{left:.0f}s left")
 
 
-def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str, list[Divergence]], ran: set[str],
-              version: str) -> list[Row]:
-    """What the replay says of each ledger bug whose cases ran here: its
-    divergences, one row each, or a row saying it is fixed or not reproduced."""
+def _bug_rows(led: ledger_mod.Ledger, live_names: set[str], reproduced: dict[str, list[Divergence]],
+              ran: set[tuple[str, str]], version: str) -> list[Row]:
+    """What the replay says of each ledger bug at each place whose cases ran
+    here: its divergences, one row each, or a row saying it is fixed or not
+    reproduced there."""
     rows = []
     for b in led.sites:
         if not any(b.covers(n) for n in live_names):
             continue
         # This place's paths only: another place of the bug may reproduce where this one does not.
         divs = [d for d in reproduced.get(b.id, []) if b.covers(d.path)]
-        if b.id not in ran or not divs and b.relation(version) == "before":
+        if (b.id, b.path) not in ran or not divs and b.relation(version) == "before":
             continue  # a bug that starts after this version and is absent here is no news
         status = classify(b, version, bool(divs))
         if divs:

@@ -77,6 +77,22 @@ def test_a_place_whose_cases_agree_is_not_reproduced_though_another_place_of_its
         ("known_signature_only", "split.stock"), ("not_reproduced", "split.fixed")], [r.detail for r in report.rows]
 
 
+def test_a_place_whose_cases_did_not_run_says_nothing_though_another_place_of_its_bug_ran(tmp_path):
+    """The same bug with its case filed at the first place only: nothing ran
+    at the second, so it gets no row, not a not-reproduced one."""
+    cases, led = _world(tmp_path, f">={V}")
+    data = json.load(open(led))
+    bug = data["bugs"][0]
+    data["bugs"][0] = {k: v for k, v in bug.items() if k not in ("path", "torch", "cases")} | {"places": [
+        {"path": "split.stock", "torch": f">={V}", "cases": bug["cases"]}, {"path": "split.fixed", "torch": f">={V}"}]}
+    open(led, "w").write(json.dumps(data))
+    paths = resolve("split.stock,split.fixed",
+                    Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
+    report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
+    assert [(r.status, r.path) for r in report.rows] == [("known_signature_only", "split.stock")], \
+        [r.detail for r in report.rows]
+
+
 def _ledger_world(tmp_path, case_file: str, bug: dict) -> tuple[str, str]:
     """A corpus of one filed case (copied from cases/) under one ledger entry."""
     cases = tmp_path / "cases"
