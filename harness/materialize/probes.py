@@ -373,6 +373,70 @@ def _matmul_kernel() -> Callable[..., Any]:
     return kernel
 
 
+def _inf_norm_of_nothing(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """The local norm a rank computes, with an empty piece giving 0 to an
+    infinity norm (the largest absolute value: the ranks' maxima are what
+    the reduction then takes), where the kernels refuse an empty tensor."""
+    try:
+        return op_call(*args, **kwargs)
+    except RuntimeError:
+        ords = args[1:2] or [kwargs.get("ord", 2)]
+        if not math.isinf(float(ords[0])):
+            raise
+        x = args[0]
+        if isinstance(x, (list, tuple)):  # _foreach_norm: the non-empty ones as the kernel makes them
+            done = iter(op_call([t for t in x if t.numel()], *args[1:], **kwargs))
+            return [next(done) if t.numel() else t.new_zeros(()) for t in x]
+        if x.numel():
+            raise
+        dim = args[2] if len(args) > 2 else kwargs.get("dim")
+        keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+        dims = range(x.dim()) if dim is None else [d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)]
+        shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keepdim or d not in dims]
+        return x.new_zeros(shape, dtype=kwargs.get("dtype") or x.dtype)
+
+
+def _empty_shard_norm_handler() -> Callable[..., Any]:
+    """A DTensor handler for the norm ops that dispatches as DTensor does
+    (sharding propagation, the redistribution it asks for, the local op,
+    the wrap) with the local op as ``_inf_norm_of_nothing`` runs it."""
+    import torch.utils._pytree as pytree
+    from torch.distributed.tensor import DTensor
+
+    def handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
+        d = DTensor._op_dispatcher
+        op_info = d.unwrap_to_op_info(op_call, args, kwargs)
+        d.sharding_propagator.propagate(op_info)
+        out = op_info.output_sharding
+        if out.needs_redistribute:
+            d.redistribute_local_args(op_info, out.redistribute_schema, out.use_val_from_redistribute_schema)
+        local = (pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
+                 if op_info.args_tree_spec else op_info.local_args)
+        return d.wrap(_inf_norm_of_nothing(op_call, tuple(local), op_info.local_kwargs), out.output_spec)
+
+    return handler
+
+
+@contextmanager
+def _handler_added(ops: tuple[str, ...], make: Callable[[], Callable[..., Any]]) -> Iterator[None]:
+    """``make()`` as DTensor's handler of each aten op in ``ops`` (refused
+    where DTensor has a handler of its own for one) for what runs inside."""
+    keys = [_aten(op)() for op in ops]
+    table = _dtensor_handlers()[0]
+    with _LOCK:
+        if any(k in table for k in keys):
+            raise Unavailable(f"DTensor already has a handler of its own for one of {', '.join(ops)}")
+        handler = make()
+        table.update({k: handler for k in keys})
+
+    def undo() -> None:
+        for k in keys:
+            table.pop(k, None)
+
+    with _held(undo):
+        yield
+
+
 @contextmanager
 def _kernel_swapped(op: str, make: Callable[[], Callable[..., Any]], key: str) -> Iterator[None]:
     """``make()`` as aten ``op``'s kernel at dispatch ``key`` for what runs
@@ -806,6 +870,12 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "linalg_vector_norm's backward is ATen's norm_backward with its in-place masked_fill_ made out of place "
           "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",
           custom=lambda: _kernel_swapped("linalg_vector_norm", _vector_norm_kernel, "Autograd")),
+    Probe("dtensor-inf-norm-of-empty-shard",
+          "a rank whose DTensor piece is empty gives 0 to an infinity norm (linalg_vector_norm, _foreach_norm) "
+          "instead of calling the kernel that refuses an empty tensor; DTensor's reduction across ranks then takes "
+          "the largest (a handler that dispatches as DTensor does otherwise)",
+          custom=lambda: _handler_added(("linalg_vector_norm.default", "_foreach_norm.Scalar"),
+                                        _empty_shard_norm_handler)),
     Probe("mvlgamma-backward-out-of-place",
           "mvlgamma's backward is ATen's mvlgamma_backward with its in-place digamma_ made out of place "
           "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",

@@ -89,6 +89,10 @@ ON_RANKS = [
      "dtensor/layer_norm_sharded_weight_backward_raises.json", "dtensor.fixed"),
     ("mvlgamma-backward-out-of-place", "dtensor-mvlgamma-backward-partial-input-raises",
      "dtensor/mvlgamma_partial_input_backward_raises.json", "dtensor.stock"),
+    ("dtensor-inf-norm-of-empty-shard", "fsdp2-clip-inf-norm-empty-shard",
+     "parallel/fsdp2_clip_inf_norm_empty_shard.json", "fsdp2.stock"),
+    ("dtensor-inf-norm-of-empty-shard", "fsdp2-clip-inf-norm-empty-shard",
+     "parallel/fsdp2_clip_inf_norm_empty_shard.json", "mesh.fsdp_tp.stock"),
     ("mvlgamma-backward-out-of-place", "dtensor-mvlgamma-backward-partial-input-raises",
      "dtensor/mvlgamma_partial_input_backward_raises.json", "mesh.dtensor2d.stock"),
     # DeepSpeed installed (CPU, gloo): the probe reaches the ranks' ZeRO optimizer.
