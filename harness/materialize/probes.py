@@ -396,23 +396,45 @@ def _inf_norm_of_nothing(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return x.new_zeros(shape, dtype=kwargs.get("dtype") or x.dtype)
 
 
-def _empty_shard_norm_handler() -> Callable[..., Any]:
-    """A DTensor handler for the norm ops that dispatches as DTensor does
-    (sharding propagation, the redistribution it asks for, the local op,
-    the wrap) with the local op as ``_inf_norm_of_nothing`` runs it."""
+def _dispatched_as_dtensor(op_call: Any, args: tuple, kwargs: dict, local_op: Callable[..., Any]) -> Any:
+    """``op_call`` dispatched as DTensor dispatches it (sharding propagation,
+    the redistribution it asks for, the local op, the wrap), with the local
+    op run by ``local_op(op_call, local_args, local_kwargs)``."""
     import torch.utils._pytree as pytree
     from torch.distributed.tensor import DTensor
 
+    d = DTensor._op_dispatcher
+    op_info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(op_info)
+    out = op_info.output_sharding
+    if out.needs_redistribute:
+        d.redistribute_local_args(op_info, out.redistribute_schema, out.use_val_from_redistribute_schema)
+    local = (pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
+             if op_info.args_tree_spec else op_info.local_args)
+    return d.wrap(local_op(op_call, tuple(local), op_info.local_kwargs), out.output_spec)
+
+
+def _empty_shard_norm_handler() -> Callable[..., Any]:
+    """A DTensor handler for the norm ops with the local op as
+    ``_inf_norm_of_nothing`` runs it."""
+    return lambda op_call, args, kwargs: _dispatched_as_dtensor(op_call, args, kwargs, _inf_norm_of_nothing)
+
+
+def _linear_foreach_mul_handler() -> Callable[..., Any]:
+    """A DTensor handler for ``_foreach_mul_`` by a Replicate scalar that
+    scales each piece where it is: scaling is linear, so a Partial(sum)
+    grad stays Partial, a shard stays a shard. Any other call is dispatched
+    as DTensor does."""
+    from torch.distributed.tensor import DTensor
+
     def handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
-        d = DTensor._op_dispatcher
-        op_info = d.unwrap_to_op_info(op_call, args, kwargs)
-        d.sharding_propagator.propagate(op_info)
-        out = op_info.output_sharding
-        if out.needs_redistribute:
-            d.redistribute_local_args(op_info, out.redistribute_schema, out.use_val_from_redistribute_schema)
-        local = (pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
-                 if op_info.args_tree_spec else op_info.local_args)
-        return d.wrap(_inf_norm_of_nothing(op_call, tuple(local), op_info.local_kwargs), out.output_spec)
+        selfs, other = args[0], args[1]
+        if isinstance(other, DTensor) and other.numel() == 1 and all(p.is_replicate() for p in other.placements) \
+                and all(isinstance(t, DTensor) and t.device_mesh == other.device_mesh for t in selfs):
+            for t in selfs:
+                t._local_tensor.mul_(other._local_tensor)
+            return None
+        return _dispatched_as_dtensor(op_call, args, kwargs, lambda op, a, k: op(*a, **k))
 
     return handler
 
@@ -876,6 +898,10 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "the largest (a handler that dispatches as DTensor does otherwise)",
           custom=lambda: _handler_added(("linalg_vector_norm.default", "_foreach_norm.Scalar"),
                                         _empty_shard_norm_handler)),
+    Probe("dtensor-foreach-mul-linear",
+          "DTensor's in-place _foreach_mul_ by a Replicate scalar scales each piece where it is (a linear op keeps "
+          "a Partial grad Partial) instead of reducing a Partial grad into a temporary it then drops",
+          custom=lambda: _handler_added(("_foreach_mul_.Tensor",), _linear_foreach_mul_handler)),
     Probe("mvlgamma-backward-out-of-place",
           "mvlgamma's backward is ATen's mvlgamma_backward with its in-place digamma_ made out of place "
           "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",

@@ -91,6 +91,8 @@ ON_RANKS = [
      "dtensor/mvlgamma_partial_input_backward_raises.json", "dtensor.stock"),
     ("dtensor-inf-norm-of-empty-shard", "fsdp2-clip-inf-norm-empty-shard",
      "parallel/fsdp2_clip_inf_norm_empty_shard.json", "fsdp2.stock"),
+    ("dtensor-foreach-mul-linear", "dtensor-foreach-mul-drops-partial",
+     "dtensor/clip_foreach_partial_grad_unscaled.json", "dtensor.stock"),
     ("dtensor-inf-norm-of-empty-shard", "fsdp2-clip-inf-norm-empty-shard",
      "parallel/fsdp2_clip_inf_norm_empty_shard.json", "mesh.fsdp_tp.stock"),
     ("mvlgamma-backward-out-of-place", "dtensor-mvlgamma-backward-partial-input-raises",
