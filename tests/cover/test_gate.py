@@ -61,36 +61,36 @@ def test_classification(tmp_path, impl, torch_range, status, fails):
     assert rep["passed"] is (not fails) and rep["counts"][status] == 1
 
 
-def test_a_place_whose_cases_agree_is_not_reproduced_though_another_place_of_its_bug_is(tmp_path):
-    """A bug at two places: its case diverges at one and agrees at the other.
-    The quiet place gets its own not-reproduced row, not the other's finding."""
+def _two_places(tmp_path, cases_at_first_only: bool) -> list:
+    """The gate's rows for the nested case's bug at two places, split.stock
+    (where the canary double-counts) and split.fixed (which agrees), its case
+    filed for both or at the first only."""
     cases, led = _world(tmp_path, f">={V}")
     data = json.load(open(led))
-    bug = data["bugs"][0]
+    bug, first = data["bugs"][0], {"path": "split.stock", "torch": f">={V}"}
+    if cases_at_first_only:
+        first["cases"] = bug.pop("cases")
     data["bugs"][0] = {k: v for k, v in bug.items() if k not in ("path", "torch")} | {"places": [
-        {"path": "split.stock", "torch": f">={V}"}, {"path": "split.fixed", "torch": f">={V}"}]}
+        first, {"path": "split.fixed", "torch": f">={V}"}]}
     open(led, "w").write(json.dumps(data))
     paths = resolve("split.stock,split.fixed",
                     Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
-    report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
-    assert sorted((r.status, r.path) for r in report.rows) == [
-        ("known_signature_only", "split.stock"), ("not_reproduced", "split.fixed")], [r.detail for r in report.rows]
+    return gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False).rows
+
+
+def test_a_place_whose_cases_agree_is_not_reproduced_though_another_place_of_its_bug_is(tmp_path):
+    """A bug at two places: its case diverges at one and agrees at the other.
+    The quiet place gets its own not-reproduced row, not the other's finding."""
+    rows = _two_places(tmp_path, cases_at_first_only=False)
+    assert sorted((r.status, r.path) for r in rows) == [
+        ("known_signature_only", "split.stock"), ("not_reproduced", "split.fixed")], [r.detail for r in rows]
 
 
 def test_a_place_whose_cases_did_not_run_says_nothing_though_another_place_of_its_bug_ran(tmp_path):
     """The same bug with its case filed at the first place only: nothing ran
     at the second, so it gets no row, not a not-reproduced one."""
-    cases, led = _world(tmp_path, f">={V}")
-    data = json.load(open(led))
-    bug = data["bugs"][0]
-    data["bugs"][0] = {k: v for k, v in bug.items() if k not in ("path", "torch", "cases")} | {"places": [
-        {"path": "split.stock", "torch": f">={V}", "cases": bug["cases"]}, {"path": "split.fixed", "torch": f">={V}"}]}
-    open(led, "w").write(json.dumps(data))
-    paths = resolve("split.stock,split.fixed",
-                    Options(impls=(("split_impl", "harness.paths.split.canaries:double_count_nested"),)))
-    report = gate.run_gate(paths, corpus_dirs=[cases], ledger_file=led, minutes=0, run_selfcheck=False)
-    assert [(r.status, r.path) for r in report.rows] == [("known_signature_only", "split.stock")], \
-        [r.detail for r in report.rows]
+    rows = _two_places(tmp_path, cases_at_first_only=True)
+    assert [(r.status, r.path) for r in rows] == [("known_signature_only", "split.stock")], [r.detail for r in rows]
 
 
 def _ledger_world(tmp_path, case_file: str, bug: dict) -> tuple[str, str]:

@@ -36,6 +36,13 @@ def _tol(bound: torch.Tensor, err: float, top: float, largest: float) -> Toleran
     return tol
 
 
+def _two_backwards(g: torch.Tensor, own: torch.Tensor) -> Observation:
+    """An oracle of two backwards of one parameter ``w``: ``g`` after the
+    first, ``own`` the second's contribution."""
+    return Observation("eager", steps=[Step(0, {"w": g}, {}, []), Step(1, {"w": g + own}, {}, [])],
+                       contributions=[{"w": g}, {"w": own}])
+
+
 def test_the_noise_caps_the_term_bound_never_below_the_largest_grad_s_rounding():
     bound = torch.tensor([1e3, 1.0, 1e-3])
     by_terms = 2.0**-23 * 128 * (bound + 1e-3 * float(bound.max()))
@@ -88,17 +95,13 @@ def test_a_case_is_blind_to_a_halved_grad_before_a_zeroed_one_and_to_a_dropped_m
     tol = _tol(bound, err=1e-3, top=1.0, largest=1.0)  # the term bound, about 1.5e-5, below the cap
     allowed = float(tol.allowed("w", bound.shape, ("param", "w", 0)).max())
 
-    def oracle(g: torch.Tensor, own: torch.Tensor) -> Observation:
-        return Observation("eager", steps=[Step(0, {"w": g}, {}, []), Step(1, {"w": g + own}, {}, [])],
-                           contributions=[{"w": g}, {"w": own}])
-
     big, small = torch.tensor([1.0, -1.0]), torch.tensor([allowed * 1.5, 0.0])
-    assert blind_to(tol, oracle(big, big), 2) == set()
-    assert blind_to(tol, oracle(small, big), 2) == {"halved"}  # half of it is within, all of it is not
-    assert blind_to(tol, oracle(small / 2, big), 2) == {"halved", "zeroed"}
-    assert blind_to(tol, oracle(big, small / 2), 2) == {"dropped"}
-    assert blind_to(tol, oracle(big, small / 2), 1) == set()  # one microbatch: nothing to drop
-    assert blind_to(Tolerance(True, 0.0, {}, 0.0), oracle(small / 2, small / 2), 2) == set()
+    assert blind_to(tol, _two_backwards(big, big), 2) == set()
+    assert blind_to(tol, _two_backwards(small, big), 2) == {"halved"}  # half of it is within, all of it is not
+    assert blind_to(tol, _two_backwards(small / 2, big), 2) == {"halved", "zeroed"}
+    assert blind_to(tol, _two_backwards(big, small / 2), 2) == {"dropped"}
+    assert blind_to(tol, _two_backwards(big, small / 2), 1) == set()  # one microbatch: nothing to drop
+    assert blind_to(Tolerance(True, 0.0, {}, 0.0), _two_backwards(small / 2, small / 2), 2) == set()
 
 
 def test_a_wrong_grad_within_float64_s_own_rounding_is_no_wrong_grad_and_not_a_blind_spot():
@@ -111,18 +114,14 @@ def test_a_wrong_grad_within_float64_s_own_rounding_is_no_wrong_grad_and_not_a_b
     rounding = NOISE_K * err * 2.0**-52 / 2.0**-23
     tol = _tol(torch.tensor([1.0, 1.0]), err=err, top=1.0, largest=1.0)
 
-    def oracle(g: torch.Tensor, own: torch.Tensor) -> Observation:
-        return Observation("eager", steps=[Step(0, {"w": g}, {}, []), Step(1, {"w": g + own}, {}, [])],
-                           contributions=[{"w": g}, {"w": own}])
-
     big = torch.tensor([1.0, -1.0])
     below, above = torch.tensor([rounding, 0.0]), torch.tensor([rounding * 4, 0.0])
     assert tol.rounds_to_zero(below, ("param", "w", 0)) and not tol.rounds_to_zero(above, ("param", "w", 0))
     object.__setattr__(tol, "noise", {**tol.noise, ("param", "w", 1): (err, 1.0)})
-    assert blind_to(tol, oracle(below, big), 2) == set()
-    assert blind_to(tol, oracle(above, big), 2) == {"halved", "zeroed", "flipped"}
-    assert blind_to(tol, oracle(big, below), 2) == set()
-    assert blind_to(tol, oracle(big, above), 2) == {"dropped"}
+    assert blind_to(tol, _two_backwards(below, big), 2) == set()
+    assert blind_to(tol, _two_backwards(above, big), 2) == {"halved", "zeroed", "flipped"}
+    assert blind_to(tol, _two_backwards(big, below), 2) == set()
+    assert blind_to(tol, _two_backwards(big, above), 2) == {"dropped"}
     exact_there = _tol(torch.tensor([1.0, 1.0]), err=0.0, top=1.0, largest=1.0)
     assert not exact_there.rounds_to_zero(torch.tensor([1e-300, 0.0], dtype=torch.float64), ("param", "w", 0))
 
@@ -190,18 +189,14 @@ def test_a_wrong_grad_the_case_s_dtype_cannot_hold_is_no_blind_spot():
     float64, which holds it."""
     tol = _tol(torch.tensor([1.0, 1.0]), err=0.0, top=1.0, largest=1.0)
 
-    def oracle(g: torch.Tensor, own: torch.Tensor) -> Observation:
-        return Observation("eager", steps=[Step(0, {"w": g}, {}, []), Step(1, {"w": g + own}, {}, [])],
-                           contributions=[{"w": g}, {"w": own}])
-
     big = torch.tensor([1.0, -1.0], dtype=torch.float64)
     tiny = torch.tensor([1e-50, 0.0], dtype=torch.float64)
-    assert blind_to(tol, oracle(tiny, big), 2, "float32") == set()
-    assert blind_to(tol, oracle(tiny, big), 2, "float64") == {"halved", "zeroed", "flipped"}
+    assert blind_to(tol, _two_backwards(tiny, big), 2, "float32") == set()
+    assert blind_to(tol, _two_backwards(tiny, big), 2, "float64") == {"halved", "zeroed", "flipped"}
     rounds_away = torch.tensor([1e-9, 0.0], dtype=torch.float64)
-    assert blind_to(tol, oracle(big, rounds_away), 2, "float32") == set()
-    assert blind_to(tol, oracle(big, rounds_away), 2, "float64") == {"dropped"}
-    assert blind_to(tol, oracle(big, rounds_away * 1e3), 2, "float32") == {"dropped"}  # 1e-6 beside 1: held
+    assert blind_to(tol, _two_backwards(big, rounds_away), 2, "float32") == set()
+    assert blind_to(tol, _two_backwards(big, rounds_away), 2, "float64") == {"dropped"}
+    assert blind_to(tol, _two_backwards(big, rounds_away * 1e3), 2, "float32") == {"dropped"}  # 1e-6 beside 1: held
 
 
 def test_an_unjudgeable_case_is_counted_and_shown_never_as_a_plain_pass():
