@@ -190,15 +190,18 @@ class Tolerance:
         return bool((magnitude <= self._capped(by_terms, at) + rounding).all())
 
     def rounds_to_zero(self, t: torch.Tensor, at: tuple) -> bool:
-        """Whether ``t`` is within float64's own rounding where it was measured
-        (``at``): NOISE_K times eager float32's error there, scaled to float64's
-        step. A grad off by that much is the right one as far as the oracle can
-        tell. Unmeasured (eager in float32 could not run, or came out exact
-        there): no."""
+        """Whether ``t``, a wrong grad's difference from the right one, is
+        no more than a right computation shows where it was measured
+        (``at``): NOISE_K times float64's own rounding (eager float32's
+        error there scaled to float64's step), or in a float32 case eager
+        float32's own error there. A float32 path off by that much is as
+        right as eager itself. Unmeasured (eager in float32 could not run,
+        or came out exact there): no."""
         if self.exact or self.precision is not None:
             return False
         err = self._noise().get(at, (0.0, 0.0))[0]
-        return bool((t.abs() <= NOISE_K * err * EPS["float64"] / EPS["float32"]).all())
+        own = err if self.noise_scale == 1.0 else 0.0
+        return bool((t.abs() <= max(NOISE_K * err * EPS["float64"] / EPS["float32"], own)).all())
 
     def _by_terms(self, what: str, shape: torch.Size) -> torch.Tensor | float:
         bound = self.bounds.get(what)
@@ -235,10 +238,11 @@ def blind_to(tol: Tolerance, oracle: Observation, microbatches: int, dtype: str 
     backward of the first step (of ``microbatches``), one microbatch's
     contribution dropped. A case blind to any of them is unjudged: its pass
     says nothing about that grad. Not counted: a wrong grad that is the right
-    one as far as the oracle can tell (``Tolerance.rounds_to_zero``) or as
-    far as the case's ``dtype`` can hold it (a grad that underflows there, a
-    contribution that rounds away beside the sum it joins): no path in that
-    type could tell them apart."""
+    one as far as the oracle or eager in the case's type can tell
+    (``Tolerance.rounds_to_zero``), or as far as the case's ``dtype`` can
+    hold it (a grad that underflows there, a contribution no larger than
+    the rounding of the sum it joins): no path in that type could tell
+    them apart."""
     blind: set[str] = set()
     if tol.exact or not oracle.steps:
         return blind
@@ -258,11 +262,23 @@ def blind_to(tol: Tolerance, oracle: Observation, microbatches: int, dtype: str 
         if own is not None and own.numel() and float(own.abs().max()) > 0 \
                 and tol.covers(name, own.abs(), ("param", name, last)) \
                 and not tol.rounds_to_zero(own, ("param", name, last)) \
-                and (total is None or total.shape != own.shape
-                     or not torch.equal(_held(total.double() - own.double(), dtype), _held(total, dtype))):
+                and not _within_reordering(total, own, microbatches, dtype):
             blind.add("dropped")
             break
     return blind
+
+
+def _within_reordering(total: torch.Tensor | None, own: torch.Tensor, microbatches: int, dtype: str) -> bool:
+    """Whether leaving ``own`` out of ``total`` moves no element further
+    than summing the ``microbatches`` contributions in another order may
+    round it in ``dtype`` (a step of that type per microbatch, at the larger
+    of the two sums): no tolerance in that type can see such a microbatch
+    missing, since a right path summing in its own order differs as much."""
+    if total is None or total.shape != own.shape:
+        return False
+    total, own = total.double(), own.double()
+    size = torch.maximum(total.abs(), (total - own).abs())
+    return bool((own.abs() <= microbatches * EPS.get(dtype, EPS["float64"]) * size).all())
 
 
 def _held(t: torch.Tensor, dtype: str) -> torch.Tensor:

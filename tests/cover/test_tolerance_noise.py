@@ -92,7 +92,7 @@ def test_a_case_is_blind_to_a_halved_grad_before_a_zeroed_one_and_to_a_dropped_m
     microbatch whose contribution sits inside the tolerance of the summed
     grad cannot be seen missing."""
     bound = torch.tensor([1.0, 1.0])
-    tol = _tol(bound, err=1e-3, top=1.0, largest=1.0)  # the term bound, about 1.5e-5, below the cap
+    tol = _tol(bound, err=1e-6, top=1.0, largest=1.0)  # the term bound, about 1.5e-5, below the cap
     allowed = float(tol.allowed("w", bound.shape, ("param", "w", 0)).max())
 
     big, small = torch.tensor([1.0, -1.0]), torch.tensor([allowed * 1.5, 0.0])
@@ -113,6 +113,7 @@ def test_a_wrong_grad_within_float64_s_own_rounding_is_no_wrong_grad_and_not_a_b
     err = 1e-3
     rounding = NOISE_K * err * 2.0**-52 / 2.0**-23
     tol = _tol(torch.tensor([1.0, 1.0]), err=err, top=1.0, largest=1.0)
+    object.__setattr__(tol, "noise_scale", 2.0**-29)  # a float64 case: eager float32 stands in
 
     big = torch.tensor([1.0, -1.0])
     below, above = torch.tensor([rounding, 0.0]), torch.tensor([rounding * 4, 0.0])
@@ -200,15 +201,28 @@ def test_a_wrong_grad_the_case_s_dtype_cannot_hold_is_no_blind_spot():
 
 
 def test_an_unjudgeable_case_is_counted_and_shown_never_as_a_plain_pass():
-    case = _data_case("unjudged_zeroed_tiny_grad_case.json")
-    assert case.dtype == "float32"
-    # w1's grad, 4e-15, is below what eager float32 gets right there (7e-15 off) and
-    # beside grads of 1 and 2: a path that zeroes it agrees, and no float32 path can show otherwise
+    case = _data_case("unjudged_dropped_microbatch_case.json")
+    assert case.dtype == "float32" and case.schedule.microbatches == 4
+    # The fourth microbatch adds 4.5e-6 to g0's 0.89 (38 float32 steps of it, 250 times eager
+    # float32's own error there) beside a grad of 2.95 elsewhere: under the floor of 128 steps
+    # of the largest grad, so a path that drops it agrees
     assert CaseCheck(case).unjudged()
     from harness.cli.report import summary
 
     result = Result(paths={"eager.accumulate": Tally(examples=4, run=4, unjudged=3)})
     assert "3 unjudged (a wrong grad would agree)" in summary(result)
+
+
+def test_a_wrong_grad_no_further_off_than_eager_in_the_case_s_type_is_no_blind_spot():
+    """w1's grad, 4e-15 beside grads of 1 and 2, comes out 7e-15 off in
+    eager float32 itself: zeroed, it is as right as eager's own, so no
+    float32 path can be told apart by it; the case is not unjudged."""
+    case = _data_case("unjudged_zeroed_tiny_grad_case.json")
+    cc = CaseCheck(case)
+    w1, err = cc.oracle.steps[0].grads["w1"], cc.tol._noise()[("param", "w1", 0)][0]
+    assert case.dtype == "float32" and float(w1.abs().max()) < err
+    assert not cc.unjudged()
+    assert blind_to(Tolerance.for_case(case), cc.oracle, case.schedule.microbatches, "float32")  # the term bounds alone
 
 
 def test_a_path_computing_in_bf16_is_capped_by_eager_computing_in_bf16():
