@@ -439,6 +439,22 @@ def _linear_foreach_mul_handler() -> Callable[..., Any]:
     return handler
 
 
+def _in_place_keeps_placement_handler() -> Callable[..., Any]:
+    """A DTensor handler for ``scatter_add_`` that computes the result out
+    of place (the sharding the op asks for), then writes it into ``self``
+    in ``self``'s own placements: an in-place op changes values, never the
+    layout autograd recorded for ``self``."""
+    from torch.distributed.tensor._redistribute import redistribute_local_tensor
+
+    def handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
+        self = args[0]
+        out = _aten("scatter_add.default")()(*args, **kwargs)
+        self._local_tensor.copy_(redistribute_local_tensor(out._local_tensor, out._spec, self._spec))
+        return self
+
+    return handler
+
+
 @contextmanager
 def _handler_added(ops: tuple[str, ...], make: Callable[[], Callable[..., Any]]) -> Iterator[None]:
     """``make()`` as DTensor's handler of each aten op in ``ops`` (refused
@@ -902,6 +918,10 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "DTensor's in-place _foreach_mul_ by a Replicate scalar scales each piece where it is (a linear op keeps "
           "a Partial grad Partial) instead of reducing a Partial grad into a temporary it then drops",
           custom=lambda: _handler_added(("_foreach_mul_.Tensor",), _linear_foreach_mul_handler)),
+    Probe("dtensor-in-place-keeps-placement",
+          "DTensor's in-place scatter_add_ computes the result out of place and writes it into self in self's own "
+          "placements, instead of changing self's placements in place",
+          custom=lambda: _handler_added(("scatter_add_.default",), _in_place_keeps_placement_handler)),
     Probe("mvlgamma-backward-out-of-place",
           "mvlgamma's backward is ATen's mvlgamma_backward with its in-place digamma_ made out of place "
           "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",

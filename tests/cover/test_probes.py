@@ -97,6 +97,10 @@ ON_RANKS = [
      "parallel/fsdp2_clip_inf_norm_empty_shard.json", "mesh.fsdp_tp.stock"),
     ("mvlgamma-backward-out-of-place", "dtensor-mvlgamma-backward-partial-input-raises",
      "dtensor/mvlgamma_partial_input_backward_raises.json", "mesh.dtensor2d.stock"),
+    ("dtensor-in-place-keeps-placement", "dtensor-scatter-add-inplace-sharded-self-backward",
+     "dtensor/scatter_add_inplace_sharded_self_backward_raises.json", "dtensor.stock"),
+    ("dtensor-in-place-keeps-placement", "dtensor-scatter-add-inplace-sharded-self-backward",
+     "dtensor/scatter_add_inplace_sharded_self_backward_raises.json", "mesh.dtensor2d.fixed"),
     # DeepSpeed installed (CPU, gloo): the probe reaches the ranks' ZeRO optimizer.
     ("deepspeed-zero-skip-unallocated-bucket", "deepspeed-zero12-backward-reaches-no-parameter",
      "deepspeed/zero12_backward_reaches_no_parameter.json", "deepspeed.zero1.stock"),
