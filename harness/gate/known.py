@@ -88,15 +88,17 @@ def _all_verdicts(firsts: dict[Key, Row], by_name: dict[str, Path], evidence: Ev
 
 def _verdict(r: Row, path: Path | None, evidence: Evidence, slack: float | None
              ) -> tuple[Verdict, ledger_mod.Site]:
-    """The row's bug's check; where it leaves the case wrong, the first other
-    bug the row fits whose check does not, else two of them stacked."""
+    """The row's bug's check; where it leaves the case wrong, or is a fix
+    probe that also removes another bug's divergence (so says nothing of
+    its own bug), the first other bug the row fits whose check does, else
+    two of them stacked."""
     led, version = evidence.led, evidence.version
     bug = led.by_id(r.bug, r.path)
     v = _workaround_verdict(led, bug, path, r, slack, version)
-    others = evidence.others(r) if v.status == "resembles" else []
+    others = evidence.others(r) if v.status == "resembles" or v.wider else []
     for other in others:
         w = _workaround_verdict(led, other, path, r, slack, version)
-        if w.status != "resembles":
+        if w.status != "resembles" and not (v.wider and w.status == "known_signature_only"):
             return replace(w, note=f"not {r.bug} ({v.note}); {w.note}"), other
     for other in others:  # each alone leaves it wrong: two of them stacked in one case?
         w = _stacked_verdict(bug, other, path, r, slack)
@@ -149,6 +151,7 @@ class Verdict:
     note: str
     workaround: str = ""
     exposed: list[Divergence] = field(default_factory=list)
+    wider: bool = False  # a fix probe that also removed another bug's divergence: no evidence either way
 
 
 def _workaround_verdict(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path | None, row: Row,
@@ -217,7 +220,7 @@ def _compared(led: ledger_mod.Ledger, bug: ledger_mod.Site, path: Path, row: Row
             others = [b for d in also if (b := led.match(d.path, d.signature, version=version)) is not None]
             return _isolated_verdict(bug, others, path, row, slack) or Verdict(
                 "known_signature_only", f"{what} removes it but also another bug's divergence "
-                f"({also[0].detail[:120]}): not a check of {bug.id} alone, by signature only")
+                f"({also[0].detail[:120]}): not a check of {bug.id} alone, by signature only", wider=True)
     exposed = [d for d in left if d.shape not in shown and not _other_bug(led, bug, d, version)]
     for d in exposed:
         d.case = row.case
