@@ -104,6 +104,12 @@ class IsolatedPath:
     def availability(self):
         return self.local.availability()
 
+    @property
+    def workarounds(self) -> tuple[str, ...]:
+        """The outside workarounds the path applies where it runs: each case's
+        message carries those in force, and the child runs it inside them."""
+        return tuple(getattr(self.local, "workarounds", ()))
+
     def supports(self, case: Case) -> str | None:
         return self.local.supports(case)
 

@@ -242,3 +242,21 @@ def test_children_started_soon_boot_side_by_side_and_run_as_if_started_on_use():
     finally:
         for p in (*soon, late):
             p.close()
+
+
+def test_the_gate_s_clone_grads_reaches_a_graphed_child_and_undoes_an_adopted_static_grad():
+    """A graph wrapper whose static grad buffer AccumulateGrad adopts as
+    .grad (the next replay overwrites it: 2*g2) agrees once every parameter's
+    grad arrives cloned: the workaround reaches the child with the case, as
+    it reaches torch.compile's CUDA-graph trees there."""
+    from harness.paths.workarounds import apply
+
+    path = isolated("standin.aliased", "tests.standins:aliased")
+    try:
+        case = corpus.load(SEED_CASE).case
+        assert "clone-grads" in path.workarounds
+        assert check(case, path), "the aliased stand-in no longer adopts its static grad"
+        assert check(case, apply(path, "clone-grads")) == []
+        assert check(case, path), "the workaround stayed in force after its run"
+    finally:
+        path.close()

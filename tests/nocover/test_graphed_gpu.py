@@ -71,3 +71,21 @@ def test_compile_runs_the_seed_case(graphed):
     obs = path.run(corpus.load(SEED_CASE).case)
     assert obs.failure is None or obs.failure.message, obs
     assert len(obs.steps) == 2 or obs.failure is not None or obs.violations
+
+
+@pytest.mark.parametrize("case_file", ["graphed/compile_grad_accumulation_silent_2x.json",
+                                       "graphed/compile_grad_accumulation_overwritten_error.json"])
+def test_cloned_grads_undo_cuda_graph_trees_adopting_an_output_as_grad(graphed, case_file):
+    """torch.compile(mode='reduce-overhead') across microbatches: AccumulateGrad
+    adopts a CUDA-graph-tree output as .grad and the next replay overwrites it
+    (silently, or with the trees' overwritten-output error). The ledger's
+    workaround for both, a hook returning a clone of each incoming grad,
+    makes the case agree: the check behind their "known"."""
+    from harness.paths.workarounds import apply
+
+    path = graphed["graphed.compile"]
+    if not path.availability().ok:
+        pytest.skip(path.availability().reason)
+    case = corpus.load(os.path.join(ROOT, "cases", case_file)).case
+    assert check(case, path), f"{case_file} agrees on graphed.compile without the workaround"
+    assert check(case, apply(path, "clone-grads")) == []

@@ -37,6 +37,7 @@ from harness.observation import Grads, Observation
 from harness.materialize.schedule import run_schedule
 from harness.paths.base import Availability, Contract, Options, Repro
 from harness.paths.engine_rules import off_its_devices
+from harness.paths.workarounds import IN_PROCESS
 from harness.case.spec import Case
 
 STOCK = "torch.cuda:make_graphed_callables"
@@ -129,6 +130,11 @@ class _Run:
 class GraphedPath:
     """One graph wrapper behind the path protocol, run in-process.
 
+    Its parameters are made by the shared schedule loop, so the gate's
+    in-process workarounds reach them (``workarounds``): clone-grads hooks
+    each parameter, and AccumulateGrad then adopts a clone, never a buffer
+    a graph replay overwrites.
+
     ``owned_outputs``: the wrapper promises that an output survives the next
     forward (the fixed one clones them); stock wrappers do not, so cases
     that hold outputs are outside their contract.
@@ -140,6 +146,8 @@ class GraphedPath:
     matmul on another layout rounds differently (seen on the CPU stand-in:
     4.8e-7 on ``(x @ w @ w).mT``), which is not a bug.
     """
+
+    workarounds = IN_PROCESS
 
     def __init__(self, name: str, impl: str = STOCK, device: str = "cuda", owned_outputs: bool = False,
                  warmups: int | None = None) -> None:
