@@ -27,16 +27,23 @@ class OracleError(RuntimeError):
 Cotangents = Callable[[int, list[torch.Tensor]], list[torch.Tensor]]
 
 
-def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype | None = None) -> Observation:
+def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype | None = None,
+            jitter: bool = False) -> Observation:
     """``cotangents`` (backward, the case's grad outputs) -> the grad outputs
     to use instead: one rank's share, for the grads a data-parallel rank
     computes before its wrapper reduces them. ``low``: the forward and
     backward in that type instead, grads summed in float32 and no training
     step, as a mixed-precision engine computes them: not an oracle, but the
-    rounding that type shows on this very case."""
+    rounding that type shows on this very case. ``jitter`` (with ``low``):
+    every parameter, input and grad output one step of that type up or
+    down, seeded by the case: a second sample of how far that type's
+    rounding moves each grad, where one run may land close by luck."""
     built = Built(case)
     obs = Observation(path="oracle" if low is None else f"eager {low}")
     to = (lambda t: t) if low is None else (lambda t: t.to(low))
+    if low is not None and jitter:
+        gen = torch.Generator().manual_seed(case.seed)
+        to = lambda t: _jittered(t.to(low), gen)  # noqa: E731
     params = {n: to(t).requires_grad_(p.requires_grad) for (n, t), p in zip(built.params().items(), case.params)}
     grad_params = [n for n, t in params.items() if t.requires_grad]
     init = case.schedule.grad_init
@@ -82,6 +89,14 @@ def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype |
     except Exception as e:
         raise OracleError(f"eager oracle failed on backward {k}: {type(e).__name__}: {e}") from e
     return obs
+
+
+def _jittered(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``t`` with each element one step of its type up or down at random."""
+    if not t.is_floating_point() or not t.numel():
+        return t
+    sign = torch.randint(0, 2, t.shape, generator=gen).to(t.dtype) * 2 - 1
+    return t * (1 + sign * torch.finfo(t.dtype).eps)
 
 
 def _grads(outs: list[torch.Tensor], cots: list[torch.Tensor], params: dict[str, torch.Tensor],

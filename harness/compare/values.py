@@ -126,7 +126,18 @@ class Tolerance:
         elif case.dtype == "float64" and low is not None:
             object.__setattr__(self, "_noise_of", lambda: measured_noise(oracle, low("float32")))
             object.__setattr__(self, "noise_scale", EPS["float64"] / EPS["float32"])
+        if case.dtype in ("float32", "float64") and low is not None:
+            object.__setattr__(self, "_jitter_of", lambda: measured_noise(oracle, low("float32", jitter=True)))
         return self
+
+    def _jitter(self) -> dict:
+        """``noise`` as measured once more, on inputs moved a float32 step
+        (``observe(jitter=True)``): computed on first need."""
+        source = getattr(self, "_jitter_of", None)
+        if source is not None:
+            object.__setattr__(self, "jitter", source())
+            object.__setattr__(self, "_jitter_of", None)
+        return getattr(self, "jitter", {})
 
     def _noise(self) -> dict:
         source = getattr(self, "_noise_of", None)
@@ -170,13 +181,15 @@ class Tolerance:
         object.__setattr__(base, "rounded", rounded)
         return base
 
-    def allowed(self, what: str, shape: torch.Size, at: tuple | None = None) -> torch.Tensor | float:
+    def allowed(self, what: str, shape: torch.Size, at: tuple | None = None,
+                diff: torch.Tensor | None = None) -> torch.Tensor | float:
         """What an element may differ by: ``eps`` per unit of its term bound,
         capped by the tensor's float32 noise where ``at`` (role, name,
-        backward) was measured."""
+        backward) was measured. ``diff``: the differences it is for, which
+        spare the jittered run where they settle it either way."""
         if self.exact:
             return 0.0
-        return self._capped(self._by_terms(what, shape), at) + self._rounding(at)
+        return self._capped(self._by_terms(what, shape), at, diff) + self._rounding(at)
 
     def covers(self, what: str, magnitude: torch.Tensor, at: tuple | None = None) -> bool:
         """Whether every element of ``magnitude`` is within ``allowed``. The
@@ -187,7 +200,7 @@ class Tolerance:
         by_terms, rounding = self._by_terms(what, magnitude.shape), self._rounding(at)
         if not bool((magnitude <= by_terms + rounding).all()):
             return False
-        return bool((magnitude <= self._capped(by_terms, at) + rounding).all())
+        return bool((magnitude <= self._capped(by_terms, at, magnitude) + rounding).all())
 
     def rounds_to_zero(self, t: torch.Tensor, at: tuple) -> bool:
         """Whether ``t``, a wrong grad's difference from the right one, is
@@ -209,7 +222,8 @@ class Tolerance:
             return self.eps * bound + self.eps * 1e-3 * self.peak + 1e-30
         return self.eps * self.peak + 1e-30
 
-    def _capped(self, by_terms: torch.Tensor | float, at: tuple | None) -> torch.Tensor | float:
+    def _capped(self, by_terms: torch.Tensor | float, at: tuple | None,
+                diff: torch.Tensor | None = None) -> torch.Tensor | float:
         if at is None or at not in self._noise():
             return by_terms
         err, top = self.noise[at]
@@ -217,12 +231,36 @@ class Tolerance:
         largest = max([self.noise.get((role, "*", at[2]), (0.0, 0.0))[1] for role in kin] + [top])
         k, floor = (NOISE_K, self.eps) if self.precision is None else \
             (LOW_NOISE_K, LOW_EPS[self.precision] * LOW_FLOOR_STEPS * self.scale)
-        cap = max(k * self.scale * self.noise_scale * err, floor * largest) + 1e-30
-        return torch.clamp(by_terms, max=cap) if isinstance(by_terms, torch.Tensor) else min(by_terms, cap)
+        k = k * self.scale * self.noise_scale
+        cap = max(k * err, floor * largest) + 1e-30
+        if self.precision is None and floor * largest > max(k * err, floor * top):  # a neighbour's floor binds
+            cap = min(cap, self._own_floor(by_terms, at, diff, k, err, floor * top) or cap)
+        return _clamped(by_terms, cap)
+
+    def _own_floor(self, by_terms: torch.Tensor | float, at: tuple, diff: torch.Tensor | None, k: float,
+                   err: float, own: float) -> float | None:
+        """The cap of a tensor whose floor is its largest neighbour's rounding
+        (``SLACK`` steps of it) where a second float32 sample, on jittered
+        inputs, says its own is enough: ``k`` times the larger of the two
+        runs' errors, never below ``own`` (``SLACK`` steps of the tensor
+        itself). A grad that cancels large terms moves by a step of those
+        terms when its inputs move by a step, so there the jittered run
+        shows what eager's lucky exact cancellation hid. None: not
+        measured, or not run because ``diff`` is within the least this cap
+        can be."""
+        least = max(k * err, own) + 1e-30
+        if diff is not None and bool((diff <= _clamped(by_terms, least)).all()):
+            return None
+        measured = self._jitter().get(at)
+        return None if measured is None else max(k * max(err, measured[0]), own) + 1e-30
 
     def _rounding(self, at: tuple | None) -> torch.Tensor | float:
         size = self.rounded.get(at[1:]) if at is not None and at[0] == "param" else None
         return 0.0 if size is None else LOW_EPS[self.precision] * ROUNDING_STEPS * self.scale * size
+
+
+def _clamped(by_terms: torch.Tensor | float, cap: float) -> torch.Tensor | float:
+    return torch.clamp(by_terms, max=cap) if isinstance(by_terms, torch.Tensor) else min(by_terms, cap)
 
 
 # The wrong grads a tolerance must tell from the right one, each as how far
@@ -430,7 +468,7 @@ def _value(case, path, role, name, k, e, a, tol: Tolerance, oracle: Observation,
     elif not tol.exact and bool((diff <= tol.eps * e.abs()).all()):
         return None  # within eps of each element's own size, so within eps x term size (bounds >= |e|)
     else:
-        allowed = tol.allowed(name if role == "param" else "", e.shape, (role, name, k))
+        allowed = tol.allowed(name if role == "param" else "", e.shape, (role, name, k), diff)
     bad = diff > allowed
     if not bool(bad.any()):
         return None

@@ -69,7 +69,7 @@ class CaseCheck:
         self._tol = tol
         self._bases: dict[str, bool] = {}
         self.seen: dict[str, Observation] = {}  # each path's last observation (``gradfuzz versions`` reads refusals)
-        self._low: dict[str, Observation | None] = {}  # eager in a lower type, by its name
+        self._low: dict[tuple[str, bool], Observation | None] = {}  # eager in a lower type, by its name (jittered)
 
     @property
     def oracle(self) -> Observation:
@@ -107,21 +107,22 @@ class CaseCheck:
             if self.profile is not None:
                 self.profile.tolerance += time.process_time() - t0
 
-    def _eager_low(self, precision: str) -> Observation | None:
+    def _eager_low(self, precision: str, jitter: bool = False) -> Observation | None:
         """Eager computing in ``precision``: the rounding a path that
         computes in it may show (None: some op of the case has no kernel
-        in that type)."""
-        if precision in self._low:
-            return self._low[precision]
+        in that type). ``jitter``: on inputs moved a step of that type."""
+        key = (precision, jitter)
+        if key in self._low:
+            return self._low[key]
         t0 = time.process_time()
         try:
-            self._low[precision] = observe(self.case, low=getattr(torch, precision))
+            self._low[key] = observe(self.case, low=getattr(torch, precision), jitter=jitter)
         except OracleError:
-            self._low[precision] = None
+            self._low[key] = None
         finally:
             if self.profile is not None:
                 self.profile.tolerance += time.process_time() - t0
-        return self._low[precision]
+        return self._low[key]
 
     def unjudged(self, obs: Observation | None = None) -> bool:
         """Whether a wrong parameter grad would agree (``blind_to``: halved,

@@ -245,3 +245,42 @@ def test_a_path_computing_in_bf16_is_capped_by_eager_computing_in_bf16():
     assert not torch.equal(twin, want)  # bfloat16 really rounds
     assert agrees(plain, want * 0), "term sizes no longer let the zeroed grad agree: pick another case"
     assert agrees(capped, twin) and not agrees(capped, want * 0) and not agrees(capped, twin / 2)
+
+
+def test_a_neighbour_s_floor_gives_way_to_the_tensor_s_own_where_a_jittered_run_agrees():
+    """A grad of order one beside one of 3,000: the floor of 128 float32 steps
+    of the largest (0.046) would let a difference of 0.012 agree. A second
+    float32 sample, on inputs moved a step, that shows the tensor's own
+    rounding small brings the cap to its own (128 steps of 1, or 64 times the
+    larger error); one that shows a cancellation (1e-3) never loosens the
+    cap past the neighbour's floor. Differences the least possible cap
+    already settles do not run it."""
+    tol, runs = _tol(torch.tensor([1e6]), err=1e-8, top=1.0, largest=3000.0), []
+    at, diff = ("param", "w", 0), torch.tensor([0.012])
+    assert tol.covers("w", diff, at)  # no jittered run to ask: the neighbour's floor
+    object.__setattr__(tol, "_jitter_of", lambda: runs.append(1) or {at: (2e-8, 1.0)})
+    assert tol.covers("w", torch.tensor([1e-6]), at) and runs == []  # within 128 of its own steps: settled
+    assert not tol.covers("w", diff, at) and runs == [1]
+    assert float(tol.allowed("w", torch.Size([1]), at)) == pytest.approx(tol.eps * 1.0)
+    cancels = _tol(torch.tensor([1e6]), err=1e-8, top=1.0, largest=3000.0)
+    object.__setattr__(cancels, "_jitter_of", lambda: {at: (1e-3, 1.0)})
+    assert float(cancels.allowed("w", torch.Size([1]), at)) == pytest.approx(tol.eps * 3000.0)
+
+
+def test_a_case_judged_by_its_own_floor_agrees_on_the_fixed_paths():
+    """compile.aot_eager seed 1 drew it four times: the fourth microbatch adds
+    0.012 to g0's 1.4 beside a w3 grad of 2,950, under that grad's floor, so
+    a dropped microbatch agreed. The jittered run gives g0 its own floor:
+    the case is judged, and paths computing in other orders still agree."""
+    case = _data_case("judged_by_own_floor_case.json")
+    cc = CaseCheck(case)
+    no_jitter = Tolerance.for_case(case).with_noise(case, cc.oracle, cc._eager32, cc._eager_low)
+    object.__setattr__(no_jitter, "_jitter_of", None)
+    assert blind_to(no_jitter, cc.oracle, case.schedule.microbatches, case.dtype) == {"dropped"}
+    assert not cc.unjudged()
+    for name in ("split.fixed", "checkpoint.fixed", "eager.accumulate"):
+        assert cc.run(resolve(name)[0]) == [], name
+    once, again = (observe(case, low=torch.float32, jitter=True) for _ in range(2))
+    plain = observe(case, low=torch.float32)
+    assert all(torch.equal(once.steps[0].grads[n], again.steps[0].grads[n]) for n in once.steps[0].grads)  # seeded
+    assert any(not torch.equal(once.steps[0].grads[n], plain.steps[0].grads[n]) for n in once.steps[0].grads)
