@@ -78,9 +78,10 @@ def test_compile_runs_the_seed_case(graphed):
 def test_cloned_grads_undo_cuda_graph_trees_adopting_an_output_as_grad(graphed, case_file):
     """torch.compile(mode='reduce-overhead') across microbatches: AccumulateGrad
     adopts a CUDA-graph-tree output as .grad and the next replay overwrites it
-    (silently, or with the trees' overwritten-output error). The ledger's
-    workaround for both, a hook returning a clone of each incoming grad,
-    makes the case agree: the check behind their "known"."""
+    (silently, or with the trees' overwritten-output error). A hook returning
+    a clone of each incoming grad makes either case agree in a fresh child:
+    the silent one's check in the ledger. The error one's case still raised
+    with it in the gate's child after other cases, so there it is no check."""
     from harness.paths.workarounds import apply
 
     path = graphed["graphed.compile"]
