@@ -73,6 +73,10 @@ NOISE_K = 64
 # 6e-11 off in eager's order and 1.5e-8 off under vmap, one float32 step of
 # its terms; held to its own kind's largest (itself) it was a false finding.
 _GRADS = ("param", "input grad", "retained grad")
+# The bits of a tensor eager float32 must keep (both runs) for its error to
+# stand for rounding that scales with the type's step: a cancellation that
+# leaves float32 less than that is measured by its neighbours' floor.
+LINEAR_BITS = 8
 # The same cap where a path computes in a lower type (LOW_EPS) than the case:
 # against eager computing in that type. DeepSpeed's bf16 engine came at most
 # 2.2 times eager bf16's own largest error on nine grads in ten, 34 times on
@@ -234,25 +238,32 @@ class Tolerance:
         k = k * self.scale * self.noise_scale
         cap = max(k * err, floor * largest) + 1e-30
         if self.precision is None and floor * largest > max(k * err, floor * top):  # a neighbour's floor binds
-            cap = min(cap, self._own_floor(by_terms, at, diff, k, err, floor * top) or cap)
+            cap = min(cap, self._own_floor(by_terms, at, diff, k, err, top) or cap)
         return _clamped(by_terms, cap)
 
     def _own_floor(self, by_terms: torch.Tensor | float, at: tuple, diff: torch.Tensor | None, k: float,
-                   err: float, own: float) -> float | None:
+                   err: float, top: float) -> float | None:
         """The cap of a tensor whose floor is its largest neighbour's rounding
         (``SLACK`` steps of it) where a second float32 sample, on jittered
         inputs, says its own is enough: ``k`` times the larger of the two
-        runs' errors, never below ``own`` (``SLACK`` steps of the tensor
-        itself). A grad that cancels large terms moves by a step of those
-        terms when its inputs move by a step, so there the jittered run
-        shows what eager's lucky exact cancellation hid. None: not
-        measured, or not run because ``diff`` is within the least this cap
-        can be."""
+        runs' errors, never below ``SLACK`` steps of the tensor itself
+        (``top``, its largest element). A grad that cancels large terms
+        moves by a step of those terms when its inputs move by a step, so
+        there the jittered run shows what eager's lucky exact cancellation
+        hid. Where either run kept fewer than ``LINEAR_BITS`` of the tensor,
+        float32 lost it to cancellation and its error no longer scales with
+        the type's step (a float64 grad of 5e-9 that both float32 runs got
+        half wrong came out 4.7e-16 off under DTensor, over the scaled
+        cap): no own floor. None: no own floor, not measured, or not run
+        because ``diff`` is within the least this cap can be."""
+        own = self.eps * top
         least = max(k * err, own) + 1e-30
-        if diff is not None and bool((diff <= _clamped(by_terms, least)).all()):
+        if err > top * 2.0**-LINEAR_BITS or diff is not None and bool((diff <= _clamped(by_terms, least)).all()):
             return None
         measured = self._jitter().get(at)
-        return None if measured is None else max(k * max(err, measured[0]), own) + 1e-30
+        if measured is None or measured[0] > top * 2.0**-LINEAR_BITS:
+            return None
+        return max(k * max(err, measured[0]), own) + 1e-30
 
     def _rounding(self, at: tuple | None) -> torch.Tensor | float:
         size = self.rounded.get(at[1:]) if at is not None and at[0] == "param" else None
@@ -315,6 +326,8 @@ def _within_reordering(total: torch.Tensor | None, own: torch.Tensor, microbatch
     if total is None or total.shape != own.shape:
         return False
     total, own = total.double(), own.double()
+    if torch.equal(_held(total - own, dtype), _held(total, dtype)):  # rounds away, or underflows, in dtype
+        return True
     size = torch.maximum(total.abs(), (total - own).abs())
     return bool((own.abs() <= microbatches * EPS.get(dtype, EPS["float64"]) * size).all())
 

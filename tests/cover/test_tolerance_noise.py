@@ -284,3 +284,26 @@ def test_a_case_judged_by_its_own_floor_agrees_on_the_fixed_paths():
     plain = observe(case, low=torch.float32)
     assert all(torch.equal(once.steps[0].grads[n], again.steps[0].grads[n]) for n in once.steps[0].grads)  # seeded
     assert any(not torch.equal(once.steps[0].grads[n], plain.steps[0].grads[n]) for n in once.steps[0].grads)
+
+
+def test_a_cancellation_float32_loses_keeps_its_neighbour_s_floor():
+    """A float64 w2 grad of 5.3e-9 beside grads of 9 that eager float32 gets
+    half wrong in both runs: float32 kept no bit of it, so its error (scaled
+    to float64) says nothing of the rounding in another order, and DTensor's
+    sum of shards came 4.7e-16 off, over that scaled cap. The own floor is
+    refused there; the neighbour's holds and dtensor.fixed agrees."""
+    at = ("param", "w", 0)
+    tol = Tolerance(False, 2.0**-52 * 128, {"w": torch.tensor([1e6])}, 1e6, noise_scale=2.0**-29)
+    object.__setattr__(tol, "noise", {at: (2.7e-9, 5.3e-9), ("param", "*", 0): (0.0, 9.0)})
+    object.__setattr__(tol, "_jitter_of", lambda: {at: (2.7e-9, 5.3e-9)})
+    diff = torch.tensor([4.7e-16])
+    assert float(tol.allowed("w", torch.Size([1]), at, diff)) == pytest.approx(tol.eps * 9.0)
+    object.__setattr__(tol, "noise", {at: (1e-15, 5.3e-9), ("param", "*", 0): (0.0, 9.0)})  # float32 kept it
+    object.__setattr__(tol, "_jitter_of", lambda: {at: (1e-15, 5.3e-9)})
+    assert float(tol.allowed("w", torch.Size([1]), at, diff)) < 1e-20
+
+    case = _data_case("float32_loses_cancellation_case.json")
+    path = resolve("dtensor.fixed")[0]
+    if not path.availability().ok:
+        pytest.skip(path.availability().reason)
+    assert case.dtype == "float64" and CaseCheck(case).run(path) == []
