@@ -365,19 +365,19 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     for bug, why in sorted(found.skipped.items()):
         print(f"  skipped    {bug}: {why}")
     failing = found.failing(wrote=args.write)
-    print(f"gradfuzz ledger: {len(found.checked)} entries checked ({found.replays} replays) on torch {torch.__version__}, "
+    print(f"gradfuzz ledger: {len(found.checked)} places checked ({found.replays} replays) on torch {torch.__version__}, "
           f"{len(found.skipped)} skipped here, {len(found.problems)} problem(s)"
           + (f", {wrote} signature(s) recorded in {args.ledger}" if args.write else "")
-          + (f", {outside} entries on paths outside --paths {args.paths} not checked" if outside else "")
+          + (f", {outside} places on paths outside --paths {args.paths} not checked" if outside else "")
           + ("" if not failing else " (unrecorded or misfiled: --write records them under the entries whose cases show "
              "them; silent: fix the entry's range or cases)"))
     return 1 if failing else 0
 
 
 def _entries_on(ledger_file: str, names: list[str]) -> tuple[set[str], set[str], int]:
-    """The ids and entries (``ID on PATH``, as the audit names them) of the
+    """The ids and places (``ID on PATH``, as the audit names them) of the
     ledger covering one of ``names`` (the --paths selection), and how many
-    entries cover none: those are not checked, and not reported as "no
+    places cover none: those are not checked, and not reported as "no
     path matching it runs here"."""
     from harness.gate import ledger
 

@@ -181,7 +181,7 @@ def test_baseline_and_ledger_compare_only_the_selected_paths(capsys):
     assert "(1 baseline row(s) of paths outside --paths not compared)" in some[0]
     main(["ledger", "--paths", "split"])
     out = capsys.readouterr().out
-    assert "no path matching" not in out and "entries on paths outside --paths split not checked" in out
+    assert "no path matching" not in out and "places on paths outside --paths split not checked" in out
 
 
 def test_the_gates_self_check_runs_the_canaries_of_the_selected_families():
