@@ -12,7 +12,9 @@ the tensor (or of its largest neighbour): a path that computes in another
 order must stay well under 64 for the cap to be safe. Prints the count
 of grads compared, the 50th, 99th percentile and largest ratio, and the
 grads whose difference is over ``NOISE_K`` times the noise but under the
-floor (the floor is what keeps them agreeing).
+floor (the floor is what keeps them agreeing). Also the differences in
+steps of the case's dtype at each tensor's largest element: what a floor
+of steps of the tensor itself would have to allow.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     path = resolve(sys.argv[1])[0]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     ratios: list[float] = []
+    steps: list[float] = []  # the difference in steps of the case's dtype at the tensor's largest element
     floored: list[str] = []
     cases = [0]
 
@@ -57,6 +60,8 @@ def main() -> None:
                     continue
                 err = max(noise[at][0], jitter.get(at, (0.0, 0.0))[0]) * scale
                 diff = float((g.double() - e.double()).abs().max())
+                if float(e.abs().max()) > 0:
+                    steps.append(diff / (EPS[case.dtype] * float(e.abs().max())))
                 if err > 0:
                     ratios.append(diff / err)
                     own = SLACK * EPS[case.dtype] * float(e.abs().max())
@@ -66,8 +71,12 @@ def main() -> None:
     draw()
     r = sorted(ratios)
     at = (lambda q: f"{r[min(int(q * len(r)), len(r) - 1)]:.3g}") if r else (lambda q: "-")
+    st = sorted(steps)
+    st_at = (lambda q: f"{st[min(int(q * len(st)), len(st) - 1)]:.3g}") if st else (lambda q: "-")
     print(f"{path.name}: {cases[0]} tolerance cases, {len(r)} grads; diff / noise: "
-          f"median {at(0.5)}, p99 {at(0.99)}, max {at(1.0)}; over {NOISE_K}x the noise, under the floor: {len(floored)}")
+          f"median {at(0.5)}, p99 {at(0.99)}, max {at(1.0)}; diff in steps of the tensor's largest element: "
+          f"median {st_at(0.5)}, p99 {st_at(0.99)}, max {st_at(1.0)}; over {NOISE_K}x the noise, under the floor: "
+          f"{len(floored)}")
     for line in floored[:10]:
         print("  ", line)
 

@@ -315,6 +315,44 @@ def _vector_norm_kernel() -> Callable[..., Any]:
     return kernel
 
 
+def _dist_kernel() -> Callable[..., Any]:
+    """An autograd kernel for ``aten::dist`` whose backward is
+    ``_norm_backward`` of ``self - other``, as derivatives.yaml writes it
+    (``-`` of it for ``other``; the engine sums a broadcast grad back to
+    each input's shape); the forward is torch's own, below autograd."""
+    import torch
+
+    class Dist(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, other: Any, p: Any) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                y = torch.ops.aten.dist.default(x, other, p)
+            ctx.save_for_backward(x, other, y)
+            ctx.p = float(p)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> tuple[Any, ...]:
+            x, other, y = ctx.saved_tensors
+            d = _norm_backward(g, x - other, ctx.p, y, None, False)
+            return d, -d, None
+
+    def kernel(x: Any, other: Any, p: Any = 2) -> Any:
+        return Dist.apply(x, other, p)
+
+    return kernel
+
+
+@contextmanager
+def _kernels_swapped(swaps: tuple[tuple[str, Callable[[], Callable[..., Any]]], ...], key: str) -> Iterator[None]:
+    """``_kernel_swapped`` for several operators at once: one fix reached
+    through more than one op's derivative."""
+    with ExitStack() as stack:
+        for op, make in swaps:
+            stack.enter_context(_kernel_swapped(op, make, key))
+        yield
+
+
 def _mvlgamma_kernel() -> Callable[..., Any]:
     """An autograd kernel for ``aten::mvlgamma`` whose backward is ATen's
     ``mvlgamma_backward`` (FunctionsManual.cpp) op for op, with its in-place
@@ -905,9 +943,10 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "the mean's output)",
           custom=lambda: _function_swapped("torch.nn.functional", "rms_norm", _rms_norm_add_out_of_place)),
     Probe("norm-backward-out-of-place",
-          "linalg_vector_norm's backward is ATen's norm_backward with its in-place masked_fill_ made out of place "
-          "(a Python autograd kernel for the operator, the same ops in the same order otherwise)",
-          custom=lambda: _kernel_swapped("linalg_vector_norm", _vector_norm_kernel, "Autograd")),
+          "linalg_vector_norm's and dist's backward is ATen's norm_backward with its in-place masked_fill_ made out "
+          "of place (Python autograd kernels for the two operators, the same ops in the same order otherwise)",
+          custom=lambda: _kernels_swapped((("linalg_vector_norm", _vector_norm_kernel), ("dist", _dist_kernel)),
+                                          "Autograd")),
     Probe("dtensor-inf-norm-of-empty-shard",
           "a rank whose DTensor piece is empty gives 0 to an infinity norm (linalg_vector_norm, _foreach_norm) "
           "instead of calling the kernel that refuses an empty tensor; DTensor's reduction across ranks then takes "

@@ -77,6 +77,8 @@ ON_RANKS = [
      "dtensor/conv_batch_smaller_than_mesh_labelled_replicate.json", "dtensor.stock"),
     ("norm-backward-out-of-place", "dtensor-norm-backward-partial-input-raises",
      "dtensor/norm_partial_sum_input_backward_raises.json", "dtensor.stock"),
+    ("norm-backward-out-of-place", "dtensor-norm-backward-partial-input-raises",
+     "dtensor/dist_partial_input_backward_raises.json", "dtensor.fixed"),
     ("dtensor-conv-redistribute-first", "dtensor-conv3d-depth-sharded-raises",
      "dtensor/conv3d_depth_sharded_same_padding_raises.json", "dtensor.stock"),
     ("dtensor-conv-redistribute-first", "dtensor-conv-partial-input-sum-dropped",
