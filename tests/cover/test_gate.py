@@ -597,7 +597,7 @@ def test_two_ledger_bugs_stacked_in_one_case_are_known_when_both_checks_remove_i
     assert not report.failed and "stacked with zeroes" in report.rows[0].detail
 
 
-class _TwoShown:
+class _TwoShown(_SecondBug):
     """eager.accumulate with w1's grad doubled and w2's missing after the
     first backward, unless either of two fix probes is in force: each probe
     removes both divergences (as the split hook probe also removes the
@@ -606,16 +606,8 @@ class _TwoShown:
     PROBES = ("tensor-split-indices-as-list", "matmul-vector-squeeze-out-of-place")
 
     def __init__(self) -> None:
-        from harness.paths.eager.paths import EagerAccumulate
-
-        self.inner = EagerAccumulate()
-        self.name, self.contract, self.workarounds = self.inner.name, self.inner.contract, ()
-
-    def availability(self):
-        return self.inner.availability()
-
-    def supports(self, case):
-        return None
+        super().__init__("probes")
+        self.workarounds = ()  # only the probes remove what it shows
 
     def run(self, case):
         from harness.materialize.workarounds import ACTIVE
