@@ -40,10 +40,7 @@ def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype |
     rounding moves each grad, where one run may land close by luck."""
     built = Built(case)
     obs = Observation(path="oracle" if low is None else f"eager {low}")
-    to = (lambda t: t) if low is None else (lambda t: t.to(low))
-    if low is not None and jitter:
-        gen = torch.Generator().manual_seed(case.seed)
-        to = lambda t: _jittered(t.to(low), gen)  # noqa: E731
+    to = _converter(case, low, jitter)
     params = {n: to(t).requires_grad_(p.requires_grad) for (n, t), p in zip(built.params().items(), case.params)}
     grad_params = [n for n, t in params.items() if t.requires_grad]
     init = case.schedule.grad_init
@@ -89,6 +86,17 @@ def observe(case: Case, cotangents: Cotangents | None = None, low: torch.dtype |
     except Exception as e:
         raise OracleError(f"eager oracle failed on backward {k}: {type(e).__name__}: {e}") from e
     return obs
+
+
+def _converter(case: Case, low: torch.dtype | None, jitter: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What ``observe`` makes of each parameter, input and grad output: as
+    built, in ``low``, or in ``low`` moved a step (seeded by the case)."""
+    if low is None:
+        return lambda t: t
+    if not jitter:
+        return lambda t: t.to(low)
+    gen = torch.Generator().manual_seed(case.seed)
+    return lambda t: _jittered(t.to(low), gen)
 
 
 def _jittered(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

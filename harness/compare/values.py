@@ -256,12 +256,12 @@ class Tolerance:
         half wrong came out 4.7e-16 off under DTensor, over the scaled
         cap): no own floor. None: no own floor, not measured, or not run
         because ``diff`` is within the least this cap can be."""
-        own = self.eps * top
+        own, lost = self.eps * top, top * 2.0**-LINEAR_BITS
         least = max(k * err, own) + 1e-30
-        if err > top * 2.0**-LINEAR_BITS or diff is not None and bool((diff <= _clamped(by_terms, least)).all()):
+        if err > lost or diff is not None and bool((diff <= _clamped(by_terms, least)).all()):
             return None
         measured = self._jitter().get(at)
-        if measured is None or measured[0] > top * 2.0**-LINEAR_BITS:
+        if measured is None or measured[0] > lost:
             return None
         return max(k * max(err, measured[0]), own) + 1e-30
 
